@@ -1,0 +1,281 @@
+"""The trajectory API as a Starlette app: thin routes over `Hub`.
+
+Every route of atroposlib 0.4.0 is here with its request and response shapes; the extensions
+(`/batch?lease=`, `/batch/ack`, `/health`, `/stats`, `/metrics`, `/openapi.json`, msgspec bodies)
+are invisible to old clients. Errors are 4xx JSON `{"error": {"type", "message"}, "detail"}`;
+`detail` is what FastAPI clients read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from atropos import wire
+from atropos.api import body, stats
+from atropos.api.hub import Hub, HubConfig
+from atropos.api.openapi import openapi_document
+from atropos.api.store import Store, open_store
+from atropos.wire import EnvIdentifier, ProtocolError, Registration, RegisterEnv
+
+Handler = Callable[[Request], Awaitable[Response]]
+OPEN_PATHS = ("/", "/health")  # answer without the API key
+
+_EMPTY_EXAMPLE = wire.encode(
+    {
+        "tokens": [],
+        "masks": [],
+        "scores": [],
+        "advantages": [],
+        "ref_logprobs": [],
+        "generation_params": [],
+        "inference_logprobs": [],
+        "messages": [],
+        "images": [],
+    }
+)
+_NOT_REGISTERED = wire.encode(
+    {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
+)
+
+
+@dataclass
+class ApiConfig:
+    """Settings of one API process."""
+
+    store: str = "memory"
+    api_key: str | None = None
+    env_timeout: float = 120.0
+    max_staleness: int | None = None
+    max_body_bytes: int = 256 * 2**20
+    max_inflated_bytes: int = 1024 * 2**20
+    cors_origins: list[str] = field(default_factory=list)
+
+
+def _error(request: Request, status: int, message: str, kind: str) -> Response:
+    payload = wire.encode({"error": {"type": kind, "message": message}, "detail": message})
+    return body.respond(request, payload, status)
+
+
+class Api:
+    """Routes bound to one hub."""
+
+    def __init__(self, hub: Hub, config: ApiConfig) -> None:
+        self.hub = hub
+        self.config = config
+
+    def guard(self, fn: Handler) -> Handler:
+        """Wrap a route: API key check, `?env_id=` heartbeat, protocol errors -> 4xx."""
+        key = self.config.api_key
+
+        async def route(request: Request) -> Response:
+            if key is not None and request.url.path not in OPEN_PATHS:
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                    return _error(
+                        request, 401, "missing or wrong 'Authorization: Bearer KEY'", "AuthError"
+                    )
+            env_id = request.query_params.get("env_id")
+            if env_id is not None and env_id.lstrip("-").isdigit():
+                self.hub.heartbeat(int(env_id))
+            try:
+                return await fn(request)
+            except ProtocolError as err:
+                return _error(request, err.status, str(err), type(err).__name__)
+
+        return route
+
+    async def _body(self, request: Request) -> bytes:
+        return await body.read_body(
+            request, self.config.max_body_bytes, self.config.max_inflated_bytes
+        )
+
+    def _json(self, request: Request, obj: object, status: int = 200) -> Response:
+        return body.respond(request, wire.encode(obj), status)
+
+    # ----- routes ----------------------------------------------------------------------------
+
+    async def root(self, request: Request) -> Response:
+        return self._json(request, {"message": "AtroposLib API"})
+
+    async def health(self, request: Request) -> Response:
+        return self._json(request, {"status": "ok"})
+
+    async def register(self, request: Request) -> Response:
+        reg = wire.decode(await self._body(request), Registration, body.is_msgpack(request))
+        return self._json(request, self.hub.register(reg))
+
+    async def register_env(self, request: Request) -> Response:
+        req = wire.decode(await self._body(request), RegisterEnv, body.is_msgpack(request))
+        if not math.isfinite(req.weight):
+            raise ProtocolError("$.weight: must be a finite number")
+        return self._json(request, self.hub.register_env(req))
+
+    async def disconnect_env(self, request: Request) -> Response:
+        ident = wire.decode(await self._body(request), EnvIdentifier, body.is_msgpack(request))
+        return self._json(request, self.hub.disconnect_env(ident.env_id))
+
+    async def wandb_info(self, request: Request) -> Response:
+        return self._json(request, self.hub.wandb_info())
+
+    async def info(self, request: Request) -> Response:
+        return self._json(request, self.hub.info())
+
+    async def batch(self, request: Request) -> Response:
+        lease = _lease_seconds(request)
+        if self.hub.registration is None:
+            if lease is not None:
+                raise ProtocolError("no trainer is registered: call POST /register first", 409)
+            return body.respond(request, _NOT_REGISTERED)
+        served = self.hub.next_batch(lease)
+        if served is None:
+            return body.respond(request, b'{"batch":null}')
+        if body.wants_msgpack(request):
+            doc: dict[str, object] = {
+                "batch": [msgspec.json.decode(b) for b in served.bodies],
+                "step": served.step,
+            }
+            if served.batch_id is not None:
+                doc.update(batch_id=served.batch_id, lease_expires=served.lease_expires)
+            return body.respond(request, msgspec.msgpack.encode(doc), 200, "application/msgpack")
+        tail = b""
+        if served.batch_id is not None:
+            tail = b',"batch_id":"%s","lease_expires":%r,"step":%d' % (
+                served.batch_id.encode(),
+                served.lease_expires,
+                served.step,
+            )
+        payload = b'{"batch":[' + b",".join(served.bodies) + b"]" + tail + b"}"
+        return body.respond(request, payload)
+
+    async def batch_ack(self, request: Request) -> Response:
+        ack = wire.decode(await self._body(request), wire.BatchAck, body.is_msgpack(request))
+        return self._json(request, self.hub.ack(ack.batch_id))
+
+    async def latest_example(self, request: Request) -> Response:
+        return body.respond(request, self.hub.latest or _EMPTY_EXAMPLE)
+
+    async def scored_data(self, request: Request) -> Response:
+        raw = await self._body(request)
+        group = wire.decode_group(raw, body.is_msgpack(request))
+        [outcome] = self.hub.ingest([group])
+        doc: dict[str, object] = {"status": "received"}
+        if outcome == "duplicate":
+            doc["duplicate"] = True
+        return self._json(request, doc)
+
+    async def scored_data_list(self, request: Request) -> Response:
+        raw = await self._body(request)
+        groups = wire.decode_group_list(raw, body.is_msgpack(request))
+        outcomes = self.hub.ingest(groups)
+        doc: dict[str, object] = {"status": "received", "groups_processed": len(groups)}
+        duplicates = outcomes.count("duplicate")
+        if duplicates:
+            doc["duplicates"] = duplicates
+        return self._json(request, doc)
+
+    async def status(self, request: Request) -> Response:
+        return self._json(request, self.hub.status())
+
+    async def status_env(self, request: Request) -> Response:
+        query = request.query_params.get("env_id")
+        if query is not None:
+            try:
+                env_id = int(query)
+            except ValueError:
+                raise ProtocolError(f"env_id: expected an integer, got {query!r}") from None
+        else:
+            raw = await self._body(request)
+            if not raw:
+                raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
+            env_id = wire.decode(raw, EnvIdentifier, body.is_msgpack(request)).env_id
+        return self._json(request, self.hub.status_env(env_id))
+
+    async def reset_data(self, request: Request) -> Response:
+        self.hub.reset()
+        return PlainTextResponse("Reset successful")
+
+    async def stats(self, request: Request) -> Response:
+        return self._json(request, stats.stats(self.hub))
+
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(stats.prometheus(self.hub), media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        return self._json(request, openapi_document())
+
+    def routes(self) -> list[Route]:
+        table: list[tuple[str, Handler, list[str]]] = [
+            ("/", self.root, ["GET"]),
+            ("/health", self.health, ["GET"]),
+            ("/register", self.register, ["POST"]),
+            ("/register-env", self.register_env, ["POST"]),
+            ("/disconnect-env", self.disconnect_env, ["POST"]),
+            ("/wandb_info", self.wandb_info, ["GET"]),
+            ("/info", self.info, ["GET"]),
+            ("/batch", self.batch, ["GET"]),
+            ("/batch/ack", self.batch_ack, ["POST"]),
+            ("/latest_example", self.latest_example, ["GET"]),
+            ("/scored_data", self.scored_data, ["POST"]),
+            ("/scored_data_list", self.scored_data_list, ["POST"]),
+            ("/status", self.status, ["GET"]),
+            ("/status-env", self.status_env, ["GET", "POST"]),
+            ("/reset_data", self.reset_data, ["GET", "POST"]),
+            ("/stats", self.stats, ["GET"]),
+            ("/metrics", self.metrics, ["GET"]),
+            ("/openapi.json", self.openapi, ["GET"]),
+        ]
+        return [Route(path, self.guard(fn), methods=methods) for path, fn, methods in table]
+
+
+def _lease_seconds(request: Request) -> float | None:
+    raw = request.query_params.get("lease")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or value > 7 * 24 * 3600:
+        raise ProtocolError(f"lease: expected seconds in (0, 604800], got {raw!r}")
+    return value
+
+
+def create_app(config: ApiConfig | None = None, store: Store | None = None) -> Starlette:
+    """Build the API app. The store is opened from `config.store` unless one is given."""
+    config = config or ApiConfig()
+    store = store if store is not None else open_store(config.store)
+    hub = Hub(store, HubConfig(config.env_timeout, config.max_staleness))
+    api = Api(hub, config)
+    middleware = []
+    if config.cors_origins:
+        # Listed origins only, and never with credentials (upstream allowed '*' + credentials).
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.cors_origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type", "content-encoding"],
+                allow_credentials=False,
+            )
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        store.close()
+
+    app = Starlette(routes=api.routes(), middleware=middleware, lifespan=lifespan)
+    app.state.hub = hub
+    return app

@@ -1,0 +1,442 @@
+"""The trajectory API's state machine: registration, env registry, queue, batches, leases.
+
+Routes in `app.py` decode requests and call one method here; each method validates, writes
+through the store (one transaction) and only then changes memory, so a failure leaves no
+half-written state. Everything runs on the event loop thread, so methods are atomic.
+
+Semantics that differ from atroposlib 0.4.0 on purpose (old clients cannot tell):
+* the step counts batches *served*; batches are formed on demand and served oldest first
+  (upstream counted batches formed and served its cache newest first, W-API-8);
+* "queued" means accepted and not yet consumed: in the queue or in a leased, unacknowledged
+  batch. `/status` and `/status-env` count all of it (upstream skipped cached batches);
+* groups of any size go straight to the queue: the packer handles any mix of sizes, so
+  upstream's per-env buffer (which kept oversize groups forever, W-API-6) is not needed;
+* weights and minimum allocations count live envs only (heartbeat within `env_timeout`).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from atropos import wire
+from atropos.api.packer import Item, allocate_minimums, pick_batch
+from atropos.api.store import BatchRow, GroupRow, NewGroup, Store
+from atropos.wire import Group, ProtocolError, Registration, RegisterEnv
+
+
+class NotFound(ProtocolError):
+    """An id that names nothing (unknown env_id or batch_id)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=404)
+
+
+@dataclass
+class EnvRecord:
+    """A registered environment (persisted)."""
+
+    env_id: int
+    desired_name: str
+    real_name: str
+    max_token_length: int
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None
+    env_key: str | None = None
+    connected: bool = True
+
+
+@dataclass
+class EnvCounters:
+    """Per-env traffic counters since this process started."""
+
+    groups_in: int = 0
+    sequences_in: int = 0
+    groups_out: int = 0
+    sequences_out: int = 0
+    duplicates: int = 0
+    drops: Counter[str] = field(default_factory=Counter)
+    loose: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Served:
+    """A batch ready to send."""
+
+    bodies: list[bytes]
+    step: int
+    batch_id: str | None = None
+    lease_expires: float | None = None
+
+
+@dataclass
+class HubConfig:
+    """Knobs of the hub (set from `atropos api serve` flags)."""
+
+    env_timeout: float = 120.0  # seconds of silence after which an env stops counting
+    max_staleness: int | None = None  # drop groups older than this many steps at batch time
+
+
+class Hub:
+    """In-memory indexes over a durable store."""
+
+    def __init__(
+        self, store: Store, config: HubConfig | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.config = config or HubConfig()
+        self.clock = clock
+        self.latest: bytes | None = None
+        self.batch_latency: deque[float] = deque(maxlen=2048)
+        self.counters: dict[int | None, EnvCounters] = {}
+        self._recent_acks: deque[str] = deque(maxlen=1024)
+        self._load()
+
+    # ----- state -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        snap = self.store.load()
+        self.registration: dict[str, Any] | None = snap.meta.get("registration")
+        self.step: int = snap.meta.get("step", 0)
+        self.started: bool = snap.meta.get("started", False)
+        self.envs: list[EnvRecord] = [EnvRecord(**snap.envs[i]) for i in sorted(snap.envs)]
+        now = self.clock()
+        self.last_seen: dict[int, float] = {e.env_id: now for e in self.envs}  # restart = grace
+        self.queue: dict[int, GroupRow] = {}  # unleased groups, in age order
+        self.leased: dict[int, GroupRow] = {}
+        for row in snap.groups:
+            (self.leased if row.batch_id else self.queue)[row.seq] = row
+        self.batches: dict[str, BatchRow] = {b.batch_id: b for b in snap.batches}
+        self.sizes: Counter[int] = Counter()
+        self.env_seqs: Counter[int | None] = Counter()
+        self.env_sizes: dict[int | None, Counter[int]] = {}
+        for row in snap.groups:
+            self._count_in(row)
+
+    def _count_in(self, row: GroupRow) -> None:
+        self.sizes[row.size] += 1
+        self.env_seqs[row.env_id] += row.size
+        self.env_sizes.setdefault(row.env_id, Counter())[row.size] += 1
+
+    def _count_out(self, row: GroupRow) -> None:
+        for counter in (self.sizes, self.env_sizes[row.env_id]):
+            counter[row.size] -= 1
+            if counter[row.size] <= 0:
+                del counter[row.size]
+        self.env_seqs[row.env_id] -= row.size
+
+    def _counters(self, env_id: int | None) -> EnvCounters:
+        if env_id not in self.counters:
+            self.counters[env_id] = EnvCounters()
+        return self.counters[env_id]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.registration["batch_size"]) if self.registration else -1
+
+    def queued_groups(self) -> int:
+        return len(self.queue) + len(self.leased)
+
+    # ----- trainer ---------------------------------------------------------------------------
+
+    def register(self, reg: Registration) -> dict[str, Any]:
+        """`POST /register`. A second call updates the run parameters and re-offers leases."""
+        params = {f: getattr(reg, f) for f in Registration.__struct_fields__}
+        meta: dict[str, Any] = {"registration": params}
+        if self.registration is None:
+            step = reg.starting_step
+            meta.update(step=step, started=False)
+        else:
+            # A restarted trainer: keep the queue and the registry; the step never goes back,
+            # because envs schedule evals and stamp policy versions with it.
+            step = max(self.step, reg.starting_step)
+            meta["step"] = step
+        expired = {b: 0.0 for b in self.batches}
+        self.store.set_meta(meta)
+        for batch_id in expired:
+            self.store.relet(batch_id, 0.0)
+            self.batches[batch_id].expires = 0.0
+        if self.registration is None:
+            self.started = False
+        self.registration = params
+        self.step = step
+        self._drop_oversize()
+        return {"uuid": secrets.randbits(53)}  # an int, as upstream; small enough for JS
+
+    def _drop_oversize(self) -> None:
+        limit = self.batch_size
+        too_big = [r for r in self.queue.values() if r.size > limit]
+        if too_big:
+            self._drop(too_big, "oversize")
+
+    def _drop(self, rows: list[GroupRow], reason: str) -> None:
+        self.store.drop([r.seq for r in rows])
+        for r in rows:
+            del self.queue[r.seq]
+            self._count_out(r)
+            self._counters(r.env_id).drops[reason] += 1
+
+    def next_batch(self, lease: float | None) -> Served | None:
+        """`GET /batch`: re-serve an expired lease, else form the next batch, else None."""
+        t0 = time.perf_counter()
+        now = self.clock()
+        if not self.started:
+            self.started = True
+            self.store.set_meta({"started": True})
+        served = self._reserve(now, lease) or self._form(now, lease)
+        if served is not None:
+            self.batch_latency.append(time.perf_counter() - t0)
+        return served
+
+    def _reserve(self, now: float, lease: float | None) -> Served | None:
+        for batch in sorted(self.batches.values(), key=lambda b: b.seqs[0]):
+            if batch.expires > now:
+                continue
+            if lease is None:  # an old client took it: that counts as acknowledgement
+                bodies = self.store.bodies(batch.seqs)
+                self.ack(batch.batch_id)
+                return Served(bodies, batch.step)
+            batch.expires = now + lease
+            self.store.relet(batch.batch_id, batch.expires)
+            return Served(self.store.bodies(batch.seqs), batch.step, batch.batch_id, batch.expires)
+        return None
+
+    def _form(self, now: float, lease: float | None) -> Served | None:
+        if self.registration is None:
+            return None
+        self._drop_stale()
+        rows = list(self.queue.values())
+        live = self.live_envs(now)
+        allocations = {
+            e.env_id: e.min_batch_allocation
+            for e in live
+            if e.min_batch_allocation is not None and e.min_batch_allocation > 0
+        }
+        minimums = allocate_minimums(self.batch_size, allocations)
+        picked = pick_batch([Item(r.size, r.env_id) for r in rows], self.batch_size, minimums)
+        if picked is None:
+            return None
+        chosen = [rows[i] for i in picked]
+        seqs = [r.seq for r in chosen]
+        step = self.step + 1
+        if lease is None:
+            bodies = self.store.take(seqs, {"step": step})
+            served = Served(bodies, step)
+            for r in chosen:
+                self._count_out(r)
+        else:
+            batch = BatchRow(uuid.uuid4().hex, step, now + lease, seqs)
+            bodies = self.store.lease(batch, {"step": step})
+            self.batches[batch.batch_id] = batch
+            for r in chosen:
+                r.batch_id = batch.batch_id
+                self.leased[r.seq] = r
+            served = Served(bodies, step, batch.batch_id, batch.expires)
+        for r in chosen:
+            del self.queue[r.seq]
+            c = self._counters(r.env_id)
+            c.groups_out += 1
+            c.sequences_out += r.size
+        self.step = step
+        return served
+
+    def _drop_stale(self) -> None:
+        limit = self.config.max_staleness
+        if limit is None:
+            return
+        oldest_ok = self.step - limit
+        stale = [
+            r
+            for r in self.queue.values()
+            if r.policy_version is not None and r.policy_version < oldest_ok
+        ]
+        if stale:
+            self._drop(stale, "stale")
+
+    def ack(self, batch_id: str) -> dict[str, Any]:
+        """`POST /batch/ack`: the leased batch is consumed; its groups are deleted."""
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            if batch_id in self._recent_acks:
+                return {"status": "already acknowledged"}
+            raise NotFound(f"batch_id {batch_id!r} names no leased batch")
+        self.store.ack(batch_id)
+        del self.batches[batch_id]
+        self._recent_acks.append(batch_id)
+        for seq in batch.seqs:
+            self._count_out(self.leased.pop(seq))
+        return {"status": "acknowledged"}
+
+    # ----- environments ----------------------------------------------------------------------
+
+    def env(self, env_id: int) -> EnvRecord:
+        """The env with this id, or NotFound naming the rule."""
+        if env_id < 0 or env_id >= len(self.envs):
+            raise NotFound(
+                f"env_id {env_id} is not registered (known ids: 0..{len(self.envs) - 1})"
+                if self.envs
+                else f"env_id {env_id} is not registered (no env has registered yet)"
+            )
+        return self.envs[env_id]
+
+    def heartbeat(self, env_id: int | None) -> None:
+        if env_id is not None and 0 <= env_id < len(self.envs):
+            self.last_seen[env_id] = self.clock()
+
+    def live_envs(self, now: float | None = None) -> list[EnvRecord]:
+        now = self.clock() if now is None else now
+        horizon = now - self.config.env_timeout
+        return [e for e in self.envs if e.connected and self.last_seen[e.env_id] >= horizon]
+
+    def register_env(self, req: RegisterEnv) -> dict[str, Any]:
+        """`POST /register-env`: gated until the trainer's first `/batch`, as upstream."""
+        if self.registration is None or not self.started:
+            return {"status": "wait for trainer to start"}
+        record = None
+        if req.env_key is not None:
+            record = next(
+                (
+                    e
+                    for e in self.envs
+                    if e.env_key == req.env_key and e.desired_name == req.desired_name
+                ),
+                None,
+            )
+        if record is None:
+            k = sum(1 for e in self.envs if e.desired_name == req.desired_name)
+            record = EnvRecord(
+                len(self.envs), req.desired_name, f"{req.desired_name}_{k}", 0, 0.0, 1, None
+            )
+        record.max_token_length = req.max_token_length
+        record.weight = req.weight
+        record.group_size = req.group_size
+        record.min_batch_allocation = req.min_batch_allocation
+        record.env_key = req.env_key
+        record.connected = True
+        self.store.put_env(record.env_id, asdict(record), {})
+        if record.env_id == len(self.envs):
+            self.envs.append(record)
+        self.last_seen[record.env_id] = self.clock()
+        reg = self.registration
+        return {
+            "status": "success",
+            "env_id": record.env_id,
+            "wandb_name": record.real_name,
+            "checkpoint_dir": reg["checkpoint_dir"],
+            "starting_step": self.step,
+            "checkpoint_interval": reg["save_checkpoint_interval"],
+            "num_steps": reg["num_steps"],
+        }
+
+    def disconnect_env(self, env_id: int) -> dict[str, Any]:
+        record = self.env(env_id)
+        record.connected = False
+        self.store.put_env(env_id, asdict(record), {})
+        return {"status": "success"}
+
+    # ----- data ------------------------------------------------------------------------------
+
+    def ingest(self, groups: list[Group]) -> list[str]:
+        """Validate and store groups, all or none; return "received" or "duplicate" per group."""
+        limit = self.batch_size
+        now = self.clock()
+        new: list[NewGroup] = []
+        findings: list[list[str]] = []
+        for i, g in enumerate(groups):
+            where = f"$[{i}]" if len(groups) > 1 else "$"
+            findings.append(wire.check_group(g, where))
+            if g.env_id is not None:
+                self.env(g.env_id)
+            n = len(g.tokens)
+            if limit > 0 and n > limit:
+                raise ProtocolError(
+                    f"{where}.tokens: a group of {n} sequences is larger than the trainer's"
+                    f" batch_size {limit}; it could never be batched",
+                    status=413,
+                )
+            new.append(NewGroup(g.env_id, n, g.policy_version, now, g.group_id, b""))
+        for g, ng in zip(groups, new):
+            ng.body = wire.encode_group(g)
+        seqs = self.store.add_groups(new)
+        out: list[str] = []
+        for ng, seq, found in zip(new, seqs, findings):
+            c = self._counters(ng.env_id)
+            self.heartbeat(ng.env_id)
+            if seq is None:
+                c.duplicates += 1
+                out.append("duplicate")
+                continue
+            row = GroupRow(seq, ng.env_id, ng.size, ng.policy_version, ng.received)
+            self.queue[seq] = row
+            self._count_in(row)
+            c.groups_in += 1
+            c.sequences_in += ng.size
+            c.loose.update(found)
+            self.latest = ng.body
+            out.append("received")
+        return out
+
+    # ----- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {"current_step": self.step, "queue_size": self.queued_groups()}
+
+    def status_env(self, env_id: int) -> dict[str, Any]:
+        """`/status-env`: upstream's arithmetic (spec §1.8) over live envs, with no side effect."""
+        me = self.env(env_id)
+        self.heartbeat(env_id)
+        live = {e.env_id: e for e in self.live_envs()}
+        live[env_id] = me
+        denom = sum(e.max_token_length * max(0.0, e.weight) for e in live.values())
+        share = me.max_token_length * me.weight / denom if denom > 0 else 0.0
+        allocated = sum(e.min_batch_allocation or 0.0 for e in live.values())
+        big = max(self.sizes, default=1)
+        own_group = max(me.group_size, max(self.env_sizes.get(env_id, ()), default=0))
+        own = self.env_seqs[env_id]
+        batch = max(self.batch_size, 0)
+        available = 0
+        for other, seqs in self.env_seqs.items():
+            if other == env_id or seqs <= 0:
+                continue
+            packed = math.ceil(seqs / big) * big
+            rec = live.get(other) if other is not None else None
+            reserved = (
+                int(batch * rec.min_batch_allocation) if rec and rec.min_batch_allocation else 0
+            )
+            available += max(0, packed - reserved)
+        return {
+            "current_step": self.step,
+            "queue_size": (own + available) // own_group,
+            "unallocated_fraction": 1.0 - min(1.0, allocated),
+            "self_queue_size": own // own_group,
+            "max_group_size": big,
+            "env_weight": max(0.01, share),
+        }
+
+    def info(self) -> dict[str, Any]:
+        reg = self.registration
+        return {
+            "batch_size": reg["batch_size"] if reg else -1,
+            "max_token_len": reg["max_token_len"] if reg else -1,
+        }
+
+    def wandb_info(self) -> dict[str, Any]:
+        reg = self.registration
+        return {
+            "group": reg["wandb_group"] if reg else None,
+            "project": reg["wandb_project"] if reg else None,
+        }
+
+    def reset(self) -> None:
+        """Forget everything: registration, envs, queue, leases, step (upstream's `/reset_data`)."""
+        self.store.reset()
+        self.latest = None
+        self.counters.clear()
+        self._load()

@@ -1,0 +1,1 @@
+"""The `atropos` command line: noun-verb subcommands (`atropos api serve`, `atropos demo`)."""

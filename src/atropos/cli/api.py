@@ -1,0 +1,127 @@
+"""`atropos api serve`: run the trajectory API."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from atropos.api.app import ApiConfig, create_app
+
+log = logging.getLogger("atropos.api")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0.1") -> None:
+    """The flags of `atropos api serve` (shared with the `run-api` compatibility command)."""
+    p.add_argument("--host", default=default_host, help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="'sqlite:PATH' (durable, the default: RUN_DIR/api.db), 'sqlite-full:PATH'"
+        " (fsync every commit) or 'memory' (lost on exit)",
+    )
+    p.add_argument("--run-dir", default="runs", help="where the default store lives")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("ATROPOS_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every endpoint but / and /health"
+        " (default: $ATROPOS_API_KEY)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding a non-loopback address without an API key",
+    )
+    p.add_argument(
+        "--env-timeout",
+        type=float,
+        default=120.0,
+        help="seconds an env may stay silent before its weight and minimum stop counting",
+    )
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        help="drop groups whose policy_version is more than N steps old at batch time",
+    )
+    p.add_argument("--max-body-mb", type=float, default=256.0, help="largest body as sent")
+    p.add_argument("--max-inflated-mb", type=float, default=1024.0, help="largest gunzipped body")
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="allow this browser origin (repeatable; never with credentials)",
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except (OSError, ValueError):
+            return False
+
+
+def config_from_args(args: argparse.Namespace) -> ApiConfig:
+    """Check the flags and turn them into an ApiConfig; exit with a message on bad values."""
+    if not is_loopback(args.host) and not args.api_key and not args.insecure:
+        sys.exit(
+            f"refusing to bind {args.host} without an API key: anyone who can reach it could"
+            " read and wipe your data. Pass --api-key KEY (or set ATROPOS_API_KEY), or"
+            " --insecure if this network is trusted."
+        )
+    store = args.store or f"sqlite:{Path(args.run_dir) / 'api.db'}"
+    if args.max_staleness is not None and args.max_staleness < 0:
+        sys.exit("--max-staleness must be 0 or more")
+    return ApiConfig(
+        store=store,
+        api_key=args.api_key or None,
+        env_timeout=args.env_timeout,
+        max_staleness=args.max_staleness,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_inflated_bytes=int(args.max_inflated_mb * 2**20),
+        cors_origins=list(args.cors_origin),
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the API until interrupted."""
+    import uvicorn
+
+    config = config_from_args(args)
+    try:
+        app = create_app(config)
+    except ValueError as err:
+        sys.exit(str(err))
+    print(
+        f"atropos api: http://{args.host}:{args.port} store={config.store}"
+        f"{' (api key required)' if config.api_key else ''}",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return 0

@@ -1,0 +1,262 @@
+"""The trajectory API's wire protocol: every body that crosses env -> API -> trainer.
+
+One source of truth for request shapes. The structs are msgspec types, so decoding and type
+checking happen in one C pass; cross-field rules (lengths, finiteness) live in `check_group`.
+Field names and defaults are atroposlib 0.4.0's, so old clients and trainers see no difference;
+fields marked *extension* are optional and old clients never send or read them.
+
+Example:
+    >>> group = decode_group(b'{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0]}')
+    >>> group.scores, group.env_id
+    ([1.0], None)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+SCHEMA_VERSION = 1
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+Message = dict[str, Any]
+
+
+class Registration(msgspec.Struct):
+    """`POST /register`: the trainer's run parameters (all required, as upstream)."""
+
+    wandb_group: str
+    wandb_project: str
+    batch_size: PositiveInt
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: Annotated[int, Meta(ge=0)]
+    num_steps: int
+
+
+class RegisterEnv(msgspec.Struct):
+    """`POST /register-env`: an environment announcing itself."""
+
+    max_token_length: int
+    desired_name: str
+    weight: float
+    group_size: PositiveInt
+    min_batch_allocation: Fraction | None = None
+    # extension: an env that registers again with the same name and key gets its id back
+    env_key: str | None = None
+
+
+class EnvIdentifier(msgspec.Struct):
+    """`POST /disconnect-env` and the JSON body of `GET /status-env`."""
+
+    env_id: int
+
+
+class BatchAck(msgspec.Struct):
+    """`POST /batch/ack` (extension): the trainer is done with a leased batch."""
+
+    batch_id: str
+
+
+class ScoredData(msgspec.Struct):
+    """One group: G sequences of one item, scored together.
+
+    `tokens` hold prompt + completion; `masks` hold -100 where nothing is trained and the token
+    id elsewhere; `inference_logprobs` hold 1.0 at masked positions (upstream's sentinel).
+    """
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[Message]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict[str, Any]] | None = None
+    group_overrides: dict[str, Any] | None = None
+    images: Any = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+
+
+# Extension fields sit in their own struct so that a stored group encodes as exactly upstream's
+# keys followed by only those extension keys that are set: old trainers see upstream's shape.
+class GroupExtension(msgspec.Struct, omit_defaults=True):
+    """Extension fields of a group (all optional)."""
+
+    group_id: str | None = None  # idempotency key: a retried send is stored once
+    policy_version: int | None = None  # trainer step whose weights generated the group
+    token_source: str | None = None  # "server" (ids from the inference server) or "retokenized"
+
+
+class Group(ScoredData):
+    """A group as received: upstream's fields plus the extension fields."""
+
+    group_id: str | None = None
+    policy_version: int | None = None
+    token_source: str | None = None
+
+    def upstream_part(self) -> ScoredData:
+        """The group without extension fields."""
+        return ScoredData(**{f: getattr(self, f) for f in ScoredData.__struct_fields__})
+
+    def extension_part(self) -> GroupExtension:
+        """Only the extension fields."""
+        return GroupExtension(self.group_id, self.policy_version, self.token_source)
+
+
+class ProtocolError(ValueError):
+    """A body that breaks the protocol. The message names the field and the rule."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_json_encoder = msgspec.json.Encoder()
+_group_decoder = msgspec.json.Decoder(Group, strict=False)
+_group_list_decoder = msgspec.json.Decoder(list[Group], strict=False)
+_mp_group_decoder = msgspec.msgpack.Decoder(Group, strict=False)
+_mp_group_list_decoder = msgspec.msgpack.Decoder(list[Group], strict=False)
+
+
+def _finite(rows: list[list[float]]) -> bool:
+    # sum() runs in C and propagates NaN and inf; only when it fails do we look closer.
+    return all(math.isfinite(sum(r)) for r in rows) or all(
+        math.isfinite(x) for r in rows for x in r
+    )
+
+
+def check_group(group: Group, where: str = "$") -> list[str]:
+    """Check a group's cross-field rules; return the loose-but-accepted findings.
+
+    Raises ProtocolError for anything that would make a batch unusable: no sequences, a masks
+    or scores count that differs from the sequence count, a mask row whose length differs from
+    its tokens, a non-finite score, or an optional per-sequence array with the wrong number of
+    rows. Per-token rows of optional arrays whose length differs from the tokens are accepted
+    (upstream accepted them and existing clients send them) and reported as findings.
+
+    >>> check_group(Group(tokens=[[1]], masks=[[1]], scores=[0.5], advantages=[[1.0, 1.0]]))
+    ['advantages_row_length']
+    >>> check_group(Group(tokens=[[1]], masks=[[1], [2]], scores=[0.5]))
+    Traceback (most recent call last):
+    ...
+    atropos.wire.ProtocolError: $.masks: has 2 rows but tokens has 1 sequences; they must match
+    """
+    n = len(group.tokens)
+    if n == 0:
+        raise ProtocolError(f"{where}.tokens: a group needs at least one sequence")
+    if len(group.masks) != n:
+        raise ProtocolError(
+            f"{where}.masks: has {len(group.masks)} rows but tokens has {n} sequences;"
+            " they must match"
+        )
+    if len(group.scores) != n:
+        raise ProtocolError(
+            f"{where}.scores: has {len(group.scores)} scores but tokens has {n} sequences;"
+            " there must be one score per sequence"
+        )
+    for i, (t, m) in enumerate(zip(group.tokens, group.masks)):
+        if len(t) != len(m):
+            raise ProtocolError(
+                f"{where}.masks[{i}]: length {len(m)} differs from tokens[{i}] length {len(t)}"
+            )
+        if not t:
+            raise ProtocolError(f"{where}.tokens[{i}]: a sequence needs at least one token")
+    for i, s in enumerate(group.scores):
+        if not math.isfinite(s):
+            raise ProtocolError(f"{where}.scores[{i}]: {s} is not a finite number")
+    findings: list[str] = []
+    for name in ("advantages", "ref_logprobs", "inference_logprobs"):
+        rows: list[list[float]] | None = getattr(group, name)
+        if rows is None:
+            continue
+        if len(rows) != n:
+            raise ProtocolError(
+                f"{where}.{name}: has {len(rows)} rows but tokens has {n} sequences;"
+                " there must be one row per sequence"
+            )
+        if not _finite(rows):
+            raise ProtocolError(f"{where}.{name}: holds NaN or infinity; values must be finite")
+        if any(len(r) != len(t) for r, t in zip(rows, group.tokens)):
+            findings.append(f"{name}_row_length")
+    for name in ("overrides", "distill_token_ids", "distill_logprobs"):
+        seq_rows: list[Any] | None = getattr(group, name)
+        if seq_rows is not None and len(seq_rows) != n:
+            raise ProtocolError(
+                f"{where}.{name}: has {len(seq_rows)} rows but tokens has {n} sequences;"
+                " there must be one row per sequence"
+            )
+    if group.messages is not None:
+        for i, conversation in enumerate(group.messages):
+            for j, message in enumerate(conversation):
+                if "role" not in message or "content" not in message:
+                    raise ProtocolError(
+                        f"{where}.messages[{i}][{j}]: a message needs both 'role' and 'content'"
+                    )
+        if len(group.messages) != n:
+            findings.append("messages_row_count")
+    return findings
+
+
+def _explain_malformed(body: bytes, err: msgspec.DecodeError) -> ProtocolError:
+    """Turn a decoder error into a message a person can act on."""
+    text = str(err)
+    if "malformed" in text:
+        for token in (b"NaN", b"Infinity"):
+            if token in body:
+                return ProtocolError(
+                    f"body contains {token.decode()}, which is not JSON; scores and logprobs"
+                    " must be finite numbers"
+                )
+        return ProtocolError(f"body is not valid JSON: {text}", status=400)
+    if "out of range" in text:
+        return ProtocolError(f"{text}: numbers must be finite and fit in 64 bits")
+    return ProtocolError(text)
+
+
+def decode_group(body: bytes, msgpack: bool = False) -> Group:
+    """Decode one group; raise ProtocolError naming the field on any type error."""
+    try:
+        return (_mp_group_decoder if msgpack else _group_decoder).decode(body)
+    except msgspec.DecodeError as err:
+        raise _explain_malformed(body, err) from None
+
+
+def decode_group_list(body: bytes, msgpack: bool = False) -> list[Group]:
+    """Decode a list of groups (`/scored_data_list`)."""
+    try:
+        return (_mp_group_list_decoder if msgpack else _group_list_decoder).decode(body)
+    except msgspec.DecodeError as err:
+        raise _explain_malformed(body, err) from None
+
+
+def decode(body: bytes, kind: type[Any], msgpack: bool = False) -> Any:
+    """Decode a small control body (registration, env id, ack) of the given struct type."""
+    try:
+        if msgpack:
+            return msgspec.msgpack.decode(body, type=kind, strict=False)
+        return msgspec.json.decode(body, type=kind, strict=False)
+    except msgspec.DecodeError as err:
+        raise _explain_malformed(body, err) from None
+
+
+def encode_group(group: Group) -> bytes:
+    """Encode a group for storage and serving: upstream's keys, then any set extension keys."""
+    base = _json_encoder.encode(group.upstream_part())
+    ext = _json_encoder.encode(group.extension_part())
+    if ext == b"{}":
+        return base
+    return base[:-1] + b"," + ext[1:]
+
+
+def encode(obj: Any) -> bytes:
+    """Encode any response object as JSON."""
+    return _json_encoder.encode(obj)
