@@ -27,7 +27,7 @@ from atropos.api import body, stats
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
-from atropos.wire import EnvIdentifier, ProtocolError, Registration, RegisterEnv
+from atropos.wire import EnvIdentifier, ProtocolError, RegisterEnv, Registration
 
 Handler = Callable[[Request], Awaitable[Response]]
 OPEN_PATHS = ("/", "/health")  # answer without the API key

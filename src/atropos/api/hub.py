@@ -28,7 +28,7 @@ from typing import Any
 from atropos import wire
 from atropos.api.packer import Item, allocate_minimums, pick_batch
 from atropos.api.store import BatchRow, GroupRow, NewGroup, Store
-from atropos.wire import Group, ProtocolError, Registration, RegisterEnv
+from atropos.wire import Group, ProtocolError, RegisterEnv, Registration
 
 
 class NotFound(ProtocolError):
