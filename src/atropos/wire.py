@@ -163,7 +163,7 @@ def check_group(group: Group, where: str = "$") -> list[str]:
             f"{where}.scores: has {len(group.scores)} scores but tokens has {n} sequences;"
             " there must be one score per sequence"
         )
-    for i, (t, m) in enumerate(zip(group.tokens, group.masks)):
+    for i, (t, m) in enumerate(zip(group.tokens, group.masks, strict=True)):
         if len(t) != len(m):
             raise ProtocolError(
                 f"{where}.masks[{i}]: length {len(m)} differs from tokens[{i}] length {len(t)}"
@@ -185,7 +185,7 @@ def check_group(group: Group, where: str = "$") -> list[str]:
             )
         if not _finite(rows):
             raise ProtocolError(f"{where}.{name}: holds NaN or infinity; values must be finite")
-        if any(len(r) != len(t) for r, t in zip(rows, group.tokens)):
+        if any(len(r) != len(t) for r, t in zip(rows, group.tokens, strict=True)):
             findings.append(f"{name}_row_length")
     for name in ("overrides", "distill_token_ids", "distill_logprobs"):
         seq_rows: list[Any] | None = getattr(group, name)

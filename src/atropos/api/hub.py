@@ -362,11 +362,11 @@ class Hub:
                     status=413,
                 )
             new.append(NewGroup(g.env_id, n, g.policy_version, now, g.group_id, b""))
-        for g, ng in zip(groups, new):
+        for g, ng in zip(groups, new, strict=True):
             ng.body = wire.encode_group(g)
         seqs = self.store.add_groups(new)
         out: list[str] = []
-        for ng, seq, found in zip(new, seqs, findings):
+        for ng, seq, found in zip(new, seqs, findings, strict=True):
             c = self._counters(ng.env_id)
             self.heartbeat(ng.env_id)
             if seq is None:

@@ -1,0 +1,49 @@
+"""Test helpers that ship with the package: run an ASGI app on a loopback port in a thread.
+
+    >>> from starlette.applications import Starlette
+    >>> with serve_in_thread(Starlette()) as url:
+    ...     url.startswith("http://127.0.0.1:")
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int = 0, deadline: float = 10.0) -> Iterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1 in a daemon thread; yield its base URL.
+
+    The server is stopped (and the thread joined) when the block exits.
+    """
+    import uvicorn
+
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
+    thread.start()
+    end = time.monotonic() + deadline
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > end:
+            server.should_exit = True
+            raise RuntimeError(f"server on port {port} did not start within {deadline} s")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=deadline)
