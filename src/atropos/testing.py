@@ -1,9 +1,9 @@
 """Test helpers that ship with the package: run an ASGI app on a loopback port in a thread.
 
-    >>> from starlette.applications import Starlette
-    >>> with serve_in_thread(Starlette()) as url:
-    ...     url.startswith("http://127.0.0.1:")
-    True
+>>> from starlette.applications import Starlette
+>>> with serve_in_thread(Starlette()) as url:
+...     url.startswith("http://127.0.0.1:")
+True
 """
 
 from __future__ import annotations

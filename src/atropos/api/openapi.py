@@ -22,7 +22,7 @@ def _body(name: str, ref: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    """Build the OpenAPI 3.0 document (cached; it never changes at run time)."""
+    """Build the OpenAPI 3.1 document (cached; it never changes at run time)."""
     kinds = [wire.Registration, wire.RegisterEnv, wire.EnvIdentifier, wire.BatchAck, wire.Group]
     (reg, env, ident, ack, group), components = msgspec.json.schema_components(
         kinds, ref_template=_REF
@@ -72,7 +72,7 @@ def openapi_document() -> dict[str, Any]:
         "/metrics": get("Prometheus metrics"),
     }
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "Atropos trajectory API", "version": __version__},
         "paths": paths,
         "components": {"schemas": components},
