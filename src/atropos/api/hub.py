@@ -212,7 +212,6 @@ class Hub:
         if self.registration is None:
             return None
         self._drop_stale()
-        rows = list(self.queue.values())
         live = self.live_envs(now)
         allocations = {
             e.env_id: e.min_batch_allocation
@@ -220,10 +219,13 @@ class Hub:
             if e.min_batch_allocation is not None and e.min_batch_allocation > 0
         }
         minimums = allocate_minimums(self.batch_size, allocations)
-        picked = pick_batch([Item(r.size, r.env_id) for r in rows], self.batch_size, minimums)
-        if picked is None:
-            return None
-        chosen = [rows[i] for i in picked]
+        chosen = None if minimums else self._first_fit()
+        if chosen is None:
+            rows = list(self.queue.values())
+            picked = pick_batch([Item(r.size, r.env_id) for r in rows], self.batch_size, minimums)
+            if picked is None:
+                return None
+            chosen = [rows[i] for i in picked]
         seqs = [r.seq for r in chosen]
         step = self.step + 1
         if lease is None:
@@ -246,6 +248,18 @@ class Hub:
             c.sequences_out += r.size
         self.step = step
         return served
+
+    def _first_fit(self) -> list[GroupRow] | None:
+        """The packer's greedy pass, run lazily over the queue (the common, uniform case)."""
+        room = self.batch_size
+        chosen: list[GroupRow] = []
+        for row in self.queue.values():
+            if row.size <= room:
+                chosen.append(row)
+                room -= row.size
+                if room == 0:
+                    return chosen
+        return None
 
     def _drop_stale(self) -> None:
         limit = self.config.max_staleness
