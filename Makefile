@@ -2,30 +2,38 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+CORE := $(VENV)/.installed-core
+DEV := $(VENV)/.installed-dev
 
 .PHONY: demo test check install fmt clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+# The demo needs only the core install (about 20 s on a fresh machine).
+$(CORE): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $(CORE)
+
+$(DEV): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(CORE) $(DEV)
 
-install: $(STAMP)
+install: $(DEV)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(PY) -m atropos demo
 
 # The one check command: format, lint, types, tests.
-test: $(STAMP)
+test: $(DEV)
 	$(PY) scripts/check
 
 check: test
 
-fmt: $(STAMP)
+fmt: $(DEV)
 	$(VENV)/bin/ruff format src tests benchmarks scripts
 	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache runs

@@ -279,3 +279,18 @@ def test_no_cors_by_default_and_never_with_credentials():
         assert "access-control-allow-credentials" not in ok.headers
         other = c.get("/info", headers={"origin": "http://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+
+
+def test_mixed_size_groups_from_one_env_are_batched_without_a_buffer(client):
+    """Upstream buffered groups whose size differed from the env's group_size (spec §1.5)."""
+    env_id = started(client, batch_size=8)  # the env registered group_size 2
+    for tag, size in enumerate([3, 1, 2, 5, 3, 8]):
+        reply = client.post("/scored_data", json=group_json(size, tag=tag, env_id=env_id))
+        assert reply.json() == {"status": "received"}
+    sizes = []
+    while (batch := client.get("/batch").json()["batch"]) is not None:
+        sizes.append([len(g["tokens"]) for g in batch])
+    assert sizes == [[3, 2, 3], [8]]  # oldest first: the head 3 goes in the first batch
+    assert client.get("/status").json()["queue_size"] == 2  # 1 + 5 cannot make 8 yet
+    client.post("/scored_data", json=group_json(2, tag=9, env_id=env_id))
+    assert [len(g["tokens"]) for g in client.get("/batch").json()["batch"]] == [1, 5, 2]
