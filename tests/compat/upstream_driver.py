@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 import requests
+from tenacity import RetryError, stop_after_attempt
 
 BATCH_SIZE = 8  # sequences per trainer step (micro-batch 2 x grad-accum 4)
 MAX_TOKEN_LEN = 512
@@ -301,13 +302,14 @@ async def scenario(url: str, work: Path) -> dict[str, Any]:
     obs["status_after_drain1"] = trainer.get("/status")
     obs["status_env_after_drain1"] = {"a": await status_of(env_a)}
 
-    # One more group from the second compat-a instance completes the leftover A5 to a batch;
-    # now fetch one batch at a time, watching the step.
+    # One more group from the second compat-a instance completes the leftover A5 to a batch.
     await send(env_a2, group("C0", 4, 120), "C0 single from a2")
     obs["status_before_drain2"] = trainer.get("/status")
     obs["drain2"] = trainer.get_data()
     obs["status_after_drain2"] = trainer.get("/status")
     obs["status_env_after_drain2"] = {"a": await status_of(env_a), "b": await status_of(env_b)}
+
+    obs["logs_before_reset"] = len(LOGS)
 
     # Reset + trainer re-registration while an env keeps running with its old env_id (an API
     # restart with in-memory state looks the same to the env). BaseEnv never re-registers.
@@ -317,6 +319,21 @@ async def scenario(url: str, work: Path) -> dict[str, Any]:
     await send(env_a, [group("R0", 4, 120), group("R1", 4, 120)], "R0-R1 after reset")
     obs["status_after_reset_send"] = trainer.get("/status")
     obs["drain_after_reset"] = trainer.get_data(max_idle_polls=1)
+    obs["logs_before_probes"] = len(LOGS)
+    # What the API said to that env: its group again, by hand, and one get_status() attempt.
+    stale = next(p["payload"] for p in SENT if "R0" in json.dumps(p["payload"]))[0]
+    r = requests.post(f"{url}/scored_data", json=stale, timeout=10)
+    obs["stale_env_scored_data"] = {"status_code": r.status_code, "body": r.text[:500]}
+    try:
+        await type(env_a).get_status.retry_with(stop=stop_after_attempt(1))(env_a)
+        obs["stale_env_status_env"] = {"ok": True, "status": dict(env_a.status_dict)}
+    except Exception as err:
+        cause = err.last_attempt.exception() if isinstance(err, RetryError) else err
+        obs["stale_env_status_env"] = {
+            "ok": False,
+            "status_code": getattr(cause, "status", None),
+            "error": f"{type(cause).__name__}: {getattr(cause, 'message', cause)}",
+        }
 
     obs["batch_responses"] = trainer.responses
     obs["sent"] = SENT
