@@ -22,7 +22,6 @@ from msgspec import Meta
 SCHEMA_VERSION = 1
 
 PositiveInt = Annotated[int, Meta(ge=1)]
-Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
 Message = dict[str, Any]
 
 
@@ -46,7 +45,9 @@ class RegisterEnv(msgspec.Struct):
     desired_name: str
     weight: float
     group_size: PositiveInt
-    min_batch_allocation: Fraction | None = None
+    # intended range 0..1; like upstream, other finite values are accepted (negative = none,
+    # above 1 = scaled down with the other envs' shares)
+    min_batch_allocation: float | None = None
     # extension: an env that registers again with the same name and key gets its id back
     env_key: str | None = None
 

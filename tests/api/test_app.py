@@ -294,3 +294,16 @@ def test_mixed_size_groups_from_one_env_are_batched_without_a_buffer(client):
     assert client.get("/status").json()["queue_size"] == 2  # 1 + 5 cannot make 8 yet
     client.post("/scored_data", json=group_json(2, tag=9, env_id=env_id))
     assert [len(g["tokens"]) for g in client.get("/batch").json()["batch"]] == [1, 5, 2]
+
+
+def test_register_env_accepts_what_upstream_accepted_but_not_nonsense(client):
+    started(client)
+    for share in (1.5, -0.2, 0.3):
+        reply = client.post("/register-env", json={**ENV, "min_batch_allocation": share})
+        assert reply.json()["status"] == "success"
+    status = client.get("/status-env", params={"env_id": 1}).json()
+    assert status["unallocated_fraction"] == 0.0  # 1.5 counts as a whole batch
+    for bad in ({"group_size": 0}, {"weight": "heavy"}, {"desired_name": None}):
+        assert client.post("/register-env", json={**ENV, **bad}).status_code == 422
+    nan = json.dumps({**ENV, "min_batch_allocation": float("nan")})
+    assert client.post("/register-env", content=nan).status_code == 422

@@ -120,6 +120,8 @@ class Api:
         req = wire.decode(await self._body(request), RegisterEnv, body.is_msgpack(request))
         if not math.isfinite(req.weight):
             raise ProtocolError("$.weight: must be a finite number")
+        if req.min_batch_allocation is not None and not math.isfinite(req.min_batch_allocation):
+            raise ProtocolError("$.min_batch_allocation: must be a finite number")
         return self._json(request, self.hub.register_env(req))
 
     async def disconnect_env(self, request: Request) -> Response:

@@ -410,7 +410,7 @@ class Hub:
         live[env_id] = me
         denom = sum(e.max_token_length * max(0.0, e.weight) for e in live.values())
         share = me.max_token_length * me.weight / denom if denom > 0 else 0.0
-        allocated = sum(e.min_batch_allocation or 0.0 for e in live.values())
+        allocated = sum(_share(e) for e in live.values())
         big = max(self.sizes, default=1)
         own_group = max(me.group_size, max(self.env_sizes.get(env_id, ()), default=0))
         own = self.env_seqs[env_id]
@@ -421,9 +421,7 @@ class Hub:
                 continue
             packed = math.ceil(seqs / big) * big
             rec = live.get(other) if other is not None else None
-            reserved = (
-                int(batch * rec.min_batch_allocation) if rec and rec.min_batch_allocation else 0
-            )
+            reserved = int(batch * _share(rec)) if rec else 0
             available += max(0, packed - reserved)
         return {
             "current_step": self.step,
@@ -454,3 +452,8 @@ class Hub:
         self.latest = None
         self.counters.clear()
         self._load()
+
+
+def _share(env: EnvRecord) -> float:
+    """An env's minimum batch share, clamped to [0, 1] (upstream did not validate it)."""
+    return min(1.0, max(0.0, env.min_batch_allocation or 0.0))
