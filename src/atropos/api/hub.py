@@ -158,11 +158,10 @@ class Hub:
             # because envs schedule evals and stamp policy versions with it.
             step = max(self.step, reg.starting_step)
             meta["step"] = step
-        expired = {b: 0.0 for b in self.batches}
         self.store.set_meta(meta)
-        for batch_id in expired:
-            self.store.relet(batch_id, 0.0)
-            self.batches[batch_id].expires = 0.0
+        for batch in self.batches.values():  # a (re)starting trainer gets these back first
+            batch.expires = 0.0
+            self.store.relet(batch.batch_id, 0.0)
         if self.registration is None:
             self.started = False
         self.registration = params
