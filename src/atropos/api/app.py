@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from atropos import wire
 from atropos.api import body, stats
+from atropos.api.body import GzipPolicy
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
@@ -61,11 +62,12 @@ class ApiConfig:
     max_body_bytes: int = 256 * 2**20
     max_inflated_bytes: int = 1024 * 2**20
     cors_origins: list[str] = field(default_factory=list)
+    response_gzip: GzipPolicy = "auto"
 
 
-def _error(request: Request, status: int, message: str, kind: str) -> Response:
+async def _error(request: Request, status: int, message: str, kind: str) -> Response:
     payload = wire.encode({"error": {"type": kind, "message": message}, "detail": message})
-    return body.respond(request, payload, status)
+    return await body.respond(request, payload, status)
 
 
 class Api:
@@ -83,7 +85,7 @@ class Api:
             if key is not None and request.url.path not in OPEN_PATHS:
                 given = request.headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                    return _error(
+                    return await _error(
                         request, 401, "missing or wrong 'Authorization: Bearer KEY'", "AuthError"
                     )
             env_id = request.query_params.get("env_id")
@@ -92,7 +94,7 @@ class Api:
             try:
                 return await fn(request)
             except ProtocolError as err:
-                return _error(request, err.status, str(err), type(err).__name__)
+                return await _error(request, err.status, str(err), type(err).__name__)
 
         return route
 
@@ -101,20 +103,20 @@ class Api:
             request, self.config.max_body_bytes, self.config.max_inflated_bytes
         )
 
-    def _json(self, request: Request, obj: object, status: int = 200) -> Response:
-        return body.respond(request, wire.encode(obj), status)
+    async def _json(self, request: Request, obj: object, status: int = 200) -> Response:
+        return await body.respond(request, wire.encode(obj), status)
 
     # ----- routes ----------------------------------------------------------------------------
 
     async def root(self, request: Request) -> Response:
-        return self._json(request, {"message": "AtroposLib API"})
+        return await self._json(request, {"message": "AtroposLib API"})
 
     async def health(self, request: Request) -> Response:
-        return self._json(request, {"status": "ok"})
+        return await self._json(request, {"status": "ok"})
 
     async def register(self, request: Request) -> Response:
         reg = wire.decode(await self._body(request), Registration, body.is_msgpack(request))
-        return self._json(request, self.hub.register(reg))
+        return await self._json(request, self.hub.register(reg))
 
     async def register_env(self, request: Request) -> Response:
         req = wire.decode(await self._body(request), RegisterEnv, body.is_msgpack(request))
@@ -122,27 +124,27 @@ class Api:
             raise ProtocolError("$.weight: must be a finite number")
         if req.min_batch_allocation is not None and not math.isfinite(req.min_batch_allocation):
             raise ProtocolError("$.min_batch_allocation: must be a finite number")
-        return self._json(request, self.hub.register_env(req))
+        return await self._json(request, self.hub.register_env(req))
 
     async def disconnect_env(self, request: Request) -> Response:
         ident = wire.decode(await self._body(request), EnvIdentifier, body.is_msgpack(request))
-        return self._json(request, self.hub.disconnect_env(ident.env_id))
+        return await self._json(request, self.hub.disconnect_env(ident.env_id))
 
     async def wandb_info(self, request: Request) -> Response:
-        return self._json(request, self.hub.wandb_info())
+        return await self._json(request, self.hub.wandb_info())
 
     async def info(self, request: Request) -> Response:
-        return self._json(request, self.hub.info())
+        return await self._json(request, self.hub.info())
 
     async def batch(self, request: Request) -> Response:
         lease = _lease_seconds(request)
         if self.hub.registration is None:
             if lease is not None:
                 raise ProtocolError("no trainer is registered: call POST /register first", 409)
-            return body.respond(request, _NOT_REGISTERED)
+            return await body.respond(request, _NOT_REGISTERED)
         served = self.hub.next_batch(lease)
         if served is None:
-            return body.respond(request, b'{"batch":null}')
+            return await body.respond(request, b'{"batch":null}')
         if body.wants_msgpack(request):
             doc: dict[str, object] = {
                 "batch": [msgspec.json.decode(b) for b in served.bodies],
@@ -150,7 +152,9 @@ class Api:
             }
             if served.batch_id is not None:
                 doc.update(batch_id=served.batch_id, lease_expires=served.lease_expires)
-            return body.respond(request, msgspec.msgpack.encode(doc), 200, "application/msgpack")
+            return await body.respond(
+                request, msgspec.msgpack.encode(doc), 200, "application/msgpack"
+            )
         tail = b""
         if served.batch_id is not None:
             tail = b',"batch_id":"%s","lease_expires":%r,"step":%d' % (
@@ -159,14 +163,14 @@ class Api:
                 served.step,
             )
         payload = b'{"batch":[' + b",".join(served.bodies) + b"]" + tail + b"}"
-        return body.respond(request, payload)
+        return await body.respond(request, payload)
 
     async def batch_ack(self, request: Request) -> Response:
         ack = wire.decode(await self._body(request), wire.BatchAck, body.is_msgpack(request))
-        return self._json(request, self.hub.ack(ack.batch_id))
+        return await self._json(request, self.hub.ack(ack.batch_id))
 
     async def latest_example(self, request: Request) -> Response:
-        return body.respond(request, self.hub.latest or _EMPTY_EXAMPLE)
+        return await body.respond(request, self.hub.latest or _EMPTY_EXAMPLE)
 
     async def scored_data(self, request: Request) -> Response:
         raw = await self._body(request)
@@ -175,7 +179,7 @@ class Api:
         doc: dict[str, object] = {"status": "received"}
         if outcome == "duplicate":
             doc["duplicate"] = True
-        return self._json(request, doc)
+        return await self._json(request, doc)
 
     async def scored_data_list(self, request: Request) -> Response:
         raw = await self._body(request)
@@ -185,10 +189,10 @@ class Api:
         duplicates = outcomes.count("duplicate")
         if duplicates:
             doc["duplicates"] = duplicates
-        return self._json(request, doc)
+        return await self._json(request, doc)
 
     async def status(self, request: Request) -> Response:
-        return self._json(request, self.hub.status())
+        return await self._json(request, self.hub.status())
 
     async def status_env(self, request: Request) -> Response:
         query = request.query_params.get("env_id")
@@ -202,20 +206,20 @@ class Api:
             if not raw:
                 raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
             env_id = wire.decode(raw, EnvIdentifier, body.is_msgpack(request)).env_id
-        return self._json(request, self.hub.status_env(env_id))
+        return await self._json(request, self.hub.status_env(env_id))
 
     async def reset_data(self, request: Request) -> Response:
         self.hub.reset()
         return PlainTextResponse("Reset successful")
 
     async def stats(self, request: Request) -> Response:
-        return self._json(request, stats.stats(self.hub))
+        return await self._json(request, stats.stats(self.hub))
 
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(stats.prometheus(self.hub), media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
-        return self._json(request, openapi_document())
+        return await self._json(request, openapi_document())
 
     def routes(self) -> list[Route]:
         table: list[tuple[str, Handler, list[str]]] = [
@@ -280,4 +284,5 @@ def create_app(config: ApiConfig | None = None, store: Store | None = None) -> S
 
     app = Starlette(routes=api.routes(), middleware=middleware, lifespan=lifespan)
     app.state.hub = hub
+    app.state.response_gzip = config.response_gzip
     return app

@@ -57,6 +57,13 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         default=[],
         help="allow this browser origin (repeatable; never with credentials)",
     )
+    p.add_argument(
+        "--response-gzip",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="gzip responses over 1000 bytes to clients that accept it: 'auto' (default) skips"
+        " clients on this machine, where compressing costs more CPU than it saves",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
@@ -99,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_inflated_bytes=int(args.max_inflated_mb * 2**20),
         cors_origins=list(args.cors_origin),
+        response_gzip=args.response_gzip,
     )
 
 
