@@ -24,6 +24,7 @@ Resident memory is VmHWM (peak) and VmRSS from /proc/PID/status. Ratios are ours
 Usage:
     .venv/bin/python benchmarks/api_throughput.py --json runs/api_throughput.json
     .venv/bin/python benchmarks/api_throughput.py --only ours --store memory --groups 200
+    .venv/bin/python benchmarks/api_throughput.py --only ours --ours-arg=--response-gzip=always
 
 Needs aiohttp (dev extra). Upstream runs from the separate venv made by
 `scripts/upstream_venv.py light`.
@@ -276,7 +277,9 @@ def memory_mib(pid: int) -> dict[str, float]:
 class Server:
     """One API server subprocess on a fresh port (and, for ours, a fresh store)."""
 
-    def __init__(self, kind: str, workdir: Path, store: str, python: str) -> None:
+    def __init__(
+        self, kind: str, workdir: Path, store: str, python: str, extra: Sequence[str] = ()
+    ) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -288,7 +291,7 @@ class Server:
             self.argv = [python, "-m", "atroposlib.cli.run_api"]
         else:
             raise ValueError(f"unknown server {kind!r}")
-        self.argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.argv += [*extra, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -613,10 +616,12 @@ def measure_server(
     python: str | None = None,
     hooks: Hooks | None = None,
     quiet_wait: float = 0.0,
+    server_args: Sequence[str] = (),
 ) -> ServerResult:
     """Run both phases against `kind` ("ours" or "upstream"), each on a fresh server.
 
     Before each phase, wait up to `quiet_wait` seconds for the machine to be idle.
+    `server_args` are extra command-line arguments for the server.
     """
     w.check()
     if python is None:
@@ -626,7 +631,7 @@ def measure_server(
     command: list[str] = []
     with tempfile.TemporaryDirectory(prefix=f"api-bench-{kind}-") as tmp:
         for name, phase in (("streaming", streaming_phase), ("queued", queued_phase)):
-            server = Server(kind, Path(tmp), store, python)
+            server = Server(kind, Path(tmp), store, python, server_args)
             command = server.argv
             try:
                 if quiet_wait > 0 and (load := wait_quiet(quiet_wait)) >= 0.25:
@@ -770,6 +775,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def code_version() -> dict[str, Any]:
+    """The commit our server runs from, and which files under src/ differ from it."""
+
+    def git(*cmd: str) -> str:
+        try:
+            out = subprocess.run(
+                ["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--", "src")
+    return {"commit": git("rev-parse", "HEAD"), "src_changes": dirty.splitlines()}
+
+
 def plot(summary: list[dict[str, Any]], path: Path) -> bool:
     """Bar chart of the ours/upstream ratios; False when matplotlib is not installed."""
     try:
@@ -826,6 +847,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="our server's store (sqlite: a fresh file in a temp dir per server)",
     )
     p.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `atropos api serve` (repeatable), e.g."
+        " --ours-arg=--response-gzip=always",
+    )
+    p.add_argument(
         "--upstream-python",
         help="python of a venv with atroposlib 0.4.0 (by default scripts/upstream_venv.py's)",
     )
@@ -876,6 +905,7 @@ def measure_with_progress(
     store: str,
     python: str | None,
     quiet_wait: float,
+    server_args: Sequence[str],
 ) -> ServerResult:
     """`measure_server` with a progress bar per phase for posted and drained groups."""
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
@@ -891,7 +921,14 @@ def measure_with_progress(
 
         hooks = Hooks(log=bar.log, phase=phase, tick=tick)
         return measure_server(
-            name, w, bodies, store=store, python=python, hooks=hooks, quiet_wait=quiet_wait
+            name,
+            w,
+            bodies,
+            store=store,
+            python=python,
+            hooks=hooks,
+            quiet_wait=quiet_wait,
+            server_args=server_args,
         )
 
 
@@ -914,6 +951,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = list(SERVERS) if args.only == "both" else [args.only]
     console = Console(width=None if sys.stdout.isatty() else 120)
     console.log(f"machine: {machine()}")
+    console.log(f"code: {code_version()}")
     console.log(f"workload: {asdict(w)}")
 
     t = time.perf_counter()
@@ -935,7 +973,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.repeat > 1:
                 console.log(f"{name}: run {rep + 1} of {args.repeat}")
             r = measure_with_progress(
-                console, name, w, bodies, args.store, pythons[name], args.quiet_wait
+                console,
+                name,
+                w,
+                bodies,
+                args.store,
+                pythons[name],
+                args.quiet_wait,
+                args.ours_arg if name == "ours" else [],
             )
             runs[name].append(r)
             s, q = r.streaming.summary(w.groups), r.queued.summary(w.groups)
@@ -961,6 +1006,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = {
             "command": [Path(sys.executable).name, *sys.argv],
             "machine": machine(),
+            "code": code_version(),
             "workload": asdict(w),
             "store": args.store,
             "bytes": {"json": raw, "sent": sent},
