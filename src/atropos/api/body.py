@@ -8,21 +8,32 @@ Responses: upstream gzipped every response over 1000 bytes for any client that a
 Compression at zlib's fastest level runs at about 80 MB/s on one core, slower than loopback and
 slower than a datacenter network, so by default (`auto`) we compress only for clients that are
 not on this machine; `always` and `never` are there for slow links and for measurements. Large
-payloads compress in a worker thread (zlib releases the GIL) so ingestion goes on meanwhile.
+payloads compress in a worker thread (the compressor releases the GIL) so ingestion goes on.
+
+Compression and inflation use ISA-L (`isal`, about 4x faster than zlib at compressing and 1.5x
+at inflating, same formats) and fall back to the standard library where it is not installed.
 """
 
 from __future__ import annotations
 
-import gzip
 import ipaddress
 import zlib
-from typing import Literal
+from typing import Any, Literal, cast
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from atropos.wire import ProtocolError
+
+try:
+    from isal import igzip as _gzip
+    from isal import isal_zlib as _zlib
+except ImportError:  # pragma: no cover - isal has wheels for every platform we build on
+    import gzip as _gzip  # type: ignore[no-redef]
+    import zlib as _zlib  # type: ignore[no-redef]
+
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (zlib.error, cast(type, _zlib.error))
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 GZIP_MIN_SIZE = 1000  # bytes; smaller responses are never compressed (as upstream)
@@ -54,6 +65,7 @@ async def read_body(request: Request, max_body: int, max_inflated: int) -> bytes
 def inflate(data: bytes, limit: int) -> bytes:
     """Gunzip `data`, refusing output larger than `limit` bytes.
 
+    >>> import gzip
     >>> inflate(gzip.compress(b"hello"), 10)
     b'hello'
     >>> inflate(b"not gzip", 10)
@@ -65,7 +77,7 @@ def inflate(data: bytes, limit: int) -> bytes:
     total = 0
     try:
         while data:
-            d = zlib.decompressobj(wbits=31)
+            d: Any = _zlib.decompressobj(wbits=31)
             while data:
                 piece = d.decompress(data, limit + 1 - total)
                 total += len(piece)
@@ -74,13 +86,13 @@ def inflate(data: bytes, limit: int) -> bytes:
                         f"gzip body inflates past the limit of {limit} bytes", status=413
                     )
                 out.append(piece)
+                if d.eof or (not piece and d.unconsumed_tail == data):
+                    break  # done with this member, or no progress: truncated or not gzip
                 data = d.unconsumed_tail
-                if d.eof:
-                    break
             if not d.eof:
-                raise zlib.error("truncated")
+                raise zlib.error("truncated or not gzip")
             data = d.unused_data  # concatenated gzip members are allowed
-    except zlib.error:
+    except _INFLATE_ERRORS:
         raise ProtocolError(
             "Content-Encoding is gzip but the body is not valid gzip", status=400
         ) from None
@@ -125,9 +137,9 @@ async def respond(
     policy: GzipPolicy = getattr(request.app.state, "response_gzip", "auto")
     if should_gzip(request, len(payload), policy):
         if len(payload) >= THREAD_MIN_SIZE:
-            payload = await run_in_threadpool(gzip.compress, payload, GZIP_LEVEL, mtime=0)
+            payload = await run_in_threadpool(_gzip.compress, payload, GZIP_LEVEL, mtime=0)
         else:
-            payload = gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0)
+            payload = _gzip.compress(payload, GZIP_LEVEL, mtime=0)
         headers["content-encoding"] = "gzip"
         headers["vary"] = "Accept-Encoding"
     return Response(payload, status_code=status, media_type=media_type, headers=headers)
