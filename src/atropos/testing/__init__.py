@@ -1,4 +1,4 @@
-"""Test helpers that ship with the package: run an ASGI app on a loopback port in a thread.
+"""Test parts that ship with the package: loopback servers, a fake inference server, a tokenizer.
 
 >>> from starlette.applications import Starlette
 >>> with serve_in_thread(Starlette()) as url:

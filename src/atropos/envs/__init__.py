@@ -1,0 +1,1 @@
+"""Environments: the BaseEnv hooks, the small Env class, configuration, runners, registry."""

@@ -1,0 +1,1 @@
+"""The inference layer: clients for OpenAI-compatible servers, routing, token-exact sessions."""

@@ -1,0 +1,47 @@
+"""Configuration of inference servers, with atroposlib 0.4.0's field names and defaults.
+
+`ServerBaseline` describes servers to discover (Slurm or the local default ports);
+`APIServerConfig` is one server at a known `base_url`; `ServerManagerConfig` tunes the manager.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+ServerType = Literal["openai", "vllm", "sglang", "trl"]
+
+
+class ServerBaseline(BaseModel):
+    """Settings shared by every server (upstream's `ServerBaseline`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout: float = Field(1200, description="seconds before one request gives up")
+    num_max_requests_at_once: int = Field(512, description="training requests in flight per server")
+    num_requests_for_eval: int = Field(64, description="evaluation requests in flight per server")
+    model_name: str = Field("default", description="model name sent with every request")
+    rolling_buffer_length: int = Field(1000, description="samples kept for latency metrics")
+    server_type: ServerType = Field("openai", description="openai | vllm | sglang | trl")
+    tokenizer_name: str = Field("none", description="tokenizer to load ('none': model_name)")
+
+
+class APIServerConfig(ServerBaseline):
+    """One server at a known address (upstream's `APIServerConfig`)."""
+
+    api_key: SecretStr = Field(SecretStr(""), description="bearer key for the server")
+    base_url: str = Field("", description="e.g. http://127.0.0.1:9004/v1")
+    n_kwarg_is_ignored: bool = Field(False, description="the server ignores n: fan out instead")
+    health_check: bool = Field(True, description="probe /health (never spends tokens)")
+
+
+class ServerManagerConfig(BaseModel):
+    """How requests are spread over servers (upstream's `ServerManagerConfig`, all wired)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slurm: bool = Field(False, description="discover inference nodes from SLURM_JOB_NODELIST")
+    testing: bool = Field(False, description="use the in-package fake inference server")
+    max_n_completions: int = Field(8, description="requests asking for more n are split")
+    proxy_url: str | None = Field(None, description="ManagedServer proxy (ATROPOS_PROXY_URL)")
