@@ -1,0 +1,262 @@
+"""Getting groups to the trajectory API without losing one.
+
+`Sender` batches groups (up to `max_batch` per request, or whatever is ready after `linger`
+seconds), gzips bodies over 1 KB, and POSTs them to `/scored_data_list`. A failed send is retried
+a bounded number of times with jittered backoff, but only for errors that can succeed later
+(connection failures, timeouts, 5xx, 429); every retry carries the same `group_id`s, so the API
+stores each group once. When the retries run out, or the API cannot be reached at all, the
+groups go to a spool file on disk; a background task replays the spool, oldest first, once the
+API answers again. `close()` flushes what is queued and leaves the rest in the spool, so a
+restart of the env picks it up.
+
+Upstream made three attempts over about 20 s and then dropped the data (W-ENV-1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("atropos.sender")
+
+GZIP_MIN = 1024  # bytes; smaller bodies are sent as they are (as upstream's BaseEnv does)
+
+
+class SendError(Exception):
+    """A send failed; `retryable` says whether trying again can help."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass
+class SenderStats:
+    """What the sender did (for metrics)."""
+
+    sent: int = 0  # groups the API acknowledged
+    duplicates: int = 0  # groups the API already had (a retry that had landed)
+    rejected: int = 0  # groups the API refused with a 4xx (bad data: dropped and logged)
+    spooled: int = 0  # groups written to the spool
+    replayed: int = 0  # groups sent from the spool
+    attempts: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Spool:
+    """An append-only JSONL file of groups waiting for the API, consumed by rewriting it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, groups: list[dict[str, Any]]) -> None:
+        with open(self.path, "ab") as f:
+            for g in groups:
+                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        groups = []
+        for line in self.path.read_bytes().splitlines():
+            with contextlib.suppress(ValueError):  # a torn last line from a crash mid-write
+                groups.append(json.loads(line))
+        return groups
+
+    def replace(self, groups: list[dict[str, Any]]) -> None:
+        """Atomically leave only `groups` in the spool."""
+        if not groups:
+            self.path.unlink(missing_ok=True)
+            return
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for g in groups:
+                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def __len__(self) -> int:
+        return len(self.read())
+
+
+class Sender:
+    """Batches, sends, retries, spools and replays groups for one env."""
+
+    def __init__(
+        self,
+        url: str,
+        spool_path: Path,
+        *,
+        api_key: str | None = None,
+        max_batch: int = 32,
+        linger: float = 0.05,
+        retries: int = 4,
+        backoff: float = 0.5,
+        timeout: float = 30.0,
+        replay_every: float = 2.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.spool = Spool(spool_path)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.max_batch = max_batch
+        self.linger = linger
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.replay_every = replay_every
+        self.stats = SenderStats()
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._spool_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
+        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._replay())]
+
+    def submit(self, group: dict[str, Any]) -> None:
+        """Queue a group for sending (returns at once)."""
+        self._queue.put_nowait(group)
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    async def _pump(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            deadline = asyncio.get_running_loop().time() + self.linger
+            while len(batch) < self.max_batch:
+                timeout = deadline - asyncio.get_running_loop().time()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except asyncio.TimeoutError:
+                    break
+            try:
+                await self._deliver(batch)
+            except asyncio.CancelledError:
+                # stopped mid-send: keep the batch (a copy that did land is deduplicated)
+                self.spool.append(batch)
+                self.stats.spooled += len(batch)
+                raise
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _deliver(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            await self._send_with_retries(batch)
+        except SendError as err:
+            if err.retryable:
+                log.warning("API unreachable (%s): spooling %d groups", err, len(batch))
+                async with self._spool_lock:
+                    self.spool.append(batch)
+                self.stats.spooled += len(batch)
+            else:
+                self.stats.rejected += len(batch)
+                log.error("API refused %d groups, dropped: %s", len(batch), err)
+
+    async def _send_with_retries(self, batch: list[dict[str, Any]]) -> None:
+        for attempt in range(self.retries + 1):
+            try:
+                await self._post(batch)
+                return
+            except SendError as err:
+                kind = "retryable" if err.retryable else "rejected"
+                self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
+                if not err.retryable or attempt == self.retries:
+                    raise
+                delay = self.backoff * 2**attempt * (0.5 + random.random())
+                await asyncio.sleep(delay)
+
+    async def _post(self, batch: list[dict[str, Any]]) -> None:
+        assert self._session is not None, "Sender.start() was not awaited"
+        body = json.dumps(batch, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        if len(body) >= GZIP_MIN:
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        self.stats.attempts += 1
+        try:
+            async with self._session.post(
+                f"{self.url}/scored_data_list", data=body, headers=headers
+            ) as resp:
+                text = await resp.text()
+                if resp.status == 200:
+                    reply = json.loads(text) if text else {}
+                    dups = int(reply.get("duplicates", 0)) if isinstance(reply, dict) else 0
+                    self.stats.duplicates += dups
+                    self.stats.sent += len(batch) - dups
+                    return
+                retryable = resp.status >= 500 or resp.status in (408, 429)
+                raise SendError(f"HTTP {resp.status}: {text[:300]}", retryable)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise SendError(f"{type(err).__name__}: {err}", retryable=True) from None
+
+    async def _replay(self) -> None:
+        while True:
+            await asyncio.sleep(self.replay_every)
+            await self.replay_once()
+
+    async def replay_once(self) -> int:
+        """Try to send what is spooled, oldest first; return how many groups went out."""
+        async with self._spool_lock:
+            waiting = self.spool.read()
+            sent = 0
+            while waiting:
+                chunk = waiting[: self.max_batch]
+                try:
+                    await self._post(chunk)
+                except SendError as err:
+                    if err.retryable:
+                        break  # still down: try again later
+                    self.stats.rejected += len(chunk)
+                    log.error("API refused %d spooled groups, dropped: %s", len(chunk), err)
+                else:
+                    sent += len(chunk)
+                waiting = waiting[len(chunk) :]
+                self.spool.replace(waiting)
+            self.stats.replayed += sent
+            return sent
+
+    async def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything queued was sent or spooled, at most `timeout` seconds."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._queue.join(), timeout)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Flush, stop the background tasks, spool anything left, close the session."""
+        if self._tasks:
+            await self.flush(timeout)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        leftover = []
+        while self._queue.qsize():
+            leftover.append(self._queue.get_nowait())
+            self._queue.task_done()
+        if leftover:
+            self.spool.append(leftover)
+            self.stats.spooled += len(leftover)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
