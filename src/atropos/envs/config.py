@@ -1,0 +1,217 @@
+"""Environment configuration: `BaseEnvConfig` (upstream's fields and defaults) and the
+`ResolvedConfig` every run mode receives; the layering that builds it lives in `layering.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr, field_validator
+from pydantic_core import to_jsonable_python
+
+from atropos.envs.types import EvalHandlingEnum
+from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+
+__all__ = ["MODES", "BaseEnvConfig", "ConfigError", "Mode", "ResolvedConfig"]
+
+Mode = Literal["serve", "process", "evaluate"]
+MODES: tuple[Mode, ...] = ("serve", "process", "evaluate")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the flag (or file, or variable)
+    and the rule. The command line turns it into exit status 2."""
+
+
+class BaseEnvConfig(BaseModel):
+    """Settings of one environment (upstream's `BaseEnvConfig`, same names and defaults).
+
+    Subclass it for environment-specific settings; every field becomes a `--env.NAME` flag whose
+    help is the field's description (or its attribute docstring).
+
+    >>> BaseEnvConfig().group_size, BaseEnvConfig(group_size=8).group_size
+    (4, 8)
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    group_size: int = Field(default=4, ge=1, description="sequences per group")
+    max_num_workers: int = Field(
+        default=-1, description="concurrent rollouts (-1: max_num_workers_per_node x servers)"
+    )
+    max_eval_workers: int = Field(
+        default=16, ge=1, description="concurrent evaluation requests (advisory)"
+    )
+    max_num_workers_per_node: int = Field(
+        default=8, ge=1, description="rollouts per server when max_num_workers is -1"
+    )
+    steps_per_eval: int = Field(
+        default=100, description="evaluate every N trainer steps (<= 0: never)"
+    )
+    max_token_length: int = Field(
+        default=2048, ge=1, description="longest sequence this env produces (sent at registration)"
+    )
+    eval_handling: EvalHandlingEnum = Field(
+        default=EvalHandlingEnum.STOP_TRAIN,
+        description="training during evaluation: STOP_TRAIN, LIMIT_TRAIN or NONE",
+    )
+    eval_limit_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="share of workers kept during evaluation (LIMIT_TRAIN)"
+    )
+    inference_weight: float = Field(default=1.0, description="weight sent at registration")
+    batch_size: int = Field(
+        default=-1, description="trainer batch size (-1: taken from the API's /info)"
+    )
+    max_batches_offpolicy: int = Field(
+        default=3, description="pause when this many batches are queued (<= 0: never pause)"
+    )
+    tokenizer_name: str = Field(
+        default="NousResearch/DeepHermes-3-Llama-3-3B-Preview", description="tokenizer to load"
+    )
+    use_wandb: bool = Field(default=True, description="log to Weights & Biases")
+    rollout_server_url: str = Field(
+        default="http://localhost:8000", description="base URL of the trajectory API"
+    )
+    total_steps: int = Field(
+        default=1000,
+        ge=-1,
+        description="serve: last trainer step (-1: ask the API); process: groups to make",
+    )
+    wandb_name: str | None = Field(
+        default=None, description="registration and W&B run name (unset: the environment's name)"
+    )
+    num_rollouts_to_keep: int = Field(default=32, ge=0, description="groups kept for the W&B table")
+    num_rollouts_per_group_for_logging: int = Field(
+        default=1, ge=-1, description="rollouts per group in the W&B table (-1: all)"
+    )
+    ensure_scores_are_not_same: bool = Field(
+        default=True, description="drop groups whose scores are all equal"
+    )
+    data_path_to_save_groups: str | None = Field(
+        default=None, description="also write every valid group to this JSONL file"
+    )
+    data_dir_to_save_evals: str | None = Field(
+        default=None, description="directory for evaluation metrics and samples"
+    )
+    min_items_sent_before_logging: int = Field(
+        default=2, description="groups sent in a step before W&B logging (<= 0: always log)"
+    )
+    include_messages: bool = Field(
+        default=False, description="add decoded messages to groups that have none"
+    )
+    min_batch_allocation: float | None = Field(
+        default=None, ge=0, le=1, description="minimum share of every batch reserved for this env"
+    )
+    worker_timeout: float = Field(
+        default=600, description="seconds before a rollout is cancelled (<= 0: never)"
+    )
+    thinking_mode: bool = Field(
+        default=False, description="ask the model to reason before answering"
+    )
+    reasoning_effort: ReasoningEffort | None = Field(
+        default=None, description="none, minimal, low, medium, high or xhigh"
+    )
+    max_reasoning_tokens: int | None = Field(
+        default=None, ge=1024, le=32000, description="reasoning token budget (1024 to 32000)"
+    )
+    custom_thinking_prompt: str | None = Field(
+        default=None, description="system prompt used instead of the default thinking prompt"
+    )
+    # additions (all optional)
+    rollout_server_api_key: SecretStr | None = Field(
+        default=None, description="bearer key for the trajectory API (default: $ATROPOS_API_KEY)"
+    )
+    env_key: str | None = Field(
+        default=None, description="stable identity of this env across restarts"
+    )
+    spool_dir: str | None = Field(
+        default=None, description="where groups wait while the trajectory API is unreachable"
+    )
+    register_timeout: float = Field(
+        default=600, ge=0, description="seconds to wait for the trainer at registration"
+    )
+
+    @field_validator("max_num_workers", "batch_size")
+    @classmethod
+    def _minus_one_or_positive(cls, v: int) -> int:
+        if v == -1 or v >= 1:
+            return v
+        raise ValueError(f"must be -1 or at least 1, got {v}")
+
+
+@dataclass
+class ResolvedConfig:
+    """Everything a run needs, after layering: what `atropos.envs.runner.run` receives.
+
+    `servers` is a list of concrete servers, or a `ServerBaseline` when servers are to be
+    discovered (Slurm or the local default ports).
+    """
+
+    env: BaseEnvConfig
+    servers: list[APIServerConfig] | ServerBaseline
+    manager: ServerManagerConfig
+    mode: Mode
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration as plain data with every secret (API keys) removed.
+
+        The layout follows `--config` files (`env`, `openai`, `slurm`, ...) plus `mode`; `openai`
+        is a list of servers, or one mapping when servers are discovered (a `ServerBaseline`).
+
+        >>> r = ResolvedConfig(
+        ...     BaseEnvConfig(rollout_server_api_key="k"),
+        ...     [APIServerConfig(api_key="sk", base_url="http://h/v1")],
+        ...     ServerManagerConfig(),
+        ...     "serve",
+        ... )
+        >>> d = r.redacted()
+        >>> "rollout_server_api_key" in d["env"], "api_key" in d["openai"][0]
+        (False, False)
+        """
+        return {
+            "mode": self.mode,
+            "env": _plain(self.env),
+            "openai": _plain(self.servers),
+            **_plain(self.manager),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write `redacted()` as YAML to `path` (atomically; parent directories are created)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(self.redacted(), sort_keys=False)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(f"# atropos env {self.mode}: resolved configuration, secrets removed\n")
+                f.write(text)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+
+def _is_secret(value: object) -> bool:
+    return isinstance(value, (SecretStr, SecretBytes))
+
+
+def _plain(value: Any) -> Any:
+    """`value` as YAML-safe data, dropping secrets at any depth."""
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        return {k: _plain(v) for k in fields if not _is_secret(v := getattr(value, k))}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items() if not _is_secret(v)}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value if not _is_secret(v)]
+    if isinstance(value, Enum):
+        return _plain(value.value)
+    return to_jsonable_python(value)
