@@ -1,0 +1,402 @@
+"""Configuration layering, implemented once for `serve`, `process` and `evaluate`.
+
+Lowest to highest: class defaults < `config_init()` < mode defaults < `--config` YAML file <
+`ATROPOS_*` environment variables < command-line flags. `resolve_config` is the only entry.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from atropos.envs.config import BaseEnvConfig, ConfigError, Mode, ResolvedConfig
+from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+
+__all__ = [
+    "Defaults",
+    "Layer",
+    "coerce_text",
+    "did_you_mean",
+    "env_base",
+    "env_name",
+    "environ_layer",
+    "file_layer",
+    "load_defaults",
+    "resolve_config",
+]
+
+Servers = list[APIServerConfig] | ServerBaseline
+M = TypeVar("M", bound=BaseModel)
+MANAGER_KEYS: tuple[str, ...] = tuple(ServerManagerConfig.model_fields)
+FILE_KEYS: tuple[str, ...] = ("env", "openai", *MANAGER_KEYS)
+NONE_WORDS = ("None", "null")  # lowercase "none" stays a string (a reasoning_effort value)
+MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
+    "serve": {},
+    # process writes groups for inspection: keep equal-score groups and decoded messages
+    "process": {"ensure_scores_are_not_same": False, "include_messages": True},
+    "evaluate": {},
+}
+
+
+def did_you_mean(word: str, candidates: Iterable[str], show: Callable[[str], str] = str) -> str:
+    """A "; did you mean X?" suffix for the closest candidate, or "" when none is close.
+
+    >>> did_you_mean("gropu_size", ["group_size", "batch_size"])
+    '; did you mean group_size?'
+    """
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {show(close[0])}?" if close else ""
+
+
+def env_name(env_cls: type) -> str:
+    """The environment's name: its `name` attribute, else its class name."""
+    return str(getattr(env_cls, "name", None) or env_cls.__name__)
+
+
+@dataclass
+class Layer:
+    """Overrides from one source. Values from text sources (flags, variables) are strings."""
+
+    kind: Literal["file", "environ", "flags"]
+    origin: str = ""  # the file, for kind "file"
+    env: dict[str, Any] = field(default_factory=dict)
+    openai: dict[str, Any] | list[dict[str, Any]] | None = None
+    manager: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # "env.x" -> where it was set
+
+    def where(self, section: str, key: str) -> str:
+        """Where `section.key` is set in this source, as a user would write it."""
+        dotted = f"{section}.{key}" if section else key
+        if dotted in self.labels:
+            return self.labels[dotted]
+        if self.kind == "flags":
+            return f"--{dotted}"
+        if self.kind == "environ":
+            return "ATROPOS_" + dotted.replace(".", "__").upper()
+        return f"{self.origin}: {dotted}"
+
+
+@dataclass
+class Defaults:
+    """What `config_init()` returned (or the class defaults), normalised."""
+
+    env: BaseEnvConfig
+    servers: Servers
+    origin: str
+
+    @property
+    def server_model(self) -> type[APIServerConfig]:
+        """The model of `--openai.*` settings: the configured servers' type, or APIServerConfig."""
+        if isinstance(self.servers, list):
+            return type(self.servers[0])
+        return APIServerConfig
+
+
+def load_defaults(env_cls: type) -> Defaults:
+    """Call `env_cls.config_init()` (when defined) and check what it returns."""
+    model = getattr(env_cls, "env_config_cls", None) or BaseEnvConfig
+    if not (isinstance(model, type) and issubclass(model, BaseEnvConfig)):
+        raise TypeError(f"{env_cls.__name__}.env_config_cls must subclass BaseEnvConfig")
+    init = getattr(env_cls, "config_init", None)
+    if init is None:
+        # model_validate({}) rather than Model(): inference/config.py's positional Field defaults
+        # are invisible to mypy's dataclass_transform support
+        return Defaults(model.model_validate({}), ServerBaseline.model_validate({}), "defaults")
+    origin = f"{env_cls.__name__}.config_init()"
+    result = init()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{origin} must return (env_config, server_configs), got {result!r}")
+    env, servers = result
+    if not isinstance(env, model):
+        if not (isinstance(env, BaseEnvConfig) and issubclass(model, type(env))):
+            raise TypeError(f"{origin} returned {type(env).__name__}, not {model.__name__}")
+        env = model.model_validate(env.model_dump(exclude_unset=True))
+    if isinstance(servers, APIServerConfig):
+        servers = [servers]
+    elif isinstance(servers, list) and len(servers) == 1 and type(servers[0]) is ServerBaseline:
+        servers = servers[0]
+    if isinstance(servers, list):
+        if not servers or not all(isinstance(s, APIServerConfig) for s in servers):
+            raise TypeError(f"{origin}: expected a non-empty list of APIServerConfig")
+    elif not isinstance(servers, ServerBaseline):
+        raise TypeError(
+            f"{origin}: servers must be ServerBaseline, APIServerConfig or a list of"
+            f" APIServerConfig, got {type(servers).__name__}"
+        )
+    return Defaults(env, servers, origin)
+
+
+def file_layer(path: str | os.PathLike[str]) -> Layer:
+    """The `--config` YAML file: `env:`, `openai:` (a mapping or a list), manager keys."""
+    name = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--config {name}: cannot read ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {name}: not valid YAML: {e}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}: expected a mapping (env:, openai:, ...) at the top level")
+    layer = Layer("file", name)
+    _check_keys(data, FILE_KEYS, lambda k: layer.where("", k))
+    env = data.get("env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{name}: env: must be a mapping of settings")
+    layer.env = env
+    openai = data.get("openai")
+    if isinstance(openai, list):
+        if not openai or not all(isinstance(s, dict) for s in openai):
+            raise ConfigError(f"{name}: openai: must be a mapping or a non-empty list of them")
+        openai = openai[0] if len(openai) == 1 else openai
+    elif openai is not None and not isinstance(openai, dict):
+        raise ConfigError(f"{name}: openai: must be a mapping or a non-empty list of them")
+    layer.openai = openai
+    layer.manager = {k: data[k] for k in MANAGER_KEYS if k in data}
+    return layer
+
+
+class _EnvironBase(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_", env_nested_delimiter="__", case_sensitive=False, extra="ignore"
+    )
+
+    env: dict[str, Any] = Field(default_factory=dict)
+    openai: dict[str, Any] = Field(default_factory=dict)
+
+
+_MANAGER_VARS: dict[str, Any] = {k: (str | None, None) for k in MANAGER_KEYS}
+# manager settings are ATROPOS_SLURM, ATROPOS_PROXY_URL, ...
+_Environ = create_model("_Environ", __base__=_EnvironBase, **_MANAGER_VARS)
+
+
+def environ_layer() -> Layer:
+    """`ATROPOS_ENV__GROUP_SIZE=8`, `ATROPOS_OPENAI__BASE_URL=...`, `ATROPOS_SLURM=true`, ...
+
+    `ATROPOS_API_KEY` (the trajectory API's key) also sets `rollout_server_api_key`.
+    """
+    try:
+        read = _Environ()
+    except (SettingsError, ValidationError) as e:
+        raise ConfigError(f"ATROPOS_* environment variables: {e}") from None
+    layer = Layer("environ", env=dict(read.env), openai=dict(read.openai) or None)
+    layer.manager = {k: v for k in MANAGER_KEYS if (v := getattr(read, k)) is not None}
+    api_key = os.environ.get("ATROPOS_API_KEY")
+    if api_key and "rollout_server_api_key" not in layer.env:
+        layer.env["rollout_server_api_key"] = api_key
+        layer.labels["env.rollout_server_api_key"] = "ATROPOS_API_KEY"
+    return layer
+
+
+def resolve_config(
+    env_cls: type,
+    mode: Mode,
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    flags: Layer | None = None,
+    defaults: Defaults | None = None,
+) -> ResolvedConfig:
+    """Layer every source for `env_cls` in `mode` and validate the result.
+
+    Args:
+        env_cls: the environment class (`config_init`, `env_config_cls` and `name` are used).
+        mode: "serve", "process" or "evaluate" (process has its own defaults).
+        config_path: the `--config` YAML file, if any.
+        flags: the command line's layer (built by `atropos.envs.cli`).
+        defaults: `load_defaults(env_cls)`, when the caller already has it.
+
+    Returns:
+        The validated configuration; `ATROPOS_*` variables are read from `os.environ`.
+
+    Raises:
+        ConfigError: a value breaks a rule or a key is unknown (the message names where).
+    """
+    defaults = defaults or load_defaults(env_cls)
+    layers = [file_layer(config_path)] if config_path is not None else []
+    layers += [environ_layer(), *([flags] if flags is not None else [])]
+    env = _resolve_env(env_cls, mode, defaults, layers)
+    servers = _resolve_servers(defaults, layers)
+    values: dict[str, Any] = ServerManagerConfig.model_validate({}).model_dump()
+    labels: dict[str, str] = {}
+    for layer in layers:
+        _apply(values, labels, layer, "", layer.manager, ServerManagerConfig)
+    manager = _validate(ServerManagerConfig, values, labels, "--")
+    return ResolvedConfig(env=env, servers=servers, manager=manager, mode=mode)
+
+
+def env_base(
+    env_cls: type, mode: Mode, defaults: Defaults
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The env settings below the file layer: `config_init()` plus the mode's defaults, and
+    where each non-default value comes from."""
+    values = defaults.env.model_dump()
+    labels = {k: defaults.origin for k in defaults.env.model_fields_set}
+    for key, value in MODE_DEFAULTS[mode].items():
+        values[key], labels[key] = value, f"{mode} mode"
+    if mode == "process" and values["data_path_to_save_groups"] is None:
+        values["data_path_to_save_groups"] = f"data/{env_name(env_cls)}.jsonl"
+        labels["data_path_to_save_groups"] = "process mode"
+    return values, labels
+
+
+def _resolve_env(
+    env_cls: type, mode: Mode, defaults: Defaults, layers: list[Layer]
+) -> BaseEnvConfig:
+    model = type(defaults.env)
+    values, labels = env_base(env_cls, mode, defaults)
+    for layer in layers:
+        _apply(values, labels, layer, "env", layer.env, model)
+    if values["wandb_name"] is None:  # upstream meant this too, but it never took effect
+        values["wandb_name"] = env_name(env_cls)
+    if mode == "process" and values["data_path_to_save_groups"] is None:
+        where = labels.get("data_path_to_save_groups", "")
+        raise ConfigError(
+            f"--env.data_path_to_save_groups (from {where}): process mode writes groups to a"
+            " file and needs a path"
+        )
+    return _validate(model, values, labels, "--env.")
+
+
+def _resolve_servers(defaults: Defaults, layers: list[Layer]) -> Servers:
+    model = defaults.server_model
+    listed = [(layer, o) for layer in layers if isinstance(o := layer.openai, list)]
+    overrides = [(layer, o) for layer in layers if isinstance(o := layer.openai, dict) and o]
+    if listed:
+        layer, entries = listed[-1]
+        if overrides:
+            where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
+            raise ConfigError(
+                f"{where}: {layer.origin} lists {len(entries)} servers under openai:, so a"
+                " single openai setting is ambiguous; set it in each server entry instead"
+            )
+        servers = []
+        for i, entry in enumerate(entries):
+            prefix = f"{layer.origin}: openai[{i}]."
+            _check_keys(entry, model.model_fields, prefix.__add__)
+            servers.append(_validate(model, dict(entry), {}, prefix))
+        return servers
+    if not overrides:
+        return defaults.servers
+    base = defaults.servers
+    if isinstance(base, list) and len(base) > 1:
+        where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
+        raise ConfigError(
+            f"{where}: {defaults.origin} configures {len(base)} servers, so a single openai"
+            " setting is ambiguous; list the servers under openai: in a --config file instead"
+        )
+    # A ServerBaseline is promoted to one concrete server whenever openai settings are given.
+    first = base[0] if isinstance(base, list) else base
+    values = first.model_dump()
+    labels = {k: defaults.origin for k in first.model_fields_set}
+    for layer, given in overrides:
+        _apply(values, labels, layer, "openai", given, model)
+    return [_validate(model, values, labels, "--openai.")]
+
+
+def _apply(
+    values: dict[str, Any],
+    labels: dict[str, str],
+    layer: Layer,
+    section: str,
+    given: Mapping[str, Any],
+    model: type[BaseModel],
+) -> None:
+    """Merge one layer's `given` settings of `section` into `values` (dicts merge deeply)."""
+    _check_keys(given, model.model_fields, lambda k: layer.where(section, k))
+    for key, raw in given.items():
+        try:
+            value = coerce_text(model, key, raw) if layer.kind != "file" else raw
+        except ConfigError as e:
+            raise ConfigError(f"{layer.where(section, key)}: {e}") from None
+        values[key] = _merge(values.get(key), value)
+        labels[key] = layer.where(section, key)
+
+
+def coerce_text(model: type[BaseModel], key: str, text: Any) -> Any:
+    """A text value (flag or variable) for `model.key`: "None"/"null" for optional fields,
+    YAML for structured fields (lists, dicts, models); anything else goes to pydantic as is.
+
+    >>> coerce_text(BaseEnvConfig, "wandb_name", "None") is None
+    True
+    >>> coerce_text(BaseEnvConfig, "reasoning_effort", "none")
+    'none'
+    >>> coerce_text(BaseEnvConfig, "group_size", "-1")
+    '-1'
+    """
+    if not isinstance(text, str):
+        return text
+    annotation = model.model_fields[key].annotation
+    args = union_members(annotation)
+    if text in NONE_WORDS and (type(None) in args or annotation is Any):
+        return None
+    if annotation is Any or any(_structured(a) for a in args):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"cannot parse {text!r} as YAML or JSON: {e}") from None
+    return text
+
+
+def union_members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union annotation (`int | None` -> `(int, NoneType)`), else `(it,)`."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _structured(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation) or annotation
+    if isinstance(origin, type):
+        return issubclass(origin, (list, tuple, set, frozenset, dict, BaseModel)) or (
+            origin.__module__ == "collections.abc"
+        )
+    return False
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
+    return new
+
+
+def _check_keys(given: Iterable[str], known: Iterable[str], where: Callable[[str], str]) -> None:
+    known = list(known)
+    for key in given:
+        if key not in known:
+            raise ConfigError(f"{where(key)}: unknown setting{did_you_mean(key, known, where)}")
+
+
+def _validate(model: type[M], values: dict[str, Any], labels: dict[str, str], flag: str) -> M:
+    """`model(**values)`, or a ConfigError naming the flag, its source and the rule."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            head = f"{flag}{loc}" if loc else flag.rstrip(".: ")
+            source = labels.get(str(err["loc"][0])) if err["loc"] else None
+            if source and source != head:
+                head += f" (from {source})"
+            shown = "input" in err and not _sensitive(model, err["loc"])
+            got = f" (got {err['input']!r})" if shown else ""
+            lines.append(f"{head}: {err['msg']}{got}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def _sensitive(model: type[BaseModel], loc: tuple[int | str, ...]) -> bool:
+    """Whether an invalid value at `loc` may be a secret, and so must not be echoed."""
+    info = model.model_fields.get(str(loc[0])) if loc else None
+    secret_type = info is not None and "Secret" in str(info.annotation)
+    secret_name = any(w in str(p).lower() for p in loc for w in ("key", "secret", "password"))
+    return secret_type or secret_name or "token" in loc
