@@ -20,10 +20,65 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_serve_arguments(serve_p)
     serve_p.set_defaults(run=api.serve)
 
+    _add_env_noun(nouns)
+
     demo_p = nouns.add_parser("demo", help="the main job on embedded defaults")
     demo_p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     demo_p.set_defaults(run=_demo)
     return p
+
+
+# (atropos.envs.cli.MODE_HELP says the same; not imported here, to keep `atropos api` fast)
+_ENV_VERBS = {
+    "serve": "send scored rollouts to the trajectory API (training)",
+    "process": "write scored rollout groups to a JSONL file (no trainer needed)",
+    "evaluate": "run the environment's evaluation once",
+}
+
+
+def _add_env_noun(nouns: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    env_p = nouns.add_parser("env", help="environments: serve, process, evaluate, list")
+    env_verbs = env_p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for mode, text in _ENV_VERBS.items():
+        verb_p = env_verbs.add_parser(mode, help=text, description=f"{text}.")
+        verb_p.add_argument("name", help="an id from `atropos env list`, or package.module:Class")
+        verb_p.add_argument(
+            "flags", nargs=argparse.REMAINDER, help="--env.*, --openai.*, ... (NAME --help)"
+        )
+        verb_p.set_defaults(run=_env_run)
+    list_p = env_verbs.add_parser("list", help="installed environments")
+    list_p.set_defaults(run=_env_list)
+
+
+def _env_run(args: argparse.Namespace) -> int:
+    from atropos.envs import registry
+    from atropos.envs.cli import run_mode
+
+    prog = f"atropos env {args.verb} {args.name}"
+    try:
+        env_cls = registry.get(args.name)
+    except registry.EnvNotFound as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (ImportError, TypeError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return run_mode(env_cls, args.verb, args.flags, prog=prog)
+
+
+def _env_list(args: argparse.Namespace) -> int:
+    from atropos.envs import registry
+
+    names = registry.names()
+    if not names:
+        print(
+            "no environments installed (register one with atropos.envs.registry.register or an"
+            f" entry point in group {registry.ENTRY_POINT_GROUP!r})"
+        )
+    width = max((len(n) for n in names), default=0)
+    for name in names:
+        print(f"{name:<{width}}  {registry.describe(name)}".rstrip())
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
