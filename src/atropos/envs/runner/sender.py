@@ -123,6 +123,7 @@ class Sender:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._spool_lock = asyncio.Lock()
+        self.in_flight = 0  # groups in a request that has not been answered yet
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
@@ -148,6 +149,7 @@ class Sender:
                     batch.append(await asyncio.wait_for(self._queue.get(), timeout))
                 except asyncio.TimeoutError:
                     break
+            self.in_flight = len(batch)
             try:
                 await self._deliver(batch)
             except asyncio.CancelledError:
@@ -156,6 +158,7 @@ class Sender:
                 self.stats.spooled += len(batch)
                 raise
             finally:
+                self.in_flight = 0
                 for _ in batch:
                     self._queue.task_done()
 

@@ -1,0 +1,288 @@
+"""`BaseEnv`: atroposlib 0.4.0's environment hooks and names, run by our runners.
+
+An upstream environment ports by changing its imports: the hooks (`setup`, `get_next_item`,
+`collect_trajectory`, `collect_trajectories`, `postprocess_histories`, `evaluate`,
+`wandb_log`, `save_checkpoint`/`load_checkpoint`, `cleanup`, `config_init`, `cli`) and the data
+types keep their names and meanings (upstream envs' own `score(rollout_group_data)` methods are
+theirs to call, as before). What runs them is new (`atropos.envs.runner`): a bounded
+worker pool that pauses admission instead of cancelling rollouts, a sender that never drops a
+group on an API outage, eval and checkpoint triggers that never miss a period, and graceful
+shutdown. For the common case, `atropos.envs.simple.Env` needs only `load()` and `score()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from atropos.envs.config import BaseEnvConfig
+from atropos.envs.types import Item, ScoredDataGroup, ScoredDataItem
+from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+
+if TYPE_CHECKING:
+    from atropos.inference.manager import ServerManager
+
+log = logging.getLogger("atropos.env")
+
+ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
+_OPTIONAL_ROW_FIELDS = (
+    "advantages",
+    "ref_logprobs",
+    "messages",
+    "inference_logprobs",
+    "overrides",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+
+
+class BaseEnv(ABC):
+    """An environment: produces items, rolls out groups through the policy, scores them."""
+
+    name: ClassVar[str | None] = None
+    env_config_cls: ClassVar[type[BaseEnvConfig]] = BaseEnvConfig
+
+    def __init__(
+        self,
+        config: BaseEnvConfig,
+        server_configs: ServerConfigs,
+        slurm: bool = False,
+        testing: bool = False,
+        manager: ServerManagerConfig | None = None,
+    ) -> None:
+        self.config = config
+        manager = manager or ServerManagerConfig(slurm=slurm, testing=testing)
+        if isinstance(server_configs, APIServerConfig):
+            server_configs = [server_configs]
+        self.server_configs = server_configs
+        self.manager_config = manager
+        self._server: ServerManager | None = None
+        self._tokenizer: Any = None
+        if config.max_num_workers == -1:
+            servers = len(server_configs) if isinstance(server_configs, list) else 4
+            config.max_num_workers = config.max_num_workers_per_node * max(1, servers)
+        # state the runners keep up to date (upstream's attribute names)
+        self.curr_step = 0
+        self.status_dict: dict[str, Any] = {}
+        self.env_id: int | None = None
+        self.wandb_prepend: str | None = None
+        self.checkpoint_dir = ""
+        self.checkpoint_interval = -1
+        self.max_token_len = -1
+        self.items_sent_this_step = 0
+        self.metrics: dict[str, float] = {}
+
+    # ----- resources, created on first use -----------------------------------------------------
+
+    @property
+    def server(self) -> ServerManager:
+        """The inference servers (a `ServerManager`), created on first use."""
+        if self._server is None:
+            from atropos.inference.manager import ServerManager
+
+            self._server = ServerManager(self.server_configs, self.manager_config)
+        return self._server
+
+    @server.setter
+    def server(self, value: ServerManager) -> None:
+        self._server = value
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer named by `config.tokenizer_name`, loaded on first use (not at import)."""
+        if self._tokenizer is None:
+            from atropos.inference.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.tokenizer_name)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    # ----- hooks ---------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Load datasets and anything else the env needs; called once before any rollout."""
+        return None
+
+    @abstractmethod
+    async def get_next_item(self) -> Item:
+        """The next item to roll out, or None when there is nothing to do right now."""
+
+    async def collect_trajectory(self, item: Item) -> tuple[ScoredDataItem | None, list[Item]]:
+        """One rollout of `item` (used by the default `collect_trajectories`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement collect_trajectory or collect_trajectories"
+        )
+
+    async def collect_trajectories(
+        self, item: Item
+    ) -> tuple[ScoredDataGroup | list[ScoredDataGroup | None] | None, list[Item]]:
+        """A group for `item`: by default `group_size` calls of `collect_trajectory`, gathered.
+
+        Rollouts that return None are left out (upstream raised). An optional per-rollout
+        field is kept only when every kept rollout has it, so rows always line up with tokens
+        (upstream could misalign them, W-ENV-11).
+        """
+        import asyncio
+
+        results = await asyncio.gather(
+            *(self.collect_trajectory(item) for _ in range(self.config.group_size))
+        )
+        backlog: list[Item] = []
+        kept: list[ScoredDataItem] = []
+        for one, more in results:
+            backlog.extend(more or [])
+            if one is not None:
+                kept.append(one)
+        if not kept:
+            return None, backlog
+        return group_from_items(kept), backlog
+
+    async def postprocess_histories(self, trajectories: Any) -> Any:
+        """Change groups after collection and before sending (identity by default)."""
+        return trajectories
+
+    @abstractmethod
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        """Run an evaluation; the runner calls it every `steps_per_eval` trainer steps."""
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Record metrics for this step (the runner writes them to its sinks)."""
+        if metrics:
+            self.metrics.update(metrics)
+
+    async def cleanup(self) -> None:
+        """Called after each item is handled."""
+        return None
+
+    @classmethod
+    def config_init(cls) -> tuple[BaseEnvConfig, ServerConfigs]:
+        """The lowest layer of configuration: (env config, server config or configs)."""
+        return cls.env_config_cls(), ServerBaseline()
+
+    @classmethod
+    def cli(cls, argv: list[str] | None = None) -> None:
+        """`python my_env.py serve|process|evaluate [flags]`."""
+        from atropos.envs.cli import cli_main
+
+        cli_main(cls, argv)
+
+    def evaluate_log(
+        self,
+        metrics: dict[str, Any],
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: dict[str, Any] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        verbose: bool = True,
+    ) -> Path | None:
+        """Write `metrics.json` (and `samples.jsonl`) in upstream's lighteval-like format."""
+        out = self.config.data_dir_to_save_evals
+        task = task_name or f"{self.name or type(self).__name__}_eval"
+        if model_name is None and isinstance(self.server_configs, list) and self.server_configs:
+            model_name = self.server_configs[0].model_name
+        params = {"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})}
+        elapsed = (end_time or time.time()) - (start_time or time.time())
+        doc = {
+            "config_general": {
+                "model_name": model_name,
+                "total_evaluation_time_seconds": str(elapsed),
+                "generation_parameters": params,
+            },
+            "results": {f"atropos|{task}|0": metrics, "all": metrics},
+        }
+        if verbose:
+            log.warning("evaluation %s: %s", task, metrics)
+        if not out:
+            return None
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.json").write_text(json.dumps(doc, indent=2))
+        if samples is not None:
+            with open(folder / "samples.jsonl", "w", encoding="utf-8") as f:
+                for sample in samples:
+                    f.write(json.dumps(sample, ensure_ascii=False) + "\n")
+        return folder / "metrics.json"
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint_path(self, step: int) -> Path:
+        """Where the checkpoint of `step` lives: stable across restarts (name + env_key)."""
+        identity = self.config.env_key or self.config.wandb_name or type(self).__name__
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", identity)
+        base = Path(self.checkpoint_dir or "checkpoints")
+        return base / "env_checkpoints" / safe / f"step-{step}.json"
+
+    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> Path | None:
+        """Write `data` (or `self.checkpoint_state()`) atomically for `step`."""
+        state = data if data is not None else self.checkpoint_state()
+        if state is None:
+            return None
+        path = self.checkpoint_path(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"step": step, "saved_at": time.time(), "state": state}))
+        os.replace(tmp, path)
+        return path
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """What to checkpoint when no data is passed (None: nothing). Override to save state."""
+        return None
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """Load the newest checkpoint at or before the current step; call `restore_state`."""
+        folder = self.checkpoint_path(0).parent
+        if not folder.is_dir():
+            return None
+        steps = sorted(
+            int(m.group(1))
+            for p in folder.iterdir()
+            if (m := re.fullmatch(r"step-(\d+)\.json", p.name))
+            and int(m.group(1)) <= self.curr_step
+        )
+        if not steps:
+            return None
+        doc = json.loads(self.checkpoint_path(steps[-1]).read_text())
+        state: dict[str, Any] = doc["state"]
+        self.restore_state(state)
+        return state
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Apply a loaded checkpoint; the default sets each key that is already an attribute."""
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, value)
+            else:
+                log.warning("checkpoint key %r is not an attribute of %s", key, type(self).__name__)
+
+
+def group_from_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
+    """Gather rollouts into a group, keeping an optional field only when every rollout has it."""
+    group: dict[str, Any] = {
+        "tokens": [it["tokens"] for it in items],
+        "masks": [it["masks"] for it in items],
+        "scores": [float(it["scores"]) for it in items],
+    }
+    for key in _OPTIONAL_ROW_FIELDS:
+        values = [it.get(key) for it in items]
+        group[key] = values if all(v is not None for v in values) else None
+    group["images"] = (
+        [it.get("images") for it in items] if any("images" in it for it in items) else None
+    )
+    merged: dict[str, Any] = {}
+    for it in items:
+        merged.update(it.get("group_overrides") or {})
+    group["group_overrides"] = merged or None
+    sources = {it.get("token_source") for it in items} - {None}
+    group["token_source"] = sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
+    return group  # type: ignore[return-value]

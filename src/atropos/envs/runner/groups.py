@@ -1,0 +1,94 @@
+"""Checking and stamping groups before they leave an env, and writing them to JSONL.
+
+Upstream's rules (spec §2.4, `handle_send_to_api`), kept: a group of the wrong size is dropped,
+as is one whose scores are all equal when `ensure_scores_are_not_same` is on, and one holding a
+sequence at least the trainer's `max_token_len` long. Each drop is counted by reason. New: every
+group gets a `group_id` (the API's idempotency key) and the `policy_version` it was generated
+under, and the JSONL file is flushed after every group (upstream never flushed it, W-ENV-10).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import IO, Any
+
+
+def as_groups(result: Any) -> list[dict[str, Any]]:
+    """A collector's result as a list of groups (it may return one, a list, or None)."""
+    if result is None:
+        return []
+    if isinstance(result, dict):
+        return [result]
+    return [g for g in result if g is not None]
+
+
+def prepare(
+    group: dict[str, Any],
+    *,
+    group_size: int,
+    max_token_len: int,
+    ensure_scores_differ: bool,
+    policy_version: int | None,
+    env_id: int | None,
+    drops: Counter[str],
+    decode: Any = None,
+) -> dict[str, Any] | None:
+    """Check a group; return it ready to send (stamped), or None after counting why not."""
+    tokens = group.get("tokens") or []
+    overrides = group.get("group_overrides") or {}
+    expected = overrides.get("group_size", group_size)
+    if len(tokens) != expected:
+        drops["wrong_group_size"] += 1
+        return None
+    scores = group.get("scores") or []
+    if ensure_scores_differ and len(scores) > 1 and all(s == scores[0] for s in scores):
+        drops["identical_scores"] += 1
+        return None
+    if max_token_len > 0 and any(len(seq) >= max_token_len for seq in tokens):
+        drops["too_long"] += 1
+        return None
+    out = dict(group)
+    if decode is not None and not out.get("messages"):
+        out["messages"] = [[{"role": "user", "content": decode(seq)}] for seq in tokens]
+    out.setdefault("group_id", uuid.uuid4().hex)
+    if policy_version is not None:
+        out.setdefault("policy_version", policy_version)
+    if env_id is not None:
+        out["env_id"] = env_id
+    return out
+
+
+def unused_path(path: Path) -> Path:
+    """`path`, or `stem_1`, `stem_2`, ... beside it if it exists (never overwrite a run)."""
+    if not path.exists():
+        return path
+    for i in range(1, 100_000):
+        candidate = path.with_name(f"{path.stem}_{i}{path.suffix}")
+        if not candidate.exists():
+            return candidate
+    raise FileExistsError(f"no free name beside {path}")
+
+
+class JsonlSink:
+    """Groups to a JSONL file, one per line, flushed as written (a kill loses nothing)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = unused_path(path)
+        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self.count = 0
+
+    def write(self, group: dict[str, Any]) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path} is closed")
+        self._file.write(json.dumps(group, ensure_ascii=False) + "\n")
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,126 @@
+"""`process`: make N groups without a trainer, into JSONL + HTML + metrics.
+
+Items run concurrently (up to `max_num_workers` at once; upstream ran one at a time, W-ENV-12)
+with a progress bar. An exception in one item is counted and logged and the run goes on. Each
+group is written and flushed as soon as it is scored, so a killed run keeps what it made. At the
+end: `<name>.html` beside the JSONL, `<name>.metrics.json` with counts, timings and score
+statistics, and `<name>.config.yaml` (the resolved configuration, secrets removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from atropos.envs.base import BaseEnv
+from atropos.envs.config import ResolvedConfig
+from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
+from atropos.envs.runner.html import write_html
+
+log = logging.getLogger("atropos.env")
+
+
+class ProcessRunner:
+    """Runs one env in process mode."""
+
+    def __init__(self, env: BaseEnv, resolved: ResolvedConfig) -> None:
+        self.env = env
+        self.resolved = resolved
+        cfg = env.config
+        name = cfg.wandb_name or env.name or type(env).__name__
+        self.sink = JsonlSink(Path(cfg.data_path_to_save_groups or f"data/{name}.jsonl"))
+        self.target = cfg.total_steps
+        self.drops: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.scores: list[float] = []
+        self.durations: list[float] = []
+
+    async def run(self, show_progress: bool = True) -> int:
+        env, cfg = self.env, self.env.config
+        started = time.time()
+        await env.setup()
+        workers: set[asyncio.Task[int]] = set()
+        made = 0
+        exhausted = False
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, TimeElapsedColumn(), disable=not show_progress) as bar:
+            task = bar.add_task(f"{env.name or type(env).__name__}: groups", total=self.target)
+            while made < self.target:
+                while (
+                    not exhausted
+                    and made + len(workers) < self.target
+                    and len(workers) < max(1, cfg.max_num_workers)
+                ):
+                    item = await env.get_next_item()
+                    if item is None:
+                        exhausted = True
+                        break
+                    workers.add(asyncio.create_task(self._one(item)))
+                if not workers:
+                    break
+                done, workers = await asyncio.wait(workers, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    made += t.result()
+                bar.update(task, completed=min(made, self.target))
+        for t in workers:
+            t.cancel()
+        self.sink.close()
+        page = write_html(self.sink.path)
+        self._write_metrics(started, made)
+        self.resolved.save(self.sink.path.with_suffix(".config.yaml"))
+        if env._server is not None:
+            await env._server.aclose()
+        log.warning("wrote %d groups to %s (%s)", made, self.sink.path, page.name)
+        return 0 if made > 0 or self.target == 0 else 1
+
+    async def _one(self, item: Any) -> int:
+        env, cfg = self.env, self.env.config
+        t0 = time.monotonic()
+        try:
+            result, _ = await env.collect_trajectories(item)
+            result = await env.postprocess_histories(result)
+        except Exception as err:  # one bad item never ends the run
+            self.failures[type(err).__name__] += 1
+            log.exception("item failed: %s", err)
+            return 0
+        self.durations.append(time.monotonic() - t0)
+        written = 0
+        for group in as_groups(result):
+            ready = prepare(
+                group,
+                group_size=cfg.group_size,
+                max_token_len=-1,
+                ensure_scores_differ=cfg.ensure_scores_are_not_same,
+                policy_version=None,
+                env_id=None,
+                drops=self.drops,
+                decode=env.tokenizer.decode if cfg.include_messages else None,
+            )
+            if ready is not None:
+                self.sink.write(ready)
+                self.scores.extend(float(s) for s in ready["scores"])
+                written += 1
+        return written
+
+    def _write_metrics(self, started: float, made: int) -> None:
+        scores, durations = self.scores, self.durations
+        doc = {
+            "groups": made,
+            "target": self.target,
+            "dropped": dict(self.drops),
+            "failed": dict(self.failures),
+            "seconds": time.time() - started,
+            "score_mean": statistics.fmean(scores) if scores else None,
+            "score_std": statistics.pstdev(scores) if len(scores) > 1 else None,
+            "item_seconds_mean": statistics.fmean(durations) if durations else None,
+        }
+        path = self.sink.path.with_suffix(".metrics.json")
+        path.write_text(json.dumps(doc, indent=2))

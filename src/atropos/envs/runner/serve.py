@@ -1,0 +1,324 @@
+"""`serve`: roll out groups and send them to the trajectory API until the run ends.
+
+The loop, in order: `setup()`; register (waiting for the trainer with a visible log line and a
+deadline); read `/info`; load the newest checkpoint; then admit work. Admission keeps at most
+`cap` rollouts in flight, where `cap` follows upstream's rules (spec §2.4): `max_num_workers`,
+less while an evaluation runs (`eval_handling`), and no more than the off-policy budget
+`max_batches_offpolicy * batch_size / group_size - queued groups` (raised to an env's
+`min_batch_allocation` floor). When the cap drops, admission pauses; rollouts already running
+finish and are sent (upstream cancelled them and threw the work away, W-ENV-2).
+
+Every group is stamped with the policy version (the trainer step when its rollout started)
+and a `group_id`, and goes through `Sender` (batching, idempotent retries, disk spool). Status
+is polled every `status_interval` seconds with one session, and a failed poll is logged and
+retried rather than fatal (W-ENV-3). Step changes trigger evaluations and checkpoints by
+crossing multiples of their period, so a jump of several periods still triggers once (W-ENV-5).
+SIGTERM or SIGINT stops admission, lets in-flight rollouts finish (up to `drain_timeout`),
+flushes the sender, disconnects and exits 0 (W-ENV-14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import socket
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+from atropos.envs.base import BaseEnv
+from atropos.envs.config import ResolvedConfig
+from atropos.envs.runner.control import ApiError, ControlClient
+from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
+from atropos.envs.runner.sender import Sender
+from atropos.envs.types import EvalHandlingEnum
+
+log = logging.getLogger("atropos.env")
+
+
+class ServeRunner:
+    """Runs one env in serve mode."""
+
+    status_interval = 0.5  # seconds between /status-env polls
+    stale_after = 60.0  # seconds without a status before admission pauses
+    drain_timeout = 60.0  # seconds in-flight rollouts get to finish at shutdown
+
+    def __init__(self, env: BaseEnv, resolved: ResolvedConfig, run_dir: Path) -> None:
+        self.env = env
+        self.config = env.config
+        self.resolved = resolved
+        self.run_dir = run_dir
+        key = self.config.rollout_server_api_key
+        self.api_key = key.get_secret_value() if key is not None else None
+        self.workers: set[asyncio.Task[None]] = set()
+        self.backlog: deque[Any] = deque()  # items to retry first, oldest first
+        self.drops: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.stopping = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.eval_task: asyncio.Task[Any] | None = None
+        self.eval_pending = False
+        self.last_status = 0.0
+        self.submitted = 0  # groups handed to the sender
+        self.submitted_at_poll = 0
+        self.pending_at_poll = 0
+        self.done = False
+        self.sink: JsonlSink | None = None
+        spool = Path(self.config.spool_dir or run_dir / "spool")
+        self.sender = Sender(
+            self.config.rollout_server_url,
+            spool / f"{self._identity()}.jsonl",
+            api_key=self.api_key,
+        )
+
+    def _identity(self) -> str:
+        name = self.config.env_key or self.config.wandb_name or type(self.env).__name__
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        async with ControlClient(self.config.rollout_server_url, self.api_key) as api:
+            self.api = api
+            await self.env.setup()
+            try:
+                await self._register()
+            except ApiError as err:
+                log.error("%s", err)
+                return 1
+            if self.config.data_path_to_save_groups:
+                self.sink = JsonlSink(Path(self.config.data_path_to_save_groups))
+            await self.sender.start()
+            poller = asyncio.create_task(self._poll_status())
+            try:
+                await self._admit()
+            finally:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await poller
+                await self._shutdown()
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        log.warning(
+            "received %s: finishing in-flight rollouts, then exiting", signal.Signals(sig).name
+        )
+        self.stopping.set()
+        self.wake.set()
+
+    async def _register(self) -> None:
+        cfg = self.config
+        request = {
+            "max_token_length": cfg.max_token_length,
+            "desired_name": cfg.wandb_name or self.env.name or type(self.env).__name__,
+            "weight": cfg.inference_weight,
+            "group_size": cfg.group_size,
+            "min_batch_allocation": cfg.min_batch_allocation,
+            "env_key": cfg.env_key or f"{socket.gethostname()}:{self._identity()}",
+        }
+        reply = await self.api.register(request, cfg.register_timeout)
+        env = self.env
+        env.env_id = reply["env_id"]
+        env.wandb_prepend = reply.get("wandb_name")
+        env.curr_step = int(reply.get("starting_step", 0))
+        env.checkpoint_dir = reply.get("checkpoint_dir") or str(self.run_dir / "checkpoints")
+        env.checkpoint_interval = int(reply.get("checkpoint_interval", -1))
+        if cfg.total_steps == -1:
+            cfg.total_steps = int(reply.get("num_steps", -1))
+            if cfg.total_steps == -1:
+                raise ApiError("total_steps is -1 and the trainer registered num_steps -1")
+        info = await self.api.info()
+        if info.get("batch_size", -1) != -1:
+            cfg.batch_size = int(info["batch_size"])
+        env.max_token_len = int(info.get("max_token_len", -1))
+        if cfg.batch_size != -1 and cfg.group_size > cfg.batch_size:
+            raise ApiError(
+                f"group_size {cfg.group_size} is larger than the trainer's batch_size"
+                f" {cfg.batch_size}: no batch could ever hold a group"
+            )
+        if env.curr_step > 0:
+            env.load_checkpoint()
+        log.warning(
+            "registered as %s (env_id %s) at step %d", env.wandb_prepend, env.env_id, env.curr_step
+        )
+
+    # ----- admission ----------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """How many rollouts may be in flight now."""
+        cfg, status = self.config, self.env.status_dict
+        cap = cfg.max_num_workers
+        if self.eval_task is not None and not self.eval_task.done():
+            if cfg.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                return 0
+            if cfg.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
+                cap = int(cap * cfg.eval_limit_ratio)
+        if time.monotonic() - self.last_status > self.stale_after:
+            return 0  # no word from the API for a while: do not pile up work
+        k, b, g = cfg.max_batches_offpolicy, cfg.batch_size, cfg.group_size
+        if k > 0 and b > 0 and status:
+            # groups made since the status was asked for are not in it yet: count them too
+            unseen = self.submitted - self.submitted_at_poll + self.pending_at_poll
+            queued = int(status.get("queue_size", 0)) + unseen
+            budget = k * b // g - queued
+            a = cfg.min_batch_allocation
+            if a:
+                m = max(1, int(status.get("max_group_size", g)))
+                own = int(status.get("self_queue_size", 0)) * g
+                floor = math.ceil(((math.ceil(a * b * k / m) + m // g) * m - own) / g)
+                budget = max(budget, floor)
+            cap = min(cap, max(0, budget))
+        return cap
+
+    async def _admit(self) -> None:
+        while not self.stopping.is_set() and not self.done:
+            while len(self.workers) < self.capacity() and not self.stopping.is_set():
+                item = self.backlog.popleft() if self.backlog else await self.env.get_next_item()
+                if item is None:
+                    break
+                task = asyncio.create_task(self._handle(item, self.env.curr_step))
+                self.workers.add(task)
+                task.add_done_callback(self._finished)
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.workers.discard(task)
+        self.wake.set()
+
+    async def _handle(self, item: Any, version: int) -> None:
+        env, cfg = self.env, self.config
+        timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
+        try:
+            result, more = await asyncio.wait_for(env.collect_trajectories(item), timeout)
+            self.backlog.extend(more or [])
+            result = await env.postprocess_histories(result)
+        except asyncio.TimeoutError:
+            self.failures["timeout"] += 1
+            log.warning("rollout timed out after %.0f s; dropped", cfg.worker_timeout)
+            return
+        except Exception as err:  # a failed rollout is counted, never fatal to the env
+            self.failures[type(err).__name__] += 1
+            log.exception("rollout failed: %s", err)
+            return
+        for group in as_groups(result):
+            ready = prepare(
+                group,
+                group_size=cfg.group_size,
+                max_token_len=env.max_token_len,
+                ensure_scores_differ=cfg.ensure_scores_are_not_same,
+                policy_version=version,
+                env_id=env.env_id,
+                drops=self.drops,
+                decode=env.tokenizer.decode if cfg.include_messages else None,
+            )
+            if ready is None:
+                continue
+            if self.sink is not None:
+                self.sink.write(ready)
+            self.sender.submit(ready)
+            self.submitted += 1
+            env.items_sent_this_step += 1
+        with contextlib.suppress(Exception):
+            await env.cleanup()
+
+    # ----- status, evaluations, checkpoints -----------------------------------------------------
+
+    async def _poll_status(self) -> None:
+        assert self.env.env_id is not None
+        while True:
+            asked_at, pending = self.submitted, self.sender.pending + self.sender.in_flight
+            try:
+                status = await self.api.status(self.env.env_id)
+            except ApiError as err:
+                log.warning("status poll failed (will retry): %s", err)
+            else:
+                self.last_status = time.monotonic()
+                self.submitted_at_poll, self.pending_at_poll = asked_at, pending
+                self.env.status_dict = status
+                try:
+                    await self._on_status(status)
+                except Exception:  # a failing hook (checkpoint, logging) must not stop the env
+                    log.exception("handling a status update failed")
+                self.wake.set()
+            await asyncio.sleep(self.status_interval)
+
+    async def _on_status(self, status: dict[str, Any]) -> None:
+        env, cfg = self.env, self.config
+        old, new = env.curr_step, int(status.get("current_step", env.curr_step))
+        weight = status.get("env_weight")
+        if weight is not None and env._server is not None:  # the share of inference capacity
+            env._server.update_weight(float(weight))
+        if new != old:
+            env.curr_step = new
+            if cfg.steps_per_eval > 0 and new // cfg.steps_per_eval > old // cfg.steps_per_eval:
+                self._start_eval()
+            period = env.checkpoint_interval
+            if period > 0 and new // period > old // period:
+                env.save_checkpoint((new // period) * period)
+            await env.wandb_log(self._step_metrics())
+            env.items_sent_this_step = 0
+        if self.eval_pending and (self.eval_task is None or self.eval_task.done()):
+            self._start_eval()
+        b = cfg.batch_size
+        if b > 0 and new + int(status.get("queue_size", 0)) * cfg.group_size // b > cfg.total_steps:
+            log.warning(
+                "step %d: the trainer has all the data its %d steps need", new, cfg.total_steps
+            )
+            self.done = True
+            self.wake.set()
+
+    def _start_eval(self) -> None:
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_pending = True  # run it when the current one ends: never skipped
+            return
+        self.eval_pending = False
+        self.eval_task = asyncio.create_task(self.env.evaluate())
+
+    def _step_metrics(self) -> dict[str, float]:
+        metrics: dict[str, float] = {
+            "train/items_sent_to_api": float(self.env.items_sent_this_step),
+            "train/workers": float(len(self.workers)),
+            "sender/sent": float(self.sender.stats.sent),
+            "sender/spooled": float(self.sender.stats.spooled),
+        }
+        for reason, n in self.drops.items():
+            metrics[f"train/dropped/{reason}"] = float(n)
+        for kind, n in self.failures.items():
+            metrics[f"train/failed/{kind}"] = float(n)
+        return metrics
+
+    async def _shutdown(self) -> None:
+        if self.workers:
+            log.warning("waiting for %d in-flight rollouts", len(self.workers))
+            await asyncio.wait(set(self.workers), timeout=self.drain_timeout)
+        for task in list(self.workers):
+            task.cancel()
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.eval_task
+        await self.sender.close()
+        if self.sink is not None:
+            self.sink.close()
+        if self.env.env_id is not None:
+            with contextlib.suppress(ApiError):
+                await self.api.disconnect(self.env.env_id)
+        if self.env._server is not None:
+            await self.env._server.aclose()
+        log.warning(
+            "stopped: %d groups sent, %d spooled, drops %s, failures %s",
+            self.sender.stats.sent,
+            self.sender.stats.spooled,
+            dict(self.drops),
+            dict(self.failures),
+        )

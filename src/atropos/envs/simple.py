@@ -1,0 +1,201 @@
+"""`Env`: the small class for the common case, a dataset plus a reward.
+
+Implement `load()` (the items) and `score(item, completion)` (a float), and optionally
+`prompt(item)` (the chat messages; default: the item's `prompt` or `question` as a user turn)
+and `load_eval()` (items for `evaluate`). Everything else (sampling a group per item through
+the inference servers with token ids and logprobs, building masks, evaluation with metrics and
+samples) is done here. A whole environment fits in a dozen lines:
+
+    class Echo(Env):
+        name = "echo"
+
+        def load(self):
+            return [{"prompt": "Say hi", "answer": "hi"}]
+
+        def score(self, item, completion):
+            return 1.0 if item["answer"] in completion else -1.0
+
+    if __name__ == "__main__":
+        Echo.cli()
+
+Token fidelity: with a `vllm`, `sglang` or `trl` server the group's tokens, masks and logprobs
+are the server's own ids (`token_source: "server"`); with a text-only `openai` server the
+conversation is tokenized locally (`token_source: "retokenized"`, no logprobs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from abc import abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from atropos.envs.base import BaseEnv
+from atropos.envs.types import Item, Message, ScoredDataGroup
+
+
+@dataclass
+class Rollout:
+    """One sampled completion, ready to train on."""
+
+    text: str
+    tokens: list[int]
+    masks: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    token_source: str
+
+
+class Env(BaseEnv):
+    """A dataset environment: `load()` and `score()` are all it needs."""
+
+    system_prompt: ClassVar[str | None] = None
+    temperature: ClassVar[float] = 1.0
+    max_tokens: ClassVar[int | None] = None  # default: the env's max_token_length
+    seed: ClassVar[int] = 0
+
+    @abstractmethod
+    def load(self) -> Iterable[Item]:
+        """The training items."""
+
+    @abstractmethod
+    def score(self, item: Item, completion: str) -> float:
+        """The reward of one completion (may also be `async def`)."""
+
+    def load_eval(self) -> Iterable[Item]:
+        """Items for `evaluate` (none by default)."""
+        return []
+
+    def prompt(self, item: Item) -> list[Message]:
+        """The conversation to complete for `item`."""
+        text = item.get("prompt") or item.get("question") if isinstance(item, dict) else None
+        if text is None:
+            raise ValueError(
+                f"{type(self).__name__}: items need a 'prompt' or 'question' field, or override"
+                " prompt(item)"
+            )
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": str(text)})
+        return messages
+
+    # ----- BaseEnv hooks ------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.items = list(self.load())
+        if not self.items:
+            raise ValueError(f"{type(self).__name__}.load() returned no items")
+        self._rng = random.Random(self.seed)
+        self._order: list[int] = []
+
+    async def get_next_item(self) -> Item:
+        if not self._order:  # a fresh shuffled pass over the data
+            self._order = list(range(len(self.items)))
+            self._rng.shuffle(self._order)
+        return self.items[self._order.pop()]
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+        messages = self.prompt(item)
+        rollouts = await self.generate(messages, n=self.config.group_size)
+        scores = [await self._score(item, r.text) for r in rollouts]
+        group: dict[str, Any] = {
+            "tokens": [r.tokens for r in rollouts],
+            "masks": [r.masks for r in rollouts],
+            "scores": scores,
+            "messages": [[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
+            "token_source": rollouts[0].token_source if rollouts else None,
+        }
+        if all(r.logprobs is not None for r in rollouts):
+            group["inference_logprobs"] = [r.logprobs for r in rollouts]
+        return group, []  # type: ignore[return-value]
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Greedy completions of `load_eval()` items; logs accuracy (mean score > 0) and mean."""
+        import time
+
+        items = list(self.load_eval())
+        if not items:
+            return {}
+        start = time.time()
+        samples: list[dict[str, Any]] = []
+        scores: list[float] = []
+        for item in items:
+            messages = self.prompt(item)
+            [rollout] = await self.generate(messages, n=1, split="eval", temperature=0.0)
+            score = await self._score(item, rollout.text)
+            samples.append({"messages": messages, "completion": rollout.text, "score": score})
+            scores.append(score)
+        metrics = {
+            "eval/mean_score": sum(scores) / len(scores),
+            "eval/accuracy": sum(1 for s in scores if s > 0) / len(scores),
+        }
+        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
+        return metrics
+
+    # ----- generation ---------------------------------------------------------------------------
+
+    async def _score(self, item: Item, text: str) -> float:
+        value = self.score(item, text)
+        if inspect.isawaitable(value):
+            value = await value
+        return float(value)
+
+    def _server_type(self) -> str:
+        configs = self.server_configs
+        first = configs[0] if isinstance(configs, list) and configs else configs
+        return str(getattr(first, "server_type", "openai"))
+
+    async def generate(
+        self, messages: list[Message], n: int, split: str = "train", **sampling: Any
+    ) -> list[Rollout]:
+        """Sample `n` completions of `messages` with tokens, masks and (when the server gives
+        them) logprobs."""
+        params = {
+            "max_tokens": self.max_tokens or self.config.max_token_length,
+            "temperature": self.temperature,
+            **sampling,
+        }
+        if self._server_type() == "openai":
+            return await self._generate_text_only(messages, n, split, params)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            reply = await managed.chat_completion(messages=messages, n=n, split=split, **params)
+            nodes = managed.get_state()["nodes"]
+        return [
+            Rollout(
+                text=choice.message.content or "",
+                tokens=list(node.tokens),
+                masks=list(node.masked_tokens),
+                logprobs=list(node.logprobs),
+                finish_reason=str(choice.finish_reason),
+                token_source=getattr(node, "token_source", "server"),
+            )
+            for choice, node in zip(reply.choices, nodes[-len(reply.choices) :], strict=True)
+        ]
+
+    async def _generate_text_only(
+        self, messages: list[Message], n: int, split: str, params: dict[str, Any]
+    ) -> list[Rollout]:
+        from atropos.inference.tokenize import tokenize_for_trainer
+
+        reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
+        rollouts = []
+        for choice in reply.choices:
+            text = choice.message.content or ""
+            chat = [*messages, {"role": "assistant", "content": text}]
+            out = tokenize_for_trainer(
+                self.tokenizer, chat, finish_reason=str(choice.finish_reason or "")
+            )
+            rollouts.append(
+                Rollout(
+                    text,
+                    out["tokens"],
+                    out["masks"],
+                    None,
+                    str(choice.finish_reason),
+                    "retokenized",
+                )
+            )
+        return rollouts

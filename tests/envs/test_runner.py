@@ -1,0 +1,213 @@
+"""The runners with a synthetic env: serve against a real API, process to files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+
+from atropos.api import ApiConfig, create_app
+from atropos.envs.runner.process import ProcessRunner
+from atropos.envs.runner.serve import ServeRunner
+from atropos.testing import free_port, serve_in_thread
+
+from .synth import SynthEnv, resolved
+
+REGISTRATION = {
+    "wandb_group": "g",
+    "wandb_project": "p",
+    "batch_size": 8,
+    "max_token_len": 64,
+    "checkpoint_dir": "",
+    "save_checkpoint_interval": 2,
+    "starting_step": 0,
+    "num_steps": 1000,
+}
+
+
+class Trainer(threading.Thread):
+    """A trainer client in a thread: registers, then drains batches until told to stop."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.batches: list[list[dict]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as c:
+            c.post("/register", json=REGISTRATION)
+            while not self.stop.is_set():
+                try:
+                    batch = c.get("/batch").json()["batch"]
+                except httpx.TransportError:
+                    time.sleep(0.05)
+                    continue
+                if batch is None:
+                    time.sleep(0.02)
+                else:
+                    self.batches.append(batch)
+
+
+def test_serve_sends_stamped_groups_and_stops_cleanly(tmp_path):
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        trainer = Trainer(url)
+        trainer.start()
+        cfg = resolved(rollout_server_url=url, steps_per_eval=2, register_timeout=30)
+        env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+        runner = ServeRunner(env, cfg, tmp_path)
+        runner.status_interval = 0.05
+
+        async def main() -> int:
+            task = asyncio.create_task(runner.run())
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not any(
+                g["policy_version"] >= 2 for b in list(trainer.batches) for g in b
+            ):
+                await asyncio.sleep(0.05)
+            runner.stopping.set()  # what SIGTERM does
+            return await task
+
+        code = asyncio.run(main())
+        trainer.stop.set()
+        trainer.join(5)
+        assert code == 0
+        groups = [g for b in trainer.batches for g in b]
+        assert all(sum(len(g["tokens"]) for g in b) == 8 for b in trainer.batches)
+        assert all(g["env_id"] == 0 and len(g["group_id"]) == 32 for g in groups)
+        assert all(isinstance(g["policy_version"], int) for g in groups)
+        assert max(g["policy_version"] for g in groups) >= 1  # stamped with the step seen
+        assert env.evals >= 2  # every 2 steps, never skipped
+        stats = httpx.get(f"{url}/stats").json()["envs"]["0"]
+        assert stats["connected"] is False  # disconnected at shutdown
+        assert runner.sender.stats.spooled == 0
+
+
+def test_serve_waits_for_the_trainer_with_a_deadline(tmp_path, caplog):
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        cfg = resolved(rollout_server_url=url, register_timeout=1.5)
+        env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+        code = asyncio.run(ServeRunner(env, cfg, tmp_path).run())
+        assert code == 1
+        assert "waiting to register" in caplog.text and "gave up registering" in caplog.text
+
+
+def test_offpolicy_pacing_pauses_admission_without_cancelling(tmp_path):
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        with httpx.Client(base_url=url) as c:
+            c.post("/register", json=REGISTRATION)
+            c.get("/batch")  # started, but no trainer drains
+        cfg = resolved(rollout_server_url=url, max_batches_offpolicy=2)
+        env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+        runner = ServeRunner(env, cfg, tmp_path)
+        runner.status_interval = 0.05
+
+        async def main() -> None:
+            task = asyncio.create_task(runner.run())
+            await asyncio.sleep(2.0)
+            runner.stopping.set()
+            await task
+
+        asyncio.run(main())
+        queued = httpx.get(f"{url}/status").json()["queue_size"]
+        # budget: 2 batches x 8 sequences / group of 2 = 8 groups, plus what was in flight
+        assert 8 <= queued <= 8 + 8
+        assert runner.failures == {}
+
+
+async def until(condition, deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def test_api_outage_mid_run_loses_nothing(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    store = f"sqlite:{tmp_path / 'api.db'}"
+    cfg = resolved(rollout_server_url=url, max_batches_offpolicy=0)
+    env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+    runner = ServeRunner(env, cfg, tmp_path)
+    runner.status_interval = 0.05
+    runner.sender.replay_every = 0.2
+    runner.sender.retries = 1
+    runner.sender.backoff = 0.01
+
+    async def main() -> None:
+        task = asyncio.create_task(runner.run())
+        await asyncio.sleep(1.0)
+        down.set()
+        await asyncio.to_thread(api_stopped.wait, 10)
+        await until(lambda: runner.sender.stats.spooled > 0)  # rollouts go on: they spool
+        up.set()
+        await asyncio.to_thread(api_back.wait, 10)
+        await until(lambda: runner.sender.stats.replayed > 0 and len(runner.sender.spool) == 0)
+        runner.stopping.set()
+        await task
+
+    down, up = threading.Event(), threading.Event()
+    api_stopped, api_back = threading.Event(), threading.Event()
+
+    def api_lifecycle() -> None:
+        with serve_in_thread(create_app(ApiConfig(store=store)), port=port):
+            with httpx.Client(base_url=url) as c:
+                c.post("/register", json={**REGISTRATION, "batch_size": 2})
+                c.get("/batch")
+            down.wait(30)
+        api_stopped.set()
+        up.wait(30)
+        with serve_in_thread(create_app(ApiConfig(store=store)), port=port):
+            api_back.set()
+            done.wait(30)
+
+    done = threading.Event()
+    thread = threading.Thread(target=api_lifecycle, daemon=True)
+    thread.start()
+    asyncio.run(main())
+    assert runner.sender.stats.spooled > 0 and runner.sender.stats.replayed > 0
+    done.set()
+    thread.join(10)
+    with (
+        serve_in_thread(create_app(ApiConfig(store=store))) as check,
+        httpx.Client(base_url=check) as c,
+    ):
+        queued = c.get("/status").json()["queue_size"]
+        ids = []
+        while (batch := c.get("/batch").json()["batch"]) is not None:
+            ids += [g["tokens"][0][0] for g in batch]
+    sent_items = runner.sender.stats.sent
+    assert queued == len(ids) == sent_items
+    assert len(set(ids)) == len(ids)  # nothing twice
+    assert set(range(1, max(ids) + 1)) <= set(ids)  # no item between was lost
+
+
+def test_process_writes_jsonl_html_metrics_and_survives_a_bad_item(tmp_path):
+    out = tmp_path / "out" / "synth.jsonl"
+    cfg = resolved(
+        "process", total_steps=12, data_path_to_save_groups=str(out), rollout_server_api_key="s3"
+    )
+    env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+
+    async def main() -> int:
+        await env.setup()
+        env.fail_every = 5
+        env.setup = _noop  # keep the failure setting
+        return await ProcessRunner(env, cfg).run(show_progress=False)
+
+    assert asyncio.run(main()) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 12
+    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
+    assert metrics["groups"] == 12 and metrics["failed"]["RuntimeError"] >= 2
+    page = out.with_suffix(".html").read_text()
+    assert "&lt;b&gt;" in page and "<b>1</b>" not in page  # model text is escaped
+    saved = out.with_suffix(".config.yaml").read_text()
+    assert "total_steps: 12" in saved and "s3" not in saved  # secrets never reach the disk
+
+
+async def _noop() -> None:
+    return None
