@@ -27,4 +27,11 @@ def load_tokenizer(name: str) -> Any:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    return AutoTokenizer.from_pretrained(name)
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"could not load tokenizer {name!r} ({type(err).__name__}: {err}); set"
+            " --env.tokenizer_name to a local directory, a model id your machine can reach,"
+            f" or {TINY!r} for the small tokenizer that ships with atropos"
+        ) from None

@@ -102,7 +102,7 @@ class ProcessRunner:
                 policy_version=None,
                 env_id=None,
                 drops=self.drops,
-                decode=env.tokenizer.decode if cfg.include_messages else None,
+                decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,
             )
             if ready is not None:
                 self.sink.write(ready)

@@ -219,7 +219,7 @@ class ServeRunner:
                 policy_version=version,
                 env_id=env.env_id,
                 drops=self.drops,
-                decode=env.tokenizer.decode if cfg.include_messages else None,
+                decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,
             )
             if ready is None:
                 continue
