@@ -13,7 +13,22 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+__all__ = ["free_port", "serve_in_thread", "tiny_tokenizer_path"]
+
+
+def tiny_tokenizer_path() -> str:
+    """The directory of the tiny ChatML tokenizer shipped with the package (loads offline).
+
+    Regenerate it with `scripts/make_tiny_tokenizer.py`.
+
+    >>> import os
+    >>> os.path.isfile(os.path.join(tiny_tokenizer_path(), "tokenizer.json"))
+    True
+    """
+    return str(Path(__file__).resolve().parent / "tokenizer")
 
 
 def free_port() -> int:

@@ -1,0 +1,350 @@
+"""The deterministic "model" behind `FakeInferenceServer`: tokenizer, request fields, outputs.
+
+Completions are seeded pseudo-random token ids (or a responder's text, tokenized), cut by stop
+strings, stop token ids and `max_tokens` the way an inference engine cuts them, with
+deterministic negative logprobs. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import random
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+#: `responder(prompt_text)` returns the completion text, or None for the random default.
+Responder = Callable[[str], "str | None | Awaitable[str | None]"]
+
+
+class BadRequest(Exception):
+    """A request the fake server refuses, answered as a 4xx JSON error."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        """Keep the message, the offending field and the HTTP status."""
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+
+class _DropTorchAdvice(logging.Filter):
+    # transformers 5: "PyTorch was not found. Models won't be available ..."; 4.x: "None of
+    # PyTorch, TensorFlow >= 2.0, or Flax have been found. Models won't be available ..."
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Models won't be available" not in record.getMessage()
+
+
+def import_transformers_quietly() -> ModuleType:
+    """Import transformers without its "PyTorch was not found" advice on stderr.
+
+    Only that one record is dropped, and only during the import: the logger is left as found.
+    """
+    if "transformers" in sys.modules:
+        return sys.modules["transformers"]
+    logger = logging.getLogger("transformers")
+    quiet = _DropTorchAdvice()
+    logger.addFilter(quiet)
+    try:
+        import transformers
+    finally:
+        logger.removeFilter(quiet)
+    return transformers
+
+
+def load_tokenizer(path: str | None = None) -> Any:
+    """Load a tokenizer from a local directory (default: the shipped tiny tokenizer), offline."""
+    from atropos.testing import tiny_tokenizer_path
+
+    transformers = import_transformers_quietly()
+    return transformers.AutoTokenizer.from_pretrained(path or tiny_tokenizer_path())
+
+
+# --- request fields -------------------------------------------------------------------------
+
+
+def get_int(body: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
+    """An optional integer field within [lo, hi]; `default` when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{key} must be an integer, got {value!r}", key)
+    if not lo <= value <= hi:
+        raise BadRequest(f"{key} must be between {lo} and {hi}, got {value}", key)
+    return value
+
+
+def get_float(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    """An optional number field within [lo, hi]; `default` when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{key} must be a number, got {value!r}", key)
+    if not lo <= value <= hi:
+        raise BadRequest(f"{key} must be between {lo} and {hi}, got {value}", key)
+    return float(value)
+
+
+def get_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    """An optional boolean field; `default` when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key} must be a boolean, got {value!r}", key)
+    return value
+
+
+def get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """`stop`: absent, a string, or a list of strings."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise BadRequest("stop must be a non-empty string or a list of them", "stop")
+    return tuple(value)
+
+
+def get_ids(value: Any, key: str, vocab_size: int) -> list[int]:
+    """A non-empty list of token ids, each inside the vocabulary."""
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"{key} must be a non-empty list of token ids", key)
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+            raise BadRequest(f"{key} holds {i!r}, not a token id below {vocab_size}", key)
+    return list(value)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields the fake honours (the rest are accepted and ignored)."""
+
+    n: int = 1
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    top_k: int = 0  # alternatives to report per position (top logprobs), not a sampling cut
+
+
+def sampling_from(
+    body: Mapping[str, Any], *, max_key: str, max_default: int | None, top_k: int = 0
+) -> Sampling:
+    """Read the common sampling fields of `body` (OpenAI, vLLM and SGLang spell them alike)."""
+    get_float(body, "top_p", 1.0, 0.0, 1.0)  # validated; the fake does not need it
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(isinstance(i, int) for i in stop_ids):
+        raise BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids")
+    return Sampling(
+        n=get_int(body, "n", 1, 1, 128) or 1,
+        max_tokens=get_int(body, max_key, max_default, 1, 1 << 20),
+        temperature=get_float(body, "temperature", 1.0, 0.0, 100.0),
+        seed=get_int(body, "seed", None, -(1 << 63), (1 << 64) - 1),
+        stop=get_stop(body),
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=get_bool(body, "ignore_eos"),
+        top_k=top_k,
+    )
+
+
+# --- generation -----------------------------------------------------------------------------
+
+
+@dataclass
+class Output:
+    """One generated choice: ids, a logprob per id, alternatives per position, why it ended."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # sampled first
+
+
+class Engine:
+    """Tokenizes, renders chat templates and generates deterministic completions."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        seed: int = 0,
+        completion_tokens: tuple[int, int] = (3, 20),
+        responder: Responder | None = None,
+        max_model_len: int = 4096,
+    ) -> None:
+        """Index the vocabulary; `completion_tokens` bounds the random completion length."""
+        lo, hi = completion_tokens
+        if not 0 <= lo <= hi:
+            raise ValueError(f"expected 0 <= min <= max completion tokens, got {completion_tokens}")
+        self.tokenizer = tokenizer
+        self.seed, self.length, self.responder = seed, (lo, hi), responder
+        self.max_model_len = max_model_len
+        self.vocab_size = len(tokenizer)
+        eos = tokenizer.eos_token_id
+        if not isinstance(eos, int):
+            raise ValueError("the fake server's tokenizer needs an eos token")
+        self.eos_id: int = eos
+        self.pool = self._plain_ids()
+
+    def _plain_ids(self) -> list[int]:
+        """Ids that decode to printable ASCII and can never spell a special token ("<", ">")."""
+        special = set(self.tokenizer.all_special_ids)
+        pool = []
+        for i in range(self.vocab_size):
+            text = self.tokenizer.decode([i])
+            if i in special or not text or "<" in text or ">" in text:
+                continue
+            if all(32 <= ord(c) < 127 or c == "\n" for c in text):
+                pool.append(i)
+        return pool
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_text(self, token_id: int) -> str:
+        """How one token reads on its own (as logprob entries show it)."""
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def render_chat(self, body: Mapping[str, Any]) -> str:
+        """The prompt text of a chat request, rendered with the chat template."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", "messages")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest("each message needs a string 'role'", "messages")
+            if not isinstance(m.get("content"), str | list | None):
+                raise BadRequest("message content must be a string, a list or null", "messages")
+        extra = body.get("chat_template_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=body.get("tools"),
+                tokenize=False,
+                add_generation_prompt=get_bool(body, "add_generation_prompt", True),
+                **extra,
+            )
+        except Exception as exc:  # a template error is the client's problem
+            raise BadRequest(f"chat template failed: {exc}", "messages") from exc
+        return str(text)
+
+    def check_length(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampling:
+        """Refuse prompts that overflow the context (as vLLM does); fill in a missing max."""
+        room = self.max_model_len - len(prompt_ids)
+        wanted = sampling.max_tokens
+        if room < 1 or (wanted is not None and wanted > room):
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {len(prompt_ids) + (wanted or 0)} tokens ({len(prompt_ids)} in "
+                f"the prompt, {wanted or 0} in the completion).",
+                "max_tokens",
+            )
+        if wanted is None:
+            return dataclasses.replace(sampling, max_tokens=room)
+        return sampling
+
+    async def generate(
+        self, prompt_ids: Sequence[int], prompt_text: str, s: Sampling
+    ) -> list[Output]:
+        """`s.n` completions of the prompt; the same request always gets the same answer."""
+        outputs = []
+        for choice in range(s.n):
+            # Greedy decoding (temperature 0) gives every choice the same answer, as engines do.
+            key = f"{self.seed}|{s.seed}|{0 if s.temperature == 0 else choice}|{list(prompt_ids)}"
+            rng = random.Random(hashlib.blake2b(key.encode(), digest_size=8).digest())
+            content = await self._content(prompt_text, rng, s)
+            ids, finish, reason = self._cut(content, rng, s)
+            scale = 0.2 if s.temperature == 0 else 2.5
+            lps = [-round(0.005 + scale * rng.random(), 6) for _ in ids]
+            top = [self._alternatives(i, lp, rng, s.top_k) for i, lp in zip(ids, lps, strict=True)]
+            outputs.append(Output(ids, lps, finish, reason, top))
+        return outputs
+
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[int], k: int
+    ) -> list[list[tuple[int, float]] | None]:
+        """Deterministic logprobs of the prompt's tokens: None for the first, then `k` entries
+        per position (the prompt's own token first), as vLLM's `prompt_logprobs`."""
+        if not prompt_ids:
+            return []
+        key = f"prompt|{self.seed}|{list(prompt_ids)}"
+        rng = random.Random(hashlib.blake2b(key.encode(), digest_size=8).digest())
+        lps = [-round(0.005 + 4 * rng.random(), 6) for _ in prompt_ids[1:]]  # independent of k
+        out: list[list[tuple[int, float]] | None] = [None]
+        for token, lp in zip(prompt_ids[1:], lps, strict=True):
+            out.append(self._alternatives(token, lp, rng, k))
+        return out
+
+    async def _content(self, prompt_text: str, rng: random.Random, s: Sampling) -> list[int]:
+        if self.responder is not None:
+            text = self.responder(prompt_text)
+            if inspect.isawaitable(text):
+                text = await text
+            if text is not None:
+                return self.encode(str(text))
+        return [rng.choice(self.pool) for _ in range(rng.randint(*self.length))]
+
+    def _cut(
+        self, content: list[int], rng: random.Random, s: Sampling
+    ) -> tuple[list[int], str, str | int | None]:
+        """End the completion as an engine would: stop token, stop string, max_tokens or eos."""
+        limit = s.max_tokens if s.max_tokens is not None else len(content) + 1
+        if s.ignore_eos:
+            natural = content + [rng.choice(self.pool) for _ in range(max(0, limit - len(content)))]
+        else:
+            natural = content + [self.eos_id]
+        ids = natural[:limit]
+        truncated = s.ignore_eos or len(natural) > limit  # without eos, only the limit ends it
+        for pos, token in enumerate(ids):
+            if token in s.stop_token_ids:
+                return ids[: pos + 1], "stop", token
+        body = ids[:-1] if ids and ids[-1] == self.eos_id and not truncated else ids
+        if s.stop:
+            text = self.decode(body)
+            hits = [(text.find(stop), stop) for stop in s.stop if stop in text]
+            if hits:
+                at, stop = min(hits)
+                return body[: self._prefix_tokens(body, text[:at])], "stop", stop
+        return ids, ("length" if truncated else "stop"), None
+
+    def _prefix_tokens(self, ids: list[int], text: str) -> int:
+        """The most leading tokens of `ids` whose text is a prefix of `text`."""
+        lo, hi = 0, len(ids)
+        while lo < hi:  # binary search on a (nearly) monotone predicate...
+            mid = (lo + hi + 1) // 2
+            if text.startswith(self.decode(ids[:mid])):
+                lo = mid
+            else:
+                hi = mid - 1
+        while lo and not text.startswith(self.decode(ids[:lo])):  # ...then make sure
+            lo -= 1
+        return lo
+
+    def _alternatives(
+        self, token: int, lp: float, rng: random.Random, k: int
+    ) -> list[tuple[int, float]]:
+        """`k` (id, logprob) entries with the sampled token first, the rest less likely."""
+        if k <= 0:
+            return [(token, lp)]
+        others = [i for i in rng.sample(self.pool, min(k + 1, len(self.pool))) if i != token]
+        alts = [
+            (i, round(lp - 0.5 * (j + 1) - 0.1 * rng.random(), 6)) for j, i in enumerate(others)
+        ]
+        return [(token, lp), *alts[: k - 1]]
