@@ -1,5 +1,8 @@
 """Test parts that ship with the package: loopback servers, a fake inference server, a tokenizer.
 
+`FakeInferenceServer` (from `atropos.testing.fake_server`) is re-exported lazily, so importing
+this package pulls in neither transformers nor the tokenizer.
+
 >>> from starlette.applications import Starlette
 >>> with serve_in_thread(Starlette()) as url:
 ...     url.startswith("http://127.0.0.1:")
@@ -14,9 +17,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["free_port", "serve_in_thread", "tiny_tokenizer_path"]
+if TYPE_CHECKING:
+    from atropos.testing.fake_server import FakeInferenceServer
+
+__all__ = ["FakeInferenceServer", "free_port", "serve_in_thread", "tiny_tokenizer_path"]
 
 
 def tiny_tokenizer_path() -> str:
@@ -29,6 +35,14 @@ def tiny_tokenizer_path() -> str:
     True
     """
     return str(Path(__file__).resolve().parent / "tokenizer")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FakeInferenceServer":
+        from atropos.testing.fake_server import FakeInferenceServer
+
+        return FakeInferenceServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def free_port() -> int:
