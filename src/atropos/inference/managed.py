@@ -1,0 +1,316 @@
+"""ManagedServer: token-exact generation sessions over a server's `tokens_and_logprobs_completion`.
+
+It renders chat templates locally, sends token ids, and keeps every sequence as the server
+returned it (`SequenceNode`: tokens, trainer masks, logprobs). A later call that continues a held
+conversation extends it by token ids, never by re-tokenizing text; disagreements between the
+re-rendered template and the held ids are classified (`DriftKind`) and counted (P11).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from openai.types import Completion, CompletionChoice, CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+
+from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
+from atropos.inference.tokenize import as_token_ids, trailing_end_of_turn
+
+__all__ = ["DriftKind", "ManagedServer", "SequenceNode"]
+
+_CHAT_FINISH = {"stop", "length", "tool_calls", "content_filter", "function_call"}
+_TEXT_FINISH = {"stop", "length", "content_filter"}
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def _as_message(message: Any) -> dict[str, Any]:
+    """A chat message as a plain dict (accepts mappings and pydantic messages)."""
+    if isinstance(message, Mapping):
+        return dict(message)
+    dump = getattr(message, "model_dump", None)
+    if callable(dump):
+        return dict(dump(exclude_none=True))
+    raise TypeError(f"expected a chat message mapping, got {type(message).__name__}")
+
+
+def _key(message: Mapping[str, Any]) -> str:
+    """What identifies a message when matching conversations: role, content, tool calls."""
+    fields = {k: message.get(k) for k in _MESSAGE_KEYS if message.get(k) is not None}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def _finish(reason: Any) -> str:
+    """A finish reason as a string (SGLang-style `{"type": ...}` dicts included)."""
+    if isinstance(reason, Mapping):
+        reason = reason.get("type")
+    return "" if reason is None else str(reason)
+
+
+class ManagedServer:
+    """Token-exact generation sessions: one `SequenceNode` per sequence, extended by token ids.
+
+    Use one instance per rollout (a group of conversations); concurrent calls on different
+    conversations are fine, two calls continuing the same sequence at once are not.
+
+    Args:
+        server: anything with `await tokens_and_logprobs_completion(prompt=None, input_ids=None,
+            n=1, max_tokens=..., **sampling) -> (prompt_ids, [output_ids], [output_logprobs],
+            [finish_reasons])`, e.g. a backend or `ServerManager`'s pinned server.
+        tokenizer: the model's tokenizer (default: `server.tokenizer`); it renders the chat
+            template, so it must be the one the server's model was trained with.
+
+    Example:
+        >>> import asyncio
+        >>> from atropos.testing.fake_engine import load_tokenizer
+        >>> class Echo:  # a server that answers "ok" + eos
+        ...     tok = load_tokenizer()
+        ...     async def tokens_and_logprobs_completion(self, *, input_ids, n=1, **kw):
+        ...         out = self.tok.encode("ok") + [self.tok.eos_token_id]
+        ...         return input_ids, [out] * n, [[-0.5] * len(out)] * n, ["stop"] * n
+        >>> m = ManagedServer(Echo(), Echo.tok)
+        >>> reply = asyncio.run(m.chat_completion(messages=[{"role": "user", "content": "hi"}]))
+        >>> reply.choices[0].message.content, m.get_state()["nodes"][0].masked_tokens[-4:]
+        ('ok', [-100, 82, 78, 2])
+    """
+
+    def __init__(self, server: Any, tokenizer: Any = None) -> None:
+        """Bind the server and tokenizer; no sequences are held yet."""
+        tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("ManagedServer needs a tokenizer: pass one, or a server that has one")
+        self.server = server
+        self.tokenizer = tokenizer
+        self.nodes: list[SequenceNode] = []
+        #: How many prompts continued a held sequence, by kind of drift.
+        self.drift_counts: dict[DriftKind, int] = dict.fromkeys(DriftKind, 0)
+
+    # --- public calls ---------------------------------------------------------------------
+
+    async def chat_completion(
+        self,
+        *,
+        messages: Sequence[Any],
+        n: int = 1,
+        max_tokens: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        **sampling: Any,
+    ) -> ChatCompletion:
+        """Complete a chat with the template rendered locally; one node per choice.
+
+        The generation prompt is added unless the last message is the assistant's. Other
+        kwargs (`temperature`, `stop`, `split`, ...) go to the server; `tool_choice` is dropped.
+
+        Returns:
+            An OpenAI `ChatCompletion` whose choices carry the decoded completions.
+        """
+        msgs = [_as_message(m) for m in messages]
+        if not msgs:
+            raise ValueError("expected at least one message")
+        sampling.pop("tool_choice", None)
+        extra = {"tools": tools} if tools else {}
+        add_generation_prompt = msgs[-1].get("role") != "assistant"
+        text = self.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
+        prompt_ids = self._encode(str(text))
+        parent, exact = self._chat_parent(msgs)
+        parent, drift, input_ids = self._extend(parent, exact, prompt_ids, str(text))
+        prompt, outs, lps, finishes = await self._generate(input_ids, n, max_tokens, sampling)
+        nodes, choices = [], []
+        for i, (out, lp, finish) in enumerate(zip(outs, lps, finishes, strict=True)):
+            content = self._decode(out)
+            reply = [*msgs, {"role": "assistant", "content": content}]
+            nodes.append(self._node(prompt, out, lp, finish, parent, str(text) + content, drift))
+            nodes[-1].messages = reply
+            message = ChatCompletionMessage(role="assistant", content=content)
+            reason = finish if finish in _CHAT_FINISH else "stop"
+            choices.append(Choice(index=i, message=message, finish_reason=reason))
+        self._store(parent, nodes)
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            object="chat.completion",
+            created=int(time.time()),
+            model=self._model(sampling),
+            choices=choices,
+            usage=self._usage(prompt, outs),
+        )
+
+    async def completion(
+        self, *, prompt: str, n: int = 1, max_tokens: int | None = None, **sampling: Any
+    ) -> Completion:
+        """Complete a raw prompt; a prompt that continues a held sequence's text extends it.
+
+        Returns:
+            An OpenAI `Completion` whose choices carry the decoded completions.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError(f"expected prompt to be a string, got {type(prompt).__name__}")
+        prompt_ids = as_token_ids(self.tokenizer.encode(prompt, add_special_tokens=True))
+        parent = self._text_parent(prompt)
+        parent, drift, input_ids = self._extend(parent, True, prompt_ids, prompt)
+        tokens, outs, lps, finishes = await self._generate(input_ids, n, max_tokens, sampling)
+        nodes, choices = [], []
+        for i, (out, lp, finish) in enumerate(zip(outs, lps, finishes, strict=True)):
+            text = self._decode(out)
+            nodes.append(self._node(tokens, out, lp, finish, parent, prompt + text, drift))
+            reason = finish if finish in _TEXT_FINISH else "stop"
+            choices.append(CompletionChoice(index=i, text=text, finish_reason=reason))
+        self._store(parent, nodes)
+        return Completion(
+            id=f"cmpl-{uuid.uuid4().hex}",
+            object="text_completion",
+            created=int(time.time()),
+            model=self._model(sampling),
+            choices=choices,
+            usage=self._usage(tokens, outs),
+        )
+
+    async def get_logprobs(
+        self,
+        *,
+        messages: Sequence[Any] | None = None,
+        prompt: str | None = None,
+        input_ids: list[int] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The server's `get_logprobs` for messages (rendered here), a prompt or token ids."""
+        if messages is not None:
+            msgs = [_as_message(m) for m in messages]
+            add = bool(msgs) and msgs[-1].get("role") != "assistant"
+            text = self.tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=add
+            )
+            input_ids = self._encode(str(text))
+        if input_ids is not None:
+            return await self.server.get_logprobs(input_ids=input_ids, **kwargs)
+        return await self.server.get_logprobs(prompt=prompt, **kwargs)
+
+    def get_state(self) -> dict[str, list[SequenceNode]]:
+        """`{"nodes": [...]}`: copies of the held sequences (read them before `reset()`)."""
+        return {"nodes": copy.deepcopy(self.nodes)}
+
+    def reset(self) -> None:
+        """Forget every held sequence and zero `drift_counts`."""
+        self.nodes = []
+        self.drift_counts = dict.fromkeys(DriftKind, 0)
+
+    # --- sequences ------------------------------------------------------------------------
+
+    def _chat_parent(self, msgs: list[dict[str, Any]]) -> tuple[SequenceNode | None, bool]:
+        """The held chat this conversation continues, and whether its reply is unchanged.
+
+        A node qualifies when its prompt messages open `msgs` and `msgs` then has an assistant
+        turn where the node's reply was; a node whose reply matches exactly wins, then the
+        longest.
+        """
+        keys = [_key(m) for m in msgs]
+        best: tuple[bool, int] | None = None
+        found: SequenceNode | None = None
+        for node in self.nodes:
+            if not node.messages or len(node.messages) > len(msgs):
+                continue
+            held = [_key(m) for m in node.messages]
+            depth = len(held)
+            if keys[: depth - 1] != held[:-1] or msgs[depth - 1].get("role") != "assistant":
+                continue
+            rank = (keys[depth - 1] == held[-1], depth)
+            if best is None or rank > best:
+                best, found = rank, node
+        return found, bool(best and best[0])
+
+    def _text_parent(self, prompt: str) -> SequenceNode | None:
+        """The longest held raw-prompt sequence whose text the prompt continues."""
+        held = [n for n in self.nodes if n.messages is None and prompt.startswith(n.full_text)]
+        return max(held, key=lambda n: len(n.full_text), default=None)
+
+    def _extend(
+        self, parent: SequenceNode | None, exact: bool, prompt_ids: list[int], text: str
+    ) -> tuple[SequenceNode | None, DriftKind | None, list[int]]:
+        """The ids to send and the parent whose masks carry over (None after a fork)."""
+        if parent is None:
+            return None, None, prompt_ids
+        drift, ids = DriftKind.FORK, prompt_ids
+        if exact:
+            held_text = str(self.tokenizer.decode(parent.tokens, skip_special_tokens=False))
+            drift, ids = classify_drift(parent.tokens, held_text, prompt_ids, text, self._encode)
+        self.drift_counts[drift] += 1
+        return (None if drift is DriftKind.FORK else parent), drift, ids
+
+    def _node(
+        self,
+        prompt: list[int],
+        out: list[int],
+        logprobs: list[float],
+        finish: str,
+        parent: SequenceNode | None,
+        full_text: str,
+        drift: DriftKind | None,
+    ) -> SequenceNode:
+        eot = trailing_end_of_turn(out, self.tokenizer) if finish == "length" else 0
+        return build_node(
+            prompt_tokens=prompt,
+            output=out,
+            output_logprobs=logprobs,
+            finish_reason=finish,
+            parent=parent,
+            end_of_turn=eot,
+            full_text=full_text,
+            drift=drift,
+        )
+
+    def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
+        """Put the new nodes where the parent was (it is their prefix), or at the end."""
+        at = next((i for i, node in enumerate(self.nodes) if node is parent), None)
+        if at is None:
+            self.nodes.extend(nodes)
+        else:
+            self.nodes[at : at + 1] = nodes
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    async def _generate(
+        self, input_ids: list[int], n: int, max_tokens: int | None, sampling: dict[str, Any]
+    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+        kwargs = dict(sampling)
+        if "max_completion_tokens" in kwargs:
+            limit = kwargs.pop("max_completion_tokens")
+            max_tokens = max_tokens if max_tokens is not None else limit
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        prompt, outs, lps, finishes = await self.server.tokens_and_logprobs_completion(
+            input_ids=input_ids, n=n, **kwargs
+        )
+        if not len(outs) == len(lps) == len(finishes) == n:
+            raise ValueError(
+                f"asked for {n} completions, the server returned {len(outs)} outputs, "
+                f"{len(lps)} logprob lists and {len(finishes)} finish reasons"
+            )
+        return (
+            [int(t) for t in prompt],
+            [[int(t) for t in out] for out in outs],
+            [[float(x) for x in lp] for lp in lps],
+            [_finish(f) for f in finishes],
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return as_token_ids(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _model(self, sampling: Mapping[str, Any]) -> str:
+        config = getattr(self.server, "config", None)
+        return str(sampling.get("model") or getattr(config, "model_name", None) or "managed")
+
+    @staticmethod
+    def _usage(prompt: list[int], outs: list[list[int]]) -> CompletionUsage:
+        done = sum(len(o) for o in outs)
+        return CompletionUsage(
+            prompt_tokens=len(prompt), completion_tokens=done, total_tokens=len(prompt) + done
+        )

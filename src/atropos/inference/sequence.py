@@ -1,0 +1,156 @@
+"""Token-exact sequences for `ManagedServer`: `SequenceNode`, `DriftKind`, extension by ids.
+
+A node holds one sequence as the server saw it (prompt + completion ids), its trainer mask and
+logprobs. A later prompt that continues a held sequence is built by appending token ids to it;
+`classify_drift` says whether the re-rendered prompt agreed with the held ids (P11 in STYLE.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MASKED = -100
+PROMPT_LOGPROB = 1.0
+
+
+class DriftKind(str, enum.Enum):
+    """How a re-rendered prompt relates to the held tokens of the sequence it continues.
+
+    * `CLEAN`: the held ids are a prefix of the re-rendered prompt's ids.
+    * `REALIGN`: same text, different tokenization of the held part; the held ids are kept and
+      only the new text is tokenized and appended.
+    * `FORK`: the re-render changed earlier content (an edited turn, a template that rewrites
+      history); a fresh sequence starts from the re-rendered prompt.
+    """
+
+    CLEAN = "clean"
+    REALIGN = "realign"
+    FORK = "fork"
+
+
+@dataclass
+class SequenceNode:
+    """One sequence, token-exact: the prompt and completion ids as the server returned them.
+
+    Attributes:
+        tokens: prompt + completion ids.
+        masked_tokens: -100 where the trainer must not learn (prompt, template tokens), the id
+            elsewhere (completions, including earlier assistant turns of the conversation).
+        logprobs: 1.0 on masked prompt positions, the server's logprob on completion tokens.
+        finish_reason: the server's finish reason of the last completion ("stop", "length").
+        full_text: the prompt text plus the completion text as returned to the caller.
+        token_source: "server" (ids from the server) or "retokenized" (ids from text).
+        messages: for chat sequences, the prompt messages plus the assistant reply.
+        drift: how this sequence's last prompt extended a held one (None: it started fresh).
+    """
+
+    tokens: list[int]
+    masked_tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str = ""
+    full_text: str = ""
+    token_source: Literal["server", "retokenized"] = "server"
+    messages: list[dict[str, Any]] | None = None
+    drift: DriftKind | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse misaligned rows: tokens, masks and logprobs must have one entry each."""
+        n = len(self.tokens)
+        if len(self.masked_tokens) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"expected equal lengths, got {n} tokens, {len(self.masked_tokens)} masked "
+                f"tokens and {len(self.logprobs)} logprobs"
+            )
+        self.metadata.setdefault("finish_reason", self.finish_reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain-JSON dict of the node (`drift` as its string value)."""
+        out = dataclasses.asdict(self)
+        out["drift"] = self.drift.value if self.drift is not None else None
+        return out
+
+
+def classify_drift(
+    held: Sequence[int],
+    held_text: str,
+    prompt_ids: Sequence[int],
+    prompt_text: str,
+    encode: Callable[[str], list[int]],
+) -> tuple[DriftKind, list[int]]:
+    """Classify a new prompt against a held sequence; return the kind and the ids to send.
+
+    Args:
+        held: the held sequence's ids (prompt + completion, as the server returned them).
+        held_text: those ids decoded, special tokens kept.
+        prompt_ids: the new prompt, tokenized from `prompt_text`.
+        prompt_text: the new prompt as text (a rendered chat template, or a raw prompt).
+        encode: tokenizes a text suffix (no special tokens added).
+
+    Returns:
+        `(CLEAN, prompt_ids)` when `held` is their prefix; `(REALIGN, held + encode(rest))`
+        when `held_text` is a prefix of `prompt_text`; else `(FORK, prompt_ids)`.
+
+    >>> classify_drift([1, 2], "ab", [1, 2, 3], "abc", lambda s: [9])
+    (<DriftKind.CLEAN: 'clean'>, [1, 2, 3])
+    >>> classify_drift([1, 5], "ab", [1, 2, 3], "abc", lambda s: [ord(c) for c in s])
+    (<DriftKind.REALIGN: 'realign'>, [1, 5, 99])
+    >>> classify_drift([1, 5], "aX", [1, 2, 3], "abc", lambda s: [])
+    (<DriftKind.FORK: 'fork'>, [1, 2, 3])
+    """
+    if list(prompt_ids[: len(held)]) == list(held):
+        return DriftKind.CLEAN, list(prompt_ids)
+    if prompt_text.startswith(held_text):
+        return DriftKind.REALIGN, [*held, *encode(prompt_text[len(held_text) :])]
+    return DriftKind.FORK, list(prompt_ids)
+
+
+def build_node(
+    *,
+    prompt_tokens: Sequence[int],
+    output: Sequence[int],
+    output_logprobs: Sequence[float],
+    finish_reason: str,
+    parent: SequenceNode | None,
+    end_of_turn: int = 0,
+    full_text: str = "",
+    messages: list[dict[str, Any]] | None = None,
+    drift: DriftKind | None = None,
+) -> SequenceNode:
+    """The node of one choice: prompt masked, completion trainable, logprobs aligned 1:1.
+
+    When `parent` is given and the server's prompt starts with its tokens, the parent's masks and
+    logprobs are kept (earlier completions stay trainable) and only the new prompt tokens are
+    masked. `end_of_turn` trailing output tokens are kept but masked (a "length" completion that
+    ended in an end-of-turn token must not teach the model to stop).
+
+    Raises:
+        ValueError: the server's logprobs do not match its output ids one to one.
+    """
+    if len(output_logprobs) != len(output):
+        raise ValueError(
+            f"the server returned {len(output_logprobs)} logprobs for {len(output)} output tokens"
+        )
+    prompt = list(prompt_tokens)
+    if parent is not None and prompt[: len(parent.tokens)] == parent.tokens:
+        new = len(prompt) - len(parent.tokens)
+        masked = [*parent.masked_tokens, *[MASKED] * new]
+        logprobs = [*parent.logprobs, *[PROMPT_LOGPROB] * new]
+    else:
+        masked, logprobs = [MASKED] * len(prompt), [PROMPT_LOGPROB] * len(prompt)
+    keep = len(output) - end_of_turn
+    masked += [*output[:keep], *[MASKED] * end_of_turn]
+    logprobs += [*output_logprobs[:keep], *[PROMPT_LOGPROB] * end_of_turn]
+    return SequenceNode(
+        tokens=[*prompt, *output],
+        masked_tokens=masked,
+        logprobs=[float(lp) for lp in logprobs],
+        finish_reason=finish_reason,
+        full_text=full_text,
+        messages=messages,
+        drift=drift,
+    )
