@@ -25,6 +25,10 @@ class ServerBaseline(BaseModel):
     rolling_buffer_length: int = Field(1000, description="samples kept for latency metrics")
     server_type: ServerType = Field("openai", description="openai | vllm | sglang | trl")
     tokenizer_name: str = Field("none", description="tokenizer to load ('none': model_name)")
+    vllm_token_api: Literal["completions", "generate"] = Field(
+        "completions",
+        description="vllm token ids via /v1/completions (return_token_ids) or upstream's /generate",
+    )
 
 
 class APIServerConfig(ServerBaseline):
@@ -45,3 +49,11 @@ class ServerManagerConfig(BaseModel):
     testing: bool = Field(False, description="use the in-package fake inference server")
     max_n_completions: int = Field(8, description="requests asking for more n are split")
     proxy_url: str | None = Field(None, description="ManagedServer proxy (ATROPOS_PROXY_URL)")
+    max_attempts: int = Field(3, ge=1, description="attempts per call, across servers")
+    retry_backoff: float = Field(0.5, ge=0, description="first retry waits up to this (s)")
+    retry_backoff_max: float = Field(10.0, ge=0, description="longest retry wait (s)")
+    deadline: float | None = Field(
+        None, gt=0, description="seconds one call may take in all (None: the server timeout)"
+    )
+    health_check_interval: float = Field(5.0, gt=0, description="seconds between probes")
+    health_check_timeout: float = Field(5.0, gt=0, description="seconds one probe may take")

@@ -1,0 +1,385 @@
+"""The backend contract every inference server client meets, and the HTTP plumbing they share.
+
+A backend (`openai.py`, `vllm.py`, `sglang.py`, `trl.py`) talks to one server. It makes exactly
+one attempt per call: retries, failover, capacity and deadlines belong to `manager.ServerManager`.
+`HTTPBackend` holds one `aiohttp.ClientSession` per backend, opened lazily inside the running
+loop, with an unlimited keep-alive connection pool (aiohttp's default caps a session at 100
+connections, which would queue RL workloads that keep thousands of requests in flight), and
+translates every transport failure into `errors.InferenceError` in one place (`_request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import msgspec
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from typing_extensions import TypedDict
+
+from atropos.inference.config import APIServerConfig
+from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
+
+Split = Literal["train", "eval"]
+T = TypeVar("T")
+
+TokensAndLogprobs = tuple[list[int], list[list[int]], list[list[float]], list[str]]
+"""(prompt_tokens, output tokens per choice, output logprobs per choice, finish reasons)."""
+
+MISSING_LOGPROB = -9999.0
+"""Stands in for a logprob the server reports as null (vLLM's own convention for -inf)."""
+
+
+class PromptLogprobs(TypedDict):
+    """Top-k logprobs of every prompt position (`get_logprobs`).
+
+    Position 0 has no context, so its lists are empty; every other position has `top_k` entries,
+    best first. All three lists have one entry per prompt token.
+    """
+
+    prompt_tokens: list[int]
+    prompt_topk_token_ids: list[list[int]]
+    prompt_topk_logprobs: list[list[float]]
+
+
+@runtime_checkable
+class InferenceServer(Protocol):
+    """What `ServerManager` and `ManagedServer` need from a backend."""
+
+    config: APIServerConfig
+    supports_tokens: ClassVar[bool]
+    supports_prompt_logprobs: ClassVar[bool]
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion: ...
+
+    async def completion(self, **kwargs: Any) -> Completion: ...
+
+    async def tokens_and_logprobs_completion(
+        self,
+        *,
+        prompt: str | None = None,
+        input_ids: list[int] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        **sampling: Any,
+    ) -> TokensAndLogprobs: ...
+
+    async def get_logprobs(self, **kwargs: Any) -> PromptLogprobs: ...
+
+    async def check_health(self, timeout: float = 5.0) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+BACKENDS: dict[str, str] = {
+    "openai": "atropos.inference.openai:OpenAIBackend",
+    "vllm": "atropos.inference.vllm:VLLMBackend",
+    "sglang": "atropos.inference.sglang:SGLangBackend",
+    "trl": "atropos.inference.trl:TRLBackend",
+}
+"""`server_type` -> "module:Class", imported only when a server of that type is created."""
+
+
+def create_backend(config: APIServerConfig, *, tokenizer: Any = None) -> InferenceServer:
+    """The backend for `config.server_type` (one per server)."""
+    target = BACKENDS.get(config.server_type)
+    if target is None:
+        raise ValueError(f"unknown server_type {config.server_type!r}; known: {sorted(BACKENDS)}")
+    module, _, name = target.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    backend: InferenceServer = cls(config, tokenizer=tokenizer)
+    return backend
+
+
+def server_root(base_url: str) -> str:
+    """The server's root URL: `base_url` without a trailing `/v1` path segment.
+
+    Only a whole last path segment is removed, never a substring elsewhere in the URL.
+
+    >>> server_root("http://node1:9004/v1")
+    'http://node1:9004'
+    >>> server_root("https://v1.example.com/proxy/v1/")
+    'https://v1.example.com/proxy'
+    >>> server_root("http://127.0.0.1:8000")
+    'http://127.0.0.1:8000'
+    >>> server_root("http://host/api/v1beta")
+    'http://host/api/v1beta'
+    """
+    parts = urlsplit(base_url.strip())
+    path = parts.path.rstrip("/")
+    if path.rsplit("/", 1)[-1] == "v1":
+        path = path[: -len("v1")].rstrip("/")
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def strip_double_bos(ids: list[int], bos_token_id: int | None) -> list[int]:
+    """Drop one BOS when a prompt starts with two (template text + tokenizer both added one).
+
+    >>> strip_double_bos([1, 1, 5, 6], 1)
+    [1, 5, 6]
+    >>> strip_double_bos([1, 5, 6], 1)
+    [1, 5, 6]
+    """
+    if bos_token_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_token_id:
+        return ids[1:]
+    return ids
+
+
+def normalize_max_tokens(kwargs: dict[str, Any]) -> int | None:
+    """Pop `max_tokens` and its aliases (`max_new_tokens`, `max_completion_tokens`) from kwargs.
+
+    >>> kw = {"max_new_tokens": 7, "temperature": 1.0}
+    >>> normalize_max_tokens(kw), kw
+    (7, {'temperature': 1.0})
+    """
+    value = None
+    for key in ("max_completion_tokens", "max_new_tokens", "max_tokens"):
+        if key in kwargs:
+            found = kwargs.pop(key)
+            value = found if found is not None else value
+    return None if value is None else int(value)
+
+
+IGNORED_KWARGS = ("split", "skip_reasoning", "model")
+"""Routing hints a backend drops: the manager uses `split`; `model` comes from the config."""
+
+
+def _encode_hook(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)  # pydantic models, e.g. openai message objects
+    if callable(dump):
+        return dump(exclude_none=True)
+    raise TypeError(f"cannot send {type(obj).__name__} as JSON")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_encode_hook)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare for inference servers; use our own backoff
+
+
+class HTTPBackend:
+    """Base of the HTTP backends: session, auth, one-attempt requests, health probe, tokenizer.
+
+    Args:
+        config: the server.
+        tokenizer: a Hugging Face style tokenizer (`encode`, `decode`, `bos_token_id`). Optional:
+            when absent and one is needed it is loaded lazily from `config.tokenizer_name`
+            (or `config.model_name` when that is "none").
+    """
+
+    supports_tokens: ClassVar[bool] = False
+    supports_prompt_logprobs: ClassVar[bool] = False
+    health_path: ClassVar[str] = "/health"
+    """GET at the server root; never a generation endpoint, so probes spend no tokens."""
+
+    def __init__(self, config: APIServerConfig, *, tokenizer: Any = None) -> None:
+        if not config.base_url:
+            raise ValueError(f"{type(self).__name__} needs config.base_url, got an empty one")
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self.root = server_root(config.base_url)
+        self.tokenizer: Any = tokenizer
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.base_url} model={self.config.model_name!r}>"
+
+    @property
+    def health_url(self) -> str:
+        """The URL `check_health` GETs."""
+        return self.root + self.health_path
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        key = self.config.api_key.get_secret_value()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=75.0, ttl_dns_cache=300
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+            )
+        return self._session
+
+    async def _request(
+        self, method: str, url: str, body: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """One HTTP exchange, JSON in and out; every failure becomes an `InferenceError`."""
+        total = self.config.timeout if timeout is None else timeout
+        limits = aiohttp.ClientTimeout(total=total, sock_connect=min(total, 30.0))
+        data = None if body is None else _ENCODER.encode(body)
+        try:
+            async with self._http().request(
+                method, url, data=data, headers=self._headers(), timeout=limits
+            ) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise InferenceError.from_status(
+                        resp.status,
+                        raw.decode("utf-8", "replace"),
+                        server=self.base_url,
+                        retry_after=_retry_after(resp.headers),
+                    )
+        except InferenceError:
+            raise
+        except TimeoutError as exc:
+            raise InferenceTimeout(
+                f"{method} {url}: no answer within {total:g} s", server=self.base_url
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise InferenceError(
+                f"{method} {url}: {type(exc).__name__}: {exc}",
+                retryable=True,
+                kind="connection",
+                server=self.base_url,
+            ) from exc
+        try:
+            return msgspec.json.decode(raw) if raw else None
+        except msgspec.DecodeError as exc:
+            raise InferenceError(
+                f"{method} {url}: the answer is not JSON ({raw[:200]!r})", server=self.base_url
+            ) from exc
+
+    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
+        return await self._request("POST", url, body)
+
+    async def check_health(self, timeout: float = 5.0) -> bool:
+        """True when `GET health_url` answers 2xx within `timeout` seconds. Spends no tokens."""
+        limits = aiohttp.ClientTimeout(total=timeout)
+        try:
+            async with self._http().get(
+                self.health_url, headers=self._headers(), timeout=limits
+            ) as resp:
+                await resp.read()  # any body (JSON, text or none); only the status counts
+                return 200 <= resp.status < 300
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def aclose(self) -> None:
+        """Close the connection pool; the backend cannot be used afterwards."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _model(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """kwargs for the wire: routing hints dropped, `extra_body` merged, our model name set."""
+        body = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
+        for key in ("extra_headers", "extra_query", "timeout"):
+            body.pop(key, None)  # OpenAI-client options that are not part of the body
+        extra = body.pop("extra_body", None) or {}
+        body.update(extra)
+        body["model"] = self.config.model_name
+        return body
+
+    async def _get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            name = self.config.tokenizer_name
+            name = self.config.model_name if name == "none" else name
+            try:
+                from transformers import AutoTokenizer
+
+                self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, name)
+            except Exception as exc:  # any loader failure means: no tokenizer for this server
+                raise UnsupportedOperation(
+                    f"{type(self).__name__} needs a tokenizer here and could not load {name!r} "
+                    f"({type(exc).__name__}: {exc}); pass tokenizer= or set tokenizer_name",
+                    server=self.base_url,
+                ) from exc
+        return self.tokenizer
+
+    async def _prompt_ids(
+        self, prompt: str | None, input_ids: list[int] | None, *, require: bool = False
+    ) -> list[int] | None:
+        """The prompt as token ids, or None to let the server tokenize `prompt` itself.
+
+        Text is encoded locally only when `require`d, a tokenizer was given, or `tokenizer_name`
+        is set; a doubled leading BOS is stripped whenever the tokenizer (hence BOS) is known.
+        """
+        if input_ids is None and prompt is None:
+            raise ValueError("pass prompt= or input_ids=")
+        if input_ids is not None:
+            ids = [int(t) for t in input_ids]
+        elif require or self.tokenizer is not None or self.config.tokenizer_name != "none":
+            ids = list((await self._get_tokenizer()).encode(prompt))
+        else:
+            return None
+        return strip_double_bos(ids, getattr(self.tokenizer, "bos_token_id", None))
+
+    def _unsupported(self, what: str, hint: str) -> UnsupportedOperation:
+        return UnsupportedOperation(
+            f"{type(self).__name__} does not support {what}: {hint}", server=self.base_url
+        )
+
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        """An OpenAI chat completion (see the backend's module docstring for the wire fields)."""
+        raise self._unsupported("chat_completion", "use an OpenAI-compatible backend")
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        """An OpenAI text completion."""
+        raise self._unsupported("completion", "use an OpenAI-compatible backend")
+
+    async def tokens_and_logprobs_completion(
+        self,
+        *,
+        prompt: str | None = None,
+        input_ids: list[int] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        **sampling: Any,
+    ) -> TokensAndLogprobs:
+        """Sample `n` completions; return exact token ids and their logprobs."""
+        raise self._unsupported(
+            "tokens_and_logprobs_completion", "use server_type 'vllm' or 'sglang'"
+        )
+
+    async def get_logprobs(self, **kwargs: Any) -> PromptLogprobs:
+        """Top-k logprobs of every prompt position."""
+        raise self._unsupported("get_logprobs", "use server_type 'vllm' or 'sglang'")
+
+
+def check_choice_counts(
+    server: str, n: int, outputs: list[list[int]], logprobs: list[list[float]], finish: list[str]
+) -> None:
+    """Raise a protocol `InferenceError` unless there are `n` aligned choices."""
+    if not (len(outputs) == len(logprobs) == len(finish) == n):
+        raise InferenceError(
+            f"asked for {n} choices, got {len(outputs)} token lists, {len(logprobs)} logprob "
+            f"lists and {len(finish)} finish reasons",
+            server=server,
+        )
+    for i, (ids, lps) in enumerate(zip(outputs, logprobs, strict=True)):
+        if len(ids) != len(lps):
+            raise InferenceError(
+                f"choice {i}: {len(ids)} tokens but {len(lps)} logprobs", server=server
+            )
+
+
+async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """`asyncio.gather`, except that the first failure cancels (and awaits) the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -1,0 +1,211 @@
+"""Backend for vLLM: OpenAI chat/text completions plus exact token ids and logprobs.
+
+Chat and text completions are the OpenAI ones (`openai.OpenAIBackend`). Health is
+`GET {root}/health` (vLLM's liveness endpoint; no tokens spent), where `root` is `base_url`
+without its `/v1` segment (`base.server_root`).
+
+Token ids and logprobs, `config.vllm_token_api == "completions"` (the default; stock `vllm serve`):
+
+- `POST {base_url}/completions` with `prompt` = the token ids (or the text when no ids and no
+  tokenizer are at hand), `n`, `max_tokens`, the sampling kwargs, `logprobs: 0` (the sampled
+  token's logprob only), `return_token_ids: true` and `return_tokens_as_token_ids: true`.
+- We read, per choice (sorted by `index`): `token_ids` (output ids), `prompt_token_ids`,
+  `logprobs.token_logprobs` (one per output token) and `finish_reason`. When `token_ids` is
+  absent (a vLLM without `return_token_ids`) the ids are parsed from `logprobs.tokens`, which
+  `return_tokens_as_token_ids` renders as `"token_id:<id>"`.
+- `get_logprobs`: the same endpoint with `max_tokens: 1`, `temperature: 0`,
+  `prompt_logprobs: top_k`; we read `choices[0].prompt_logprobs`, a list with one entry per
+  prompt token (`null` for the first), each `{"<token id>": {"logprob", "rank",
+  "decoded_token"}}`.
+- Sources: vLLM docs, "OpenAI-Compatible Server" (extra parameters),
+  https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html, and the API reference of
+  `vllm.entrypoints.openai.completion.protocol` (`CompletionRequest.prompt: list[int] | ...`,
+  `logprobs`, `prompt_logprobs`, `return_token_ids`, `return_tokens_as_token_ids`;
+  `CompletionResponseChoice.token_ids`, `prompt_token_ids`, `prompt_logprobs`, `logprobs`),
+  https://docs.vllm.ai/en/latest/api/vllm/entrypoints/openai/completion/protocol/, as exercised
+  by vLLM's `tests/entrypoints/openai/test_return_token_ids.py`.
+
+`config.vllm_token_api == "generate"` (atroposlib's custom `example_trainer/vllm_api_server.py`,
+upstream spec §3.3): `POST {root}/generate` with `{"prompt": {"prompt_token_ids": [...]},
+"logprobs": 0, "n", "max_tokens", ...sampling}` (no `model`: it takes sampling fields only).
+We read `logprobs` (per choice, per position a `{"<id>": logprob}` dict or a list of them, the
+sampled token first) and `finish_reasons`. `get_logprobs` sends `prompt_logprobs: top_k` and
+reads `prompt_logprobs` (`[pos]` or `[seq][pos]` entries, `null` for position 0).
+This server needs token ids, so text prompts are encoded with the tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atropos.inference.base import (
+    MISSING_LOGPROB,
+    PromptLogprobs,
+    TokensAndLogprobs,
+    check_choice_counts,
+    normalize_max_tokens,
+)
+from atropos.inference.errors import InferenceError
+from atropos.inference.openai import OpenAIBackend
+
+
+def _logprob(value: Any) -> float:
+    if isinstance(value, dict):
+        value = value.get("logprob")
+    return MISSING_LOGPROB if value is None else float(value)
+
+
+def _first_entry(position: Any) -> tuple[int, float]:
+    """The first (id, logprob) of a generated position: `{"<id>": lp}` or `[{"<id>": lp}]`."""
+    entry = position[0] if isinstance(position, list) else position
+    key, value = next(iter(entry.items()))
+    return int(key), _logprob(value)
+
+
+def top_k_of(position: Any, k: int) -> tuple[list[int], list[float]]:
+    """The `k` best (id, logprob) of one prompt position, from any of vLLM's shapes.
+
+    >>> top_k_of({"5": {"logprob": -0.1, "rank": 1}, "9": {"logprob": -2.0, "rank": 2}}, 1)
+    ([5], [-0.1])
+    >>> top_k_of([{"7": -0.5}], 1), top_k_of(None, 1)
+    (([7], [-0.5]), ([], []))
+    """
+    if position is None:
+        return [], []
+    entries: dict[int, float] = {}
+    for part in position if isinstance(position, list) else [position]:
+        for key, value in part.items():
+            entries[int(key)] = _logprob(value)
+    best = sorted(entries.items(), key=lambda kv: kv[1], reverse=True)[:k]
+    return [i for i, _ in best], [lp for _, lp in best]
+
+
+class VLLMBackend(OpenAIBackend):
+    """vLLM: OpenAI completions plus token ids and logprobs (see the module docstring)."""
+
+    supports_tokens = True
+    supports_prompt_logprobs = True
+    health_path = "/health"
+
+    @property
+    def health_url(self) -> str:
+        """`GET {root}/health`."""
+        return self.root + self.health_path
+
+    async def tokens_and_logprobs_completion(
+        self,
+        *,
+        prompt: str | None = None,
+        input_ids: list[int] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        **sampling: Any,
+    ) -> TokensAndLogprobs:
+        """Sample `n` completions of the prompt; ids and logprobs exactly as vLLM produced them."""
+        if max_tokens is not None:
+            sampling["max_tokens"] = max_tokens
+        limit = normalize_max_tokens(sampling)
+        body = self._model(sampling)
+        body["n"] = n
+        if limit is not None:
+            body["max_tokens"] = limit
+        if self.config.vllm_token_api == "generate":
+            ids = await self._prompt_ids(prompt, input_ids, require=True)
+            return await self._generate_tokens(ids or [], body)
+        ids = await self._prompt_ids(prompt, input_ids)
+        body.update(
+            prompt=ids if ids is not None else prompt,
+            logprobs=0,
+            return_token_ids=True,
+            return_tokens_as_token_ids=True,
+        )
+        data = await self._post(self.base_url + "/completions", body)
+        choices = sorted(self._choices(data), key=lambda c: int(c.get("index", 0)))
+        outputs, logprobs, finish = [], [], []
+        for choice in choices:
+            lp = choice.get("logprobs") or {}
+            token_ids = choice.get("token_ids")
+            if token_ids is None:
+                token_ids = [int(str(t).removeprefix("token_id:")) for t in lp.get("tokens", [])]
+            outputs.append([int(t) for t in token_ids])
+            logprobs.append([_logprob(v) for v in lp.get("token_logprobs") or []])
+            finish.append(str(choice.get("finish_reason") or "unknown"))
+        prompt_ids = choices[0].get("prompt_token_ids") if choices else None
+        if prompt_ids is None:
+            if ids is None:
+                raise InferenceError(
+                    "vLLM did not return prompt_token_ids (needs return_token_ids support); "
+                    "pass input_ids or a tokenizer",
+                    server=self.base_url,
+                )
+            prompt_ids = ids
+        check_choice_counts(self.base_url, n, outputs, logprobs, finish)
+        return [int(t) for t in prompt_ids], outputs, logprobs, finish
+
+    async def get_logprobs(self, **kwargs: Any) -> PromptLogprobs:
+        """Top-k logprobs of every prompt position (`prompt=` or `input_ids=`, `top_k=1`)."""
+        top_k = int(kwargs.pop("top_k", 1))
+        prompt, input_ids = kwargs.pop("prompt", None), kwargs.pop("input_ids", None)
+        body = self._model(kwargs)
+        body.update(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
+        ids: list[int] | None
+        if self.config.vllm_token_api == "generate":
+            ids = await self._prompt_ids(prompt, input_ids, require=True) or []
+            body.pop("model", None)
+            body.update(prompt={"prompt_token_ids": ids}, logprobs=0)
+            data = await self._post(self.root + "/generate", body)
+            raw = data.get("prompt_logprobs") if isinstance(data, dict) else None
+        else:
+            ids = await self._prompt_ids(prompt, input_ids)
+            body.update(prompt=ids if ids is not None else prompt, return_token_ids=True)
+            choice = self._choices(await self._post(self.base_url + "/completions", body))[0]
+            ids = [int(t) for t in choice.get("prompt_token_ids") or ids or []]
+            raw = choice.get("prompt_logprobs")
+        ids = ids or []
+        positions = self._positions(raw, len(ids))
+        top = [top_k_of(p, top_k) for p in positions]
+        return PromptLogprobs(
+            prompt_tokens=ids,
+            prompt_topk_token_ids=[t[0] for t in top],
+            prompt_topk_logprobs=[t[1] for t in top],
+        )
+
+    async def _generate_tokens(self, ids: list[int], body: dict[str, Any]) -> TokensAndLogprobs:
+        body.pop("model", None)  # /generate takes sampling fields only
+        body.update(prompt={"prompt_token_ids": ids}, logprobs=0)
+        data = await self._post(self.root + "/generate", body)
+        if not isinstance(data, dict) or not isinstance(data.get("logprobs"), list):
+            raise InferenceError(
+                f"/generate: no 'logprobs' in {str(data)[:200]}", server=self.base_url
+            )
+        outputs, logprobs = [], []
+        for seq in data["logprobs"]:
+            sampled = [_first_entry(position) for position in seq]  # the sampled token is first
+            outputs.append([token for token, _ in sampled])
+            logprobs.append([lp for _, lp in sampled])
+        reasons = data.get("finish_reasons") or []
+        finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons]
+        check_choice_counts(self.base_url, int(body["n"]), outputs, logprobs, finish)
+        return ids, outputs, logprobs, finish
+
+    def _choices(self, data: Any) -> list[dict[str, Any]]:
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise InferenceError(
+                f"/completions: no choices in {str(data)[:200]}", server=self.base_url
+            )
+        return choices
+
+    def _positions(self, raw: Any, length: int) -> list[Any]:
+        """Per-position entries from `[pos]` or `[seq][pos]`, checked against the prompt length."""
+        if not isinstance(raw, list):
+            raise InferenceError("the server returned no prompt_logprobs", server=self.base_url)
+        if len(raw) == 1 and length != 1 and isinstance(raw[0], list) and len(raw[0]) == length:
+            raw = raw[0]
+        positions: list[Any] = raw
+        if len(positions) != length:
+            raise InferenceError(
+                f"{len(raw)} prompt_logprobs entries for {length} prompt tokens",
+                server=self.base_url,
+            )
+        return positions
