@@ -1,0 +1,393 @@
+"""`ServerManager`: one front for many inference servers, as environments see it.
+
+It exposes the backend calls (`chat_completion`, `completion`, `tokens_and_logprobs_completion`,
+`get_logprobs`), each with `split="train" | "eval"` (separate budgets per server, W-SRV-1), and
+adds what a single backend does not do: least-loaded routing among healthy servers, waiting for
+capacity without polling, token-free health probes, failover and bounded jittered retries for
+retryable errors only, one deadline per call, `n` split into chunks of `max_n_completions`,
+an adaptive share of capacity (`update_weight`), token-exact sessions (`managed_server`) and
+bounded per-server metrics for logging (`metrics`). Token calls go only to servers that can
+answer them, so a list may mix server types.
+
+>>> from atropos.inference.config import APIServerConfig
+>>> ServerManager([APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm")])
+<ServerManager 1 server, 1 healthy, weight 1: [<server 0 vllm http://127.0.0.1:9/v1 healthy \
+train 0/512 eval 0/64>]>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import sys
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from atropos.inference.base import (
+    InferenceServer,
+    PromptLogprobs,
+    Split,
+    TokensAndLogprobs,
+    create_backend,
+    gather_or_cancel,
+)
+from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
+from atropos.inference.openai import merge_completions
+from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
+from atropos.inference.retry import RetryPolicy
+from atropos.inference.slurm import resolve_server_configs
+
+T = TypeVar("T")
+NEEDS = {
+    "tokens_and_logprobs_completion": "supports_tokens",
+    "get_logprobs": "supports_prompt_logprobs",
+}
+"""Calls only some backends can answer, and the backend flag that says so."""
+
+
+if sys.version_info >= (3, 11):
+
+    async def within(deadline: float, call: Awaitable[T]) -> T:
+        """Await `call`, raising TimeoutError at loop time `deadline` (no extra task)."""
+        async with asyncio.timeout_at(deadline):
+            return await call
+
+else:  # pragma: no cover - Python 3.10
+
+    async def within(deadline: float, call: Awaitable[T]) -> T:
+        """Await `call`, raising TimeoutError at loop time `deadline`."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await asyncio.wait_for(call, max(0.0, remaining))
+
+
+class PinnedServer:
+    """The four backend calls through the manager, preferring (or holding) one server.
+
+    `managed_server()` gives one to `ManagedServer`: calls stay on one server while it is healthy
+    and has room (good for its prefix cache), and move to another token-capable server when it
+    fails or is full. `dedicated_server()` gives one that holds a unit of budget and never
+    leaves its server.
+    """
+
+    def __init__(
+        self, manager: ServerManager, slot: ServerSlot, *, held: Split | None = None
+    ) -> None:
+        self._manager = manager
+        self.slot = slot
+        self.held = held
+
+    @property
+    def config(self) -> APIServerConfig:
+        """The configuration of the server calls currently go to."""
+        return self.slot.config
+
+    @property
+    def backend(self) -> InferenceServer:
+        """The backend calls currently go to."""
+        return self.slot.backend
+
+    @property
+    def tokenizer(self) -> Any:
+        """The backend's tokenizer, if it has one."""
+        return getattr(self.slot.backend, "tokenizer", None)
+
+    def __repr__(self) -> str:
+        mode = f"holding a {self.held} unit" if self.held else "preferred"
+        return f"<PinnedServer {mode} {self.slot!r}>"
+
+    async def chat_completion(self, *, split: str = "train", **kwargs: Any) -> ChatCompletion:
+        """`ServerManager.chat_completion` on this server."""
+        result: ChatCompletion = await self._manager._dispatch(
+            "chat_completion", split, kwargs, self
+        )
+        return result
+
+    async def completion(self, *, split: str = "train", **kwargs: Any) -> Completion:
+        """`ServerManager.completion` on this server."""
+        result: Completion = await self._manager._dispatch("completion", split, kwargs, self)
+        return result
+
+    async def tokens_and_logprobs_completion(
+        self, *, split: str = "train", **kwargs: Any
+    ) -> TokensAndLogprobs:
+        """`ServerManager.tokens_and_logprobs_completion` on this server."""
+        result: TokensAndLogprobs = await self._manager._dispatch(
+            "tokens_and_logprobs_completion", split, kwargs, self
+        )
+        return result
+
+    async def get_logprobs(self, *, split: str = "train", **kwargs: Any) -> PromptLogprobs:
+        """`ServerManager.get_logprobs` on this server."""
+        result: PromptLogprobs = await self._manager._dispatch("get_logprobs", split, kwargs, self)
+        return result
+
+
+class ServerManager:
+    """Routes calls over inference servers; an async context manager (`aclose()` on exit).
+
+    Use one manager from one event loop (its waiters and probe tasks belong to that loop).
+
+    Args:
+        configs: the servers (`APIServerConfig` or a list of them), or a bare `ServerBaseline`
+            to discover them (Slurm when `manager.slurm`, else localhost:9004-9007).
+        manager: routing, retry and health settings.
+        tokenizer: handed to every backend (used where a backend needs one: TRL, text prompts).
+        environ: the environment for Slurm discovery (default: `os.environ`).
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[APIServerConfig] | APIServerConfig | ServerBaseline,
+        manager: ServerManagerConfig | None = None,
+        *,
+        tokenizer: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = manager or ServerManagerConfig()
+        server_configs = resolve_server_configs(configs, self.config, environ)
+        self.servers: list[InferenceServer] = [
+            create_backend(c, tokenizer=tokenizer) for c in server_configs
+        ]
+        self.retry = RetryPolicy(
+            self.config.max_attempts, self.config.retry_backoff, self.config.retry_backoff_max
+        )
+        self.deadline = self.config.deadline or max(c.timeout for c in server_configs)
+        self._pool = ServerPool(
+            self.servers,
+            health_interval=self.config.health_check_interval,
+            health_timeout=self.config.health_check_timeout,
+        )
+        self._weight = 1.0
+        self._closed = False
+        self._only: dict[str, frozenset[int]] = {}
+
+    def __repr__(self) -> str:
+        slots = self._pool.slots
+        healthy = sum(s.healthy for s in slots)
+        plural = "" if len(slots) == 1 else "s"
+        return (
+            f"<ServerManager {len(slots)} server{plural}, {healthy} healthy, "
+            f"weight {self._weight:g}: {slots}>"
+        )
+
+    async def __aenter__(self) -> ServerManager:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the health probes and close every server's connections."""
+        self._closed = True
+        await self._pool.aclose()
+        await asyncio.gather(*(b.aclose() for b in self.servers))
+
+    # -- the four calls ----------------------------------------------------------------------
+
+    async def chat_completion(self, *, split: str = "train", **kwargs: Any) -> ChatCompletion:
+        """An OpenAI chat completion from the least-loaded healthy server (kwargs as OpenAI's)."""
+        result: ChatCompletion = await self._dispatch("chat_completion", split, kwargs, None)
+        return result
+
+    async def completion(self, *, split: str = "train", **kwargs: Any) -> Completion:
+        """An OpenAI text completion from the least-loaded healthy server."""
+        result: Completion = await self._dispatch("completion", split, kwargs, None)
+        return result
+
+    async def tokens_and_logprobs_completion(
+        self, *, split: str = "train", **kwargs: Any
+    ) -> TokensAndLogprobs:
+        """`(prompt_tokens, [output_tokens], [output_logprobs], [finish_reasons])`.
+
+        kwargs: `prompt=` or `input_ids=`, `n`, `max_tokens` (or `max_new_tokens` /
+        `max_completion_tokens`), and sampling kwargs (`temperature`, `top_p`, `stop`, ...).
+        """
+        result: TokensAndLogprobs = await self._dispatch(
+            "tokens_and_logprobs_completion", split, kwargs, None
+        )
+        return result
+
+    async def get_logprobs(self, *, split: str = "train", **kwargs: Any) -> PromptLogprobs:
+        """Top-k logprobs of every prompt position (`prompt=` or `input_ids=`, `top_k=1`)."""
+        result: PromptLogprobs = await self._dispatch("get_logprobs", split, kwargs, None)
+        return result
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def managed_server(
+        self, tokenizer: Any = None, *, base_url: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """A `ManagedServer` (token-exact session) on the least-loaded healthy token server.
+
+        `base_url` picks a specific server; extra kwargs go to `ManagedServer`. Its `reset()` runs
+        on exit, so read its state inside the block.
+        """
+        from atropos.inference.managed import ManagedServer
+
+        self._check_open("train")
+        only = self._eligible("tokens_and_logprobs_completion")
+        if base_url is not None:
+            matches = [s for s in self._pool.slots if s.config.base_url == base_url]
+            if not matches or matches[0].index not in only:
+                raise ValueError(f"no token-capable server at {base_url!r}; have {self!r}")
+            slot = matches[0]
+        else:
+            healthy = [s for s in self._pool.slots if s.index in only and s.healthy]
+            candidates = healthy or [s for s in self._pool.slots if s.index in only]
+            slot = min(candidates, key=lambda s: (s.load("train"), s.index))
+        managed = ManagedServer(PinnedServer(self, slot), tokenizer, **kwargs)
+        try:
+            yield managed
+        finally:
+            reset = getattr(managed, "reset", None)
+            if callable(reset):
+                reset()
+
+    @contextlib.asynccontextmanager
+    async def dedicated_server(self, split: str = "train") -> AsyncIterator[PinnedServer]:
+        """Hold one unit of `split` budget on the least-loaded server; calls stay there."""
+        held = self._check_open(split)
+        loop = asyncio.get_running_loop()
+        slot = await self._pool.acquire(held, loop.time() + self.deadline)
+        try:
+            yield PinnedServer(self, slot, held=held)
+        finally:
+            await self._pool.release(slot, held)
+
+    # -- capacity and metrics ----------------------------------------------------------------
+
+    def update_weight(self, weight: float) -> None:
+        """Use this share of every server's budgets: capacity = max(1, configured * weight)."""
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f"weight must be a finite number >= 0, got {weight!r}")
+        self._weight = weight
+        for slot in self._pool.slots:
+            slot.weight = weight
+        self._pool.wake_all()
+
+    def metrics(self) -> dict[str, float]:
+        """Per-server metrics for logging (every server, upstream's `server/server_{i}_*` names)."""
+        out: dict[str, float] = {}
+        for slot in self._pool.slots:
+            prefix = f"server/server_{slot.index}"
+            out.update(slot.stats.snapshot(prefix))
+            out[f"{prefix}_healthy"] = float(slot.healthy)
+            for split in SPLITS:
+                tag = "" if split == "train" else "eval_"
+                out[f"{prefix}_{tag}in_flight"] = float(slot.in_flight[split])
+                out[f"{prefix}_{tag}capacity"] = float(slot.capacity(split))
+        out["server/healthy_servers"] = float(sum(s.healthy for s in self._pool.slots))
+        out["server/weight"] = self._weight
+        return out
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def _check_open(self, split: str) -> Split:
+        if self._closed:
+            raise RuntimeError("this ServerManager is closed")
+        if split not in SPLITS:
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self._pool.start()
+        return "train" if split == "train" else "eval"
+
+    def _eligible(self, method: str) -> frozenset[int]:
+        only = self._only.get(method)
+        if only is None:
+            flag = NEEDS.get(method)
+            slots = self._pool.slots
+            only = frozenset(s.index for s in slots if flag is None or getattr(s.backend, flag))
+            self._only[method] = only
+        if not only:
+            slots = self._pool.slots
+            kinds = sorted({s.config.server_type for s in slots})
+            raise UnsupportedOperation(
+                f"{method} needs a server of type vllm or sglang"
+                f"{' or trl' if method == 'tokens_and_logprobs_completion' else ''}; "
+                f"configured: {kinds}"
+            )
+        return only
+
+    async def _dispatch(
+        self, method: str, split: str, kwargs: dict[str, Any], pin: PinnedServer | None
+    ) -> Any:
+        """`n` above `max_n_completions` becomes concurrent chunks, merged in order."""
+        split = self._check_open(split)
+        n = int(kwargs.get("n") or 1)
+        most = self.config.max_n_completions
+        if method == "get_logprobs" or n <= most:
+            return await self._call(method, split, kwargs, pin)
+        sizes = [most] * (n // most) + ([n % most] if n % most else [])
+        parts = await gather_or_cancel(
+            self._call(method, split, {**kwargs, "n": size}, pin) for size in sizes
+        )
+        if method == "tokens_and_logprobs_completion":
+            return (
+                parts[0][0],
+                [ids for p in parts for ids in p[1]],
+                [lps for p in parts for lps in p[2]],
+                [reason for p in parts for reason in p[3]],
+            )
+        return merge_completions(parts)
+
+    async def _call(
+        self, method: str, split: Split, kwargs: dict[str, Any], pin: PinnedServer | None
+    ) -> Any:
+        """One call: pick a server, try, fail over and back off on retryable errors."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline
+        only = self._eligible(method)
+        tried: set[int] = set()
+        attempt = 0
+        while True:
+            attempt += 1
+            wait = 0.0
+            if pin is not None and pin.held is not None:
+                slot, owned = pin.slot, False  # a dedicated server: its unit is already held
+            else:
+                slot = await self._pool.acquire(
+                    split,
+                    deadline,
+                    prefer=pin.slot if pin is not None and pin.slot.index not in tried else None,
+                    avoid=frozenset(tried),
+                    only=only,
+                )
+                owned = True
+                if pin is not None:
+                    pin.slot = slot
+            tried.add(slot.index)
+            started = loop.time()
+            try:
+                call = getattr(slot.backend, method)(**kwargs)
+                result = await within(deadline, call)
+            except InferenceError as error:
+                slot.stats.errors[error.kind] += 1
+                self._pool.mark_failed(slot, error)
+                if not error.retryable or attempt >= self.retry.max_attempts:
+                    raise
+                failover = any(
+                    s.healthy and s.index in only and s.index not in tried for s in self._pool.slots
+                )
+                wait = 0.0 if failover else self.retry.delay(attempt, error.retry_after)
+                if loop.time() + wait >= deadline:
+                    raise
+            except TimeoutError:
+                slot.stats.errors["timeout"] += 1
+                raise InferenceTimeout(
+                    f"{method}: no result within the {self.deadline:g} s deadline "
+                    f"({attempt} attempt{'s' if attempt > 1 else ''})",
+                    server=slot.config.base_url,
+                ) from None
+            else:
+                slot.stats.record(split, loop.time() - started, attempt)
+                return result
+            finally:
+                if owned:
+                    await self._pool.release(slot, split)
+            if wait:
+                await asyncio.sleep(wait)

@@ -1,0 +1,265 @@
+"""The servers behind a `ServerManager`: capacity per split, health, choice, rolling metrics.
+
+Each server has two budgets, one for training requests (`num_max_requests_at_once`) and one for
+evaluation requests (`num_requests_for_eval`), both scaled by the manager's weight. A request
+takes one unit of its split's budget on the least-loaded healthy server (in-flight / capacity);
+when none has room it waits on that split's `asyncio.Condition` until a release or a health or
+weight change wakes it (no polling). Health is probed with the backend's cheap GET
+(`check_health`), by one task per server started lazily and cancelled by `aclose()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import statistics
+from collections import Counter, deque
+from typing import Any
+
+from atropos.inference.base import InferenceServer, Split
+from atropos.inference.config import APIServerConfig
+from atropos.inference.errors import InferenceError
+
+log = logging.getLogger(__name__)
+SPLITS: tuple[Split, Split] = ("train", "eval")
+
+
+class ServerStats:
+    """Rolling per-split latency and attempt windows (bounded), and error counts by kind."""
+
+    def __init__(self, window: int) -> None:
+        self.latency: dict[Split, deque[float]] = {s: deque(maxlen=window) for s in SPLITS}
+        self.attempts: dict[Split, deque[int]] = {s: deque(maxlen=window) for s in SPLITS}
+        self.requests: Counter[Split] = Counter()
+        self.errors: Counter[str] = Counter()
+
+    def record(self, split: Split, latency: float, attempts: int) -> None:
+        """One successful call: the successful attempt's latency and the call's attempts."""
+        self.latency[split].append(latency)
+        self.attempts[split].append(attempts)
+        self.requests[split] += 1
+
+    def snapshot(self, prefix: str) -> dict[str, float]:
+        """Upstream's W&B names (`server/server_{i}_request_time_avg`, ...) plus errors."""
+        out: dict[str, float] = {}
+        for split in SPLITS:
+            tag = "" if split == "train" else "eval_"
+            lat = sorted(self.latency[split])
+            if lat:
+                out[f"{prefix}_{tag}request_time_avg"] = statistics.fmean(lat)
+                out[f"{prefix}_{tag}request_time_std"] = statistics.pstdev(lat)
+                out[f"{prefix}_{tag}request_time_99p"] = lat[math.ceil(0.99 * len(lat)) - 1]
+                out[f"{prefix}_{tag}average_num_attempts"] = statistics.fmean(self.attempts[split])
+            out[f"{prefix}_{tag}requests"] = float(self.requests[split])
+        out[f"{prefix}_errors"] = float(sum(self.errors.values()))
+        for kind, count in sorted(self.errors.items()):
+            out[f"{prefix}_errors_{kind}"] = float(count)
+        return out
+
+
+class ServerSlot:
+    """One server: its backend, budgets, in-flight counts, health and stats."""
+
+    def __init__(self, index: int, backend: InferenceServer) -> None:
+        self.index = index
+        self.backend = backend
+        self.stats = ServerStats(backend.config.rolling_buffer_length)
+        self.healthy = True
+        self.weight = 1.0
+        self.in_flight: Counter[Split] = Counter()
+
+    @property
+    def config(self) -> APIServerConfig:
+        """The server's configuration."""
+        return self.backend.config
+
+    def capacity(self, split: Split) -> int:
+        """This split's budget: max(1, configured * weight)."""
+        cfg = self.config
+        base = cfg.num_max_requests_at_once if split == "train" else cfg.num_requests_for_eval
+        return max(1, int(base * self.weight))
+
+    def has_room(self, split: Split) -> bool:
+        """Healthy, and fewer requests of this split in flight than its budget."""
+        return self.healthy and self.in_flight[split] < self.capacity(split)
+
+    def load(self, split: Split) -> float:
+        """In-flight requests of this split per unit of its budget."""
+        return self.in_flight[split] / self.capacity(split)
+
+    def __repr__(self) -> str:
+        state = "healthy" if self.healthy else "UNHEALTHY"
+        return (
+            f"<server {self.index} {self.config.server_type} {self.config.base_url} {state} "
+            f"train {self.in_flight['train']}/{self.capacity('train')} "
+            f"eval {self.in_flight['eval']}/{self.capacity('eval')}>"
+        )
+
+
+class ServerPool:
+    """Capacity accounting, least-loaded choice and health probing over `ServerSlot`s."""
+
+    def __init__(
+        self,
+        backends: list[InferenceServer],
+        *,
+        health_interval: float,
+        health_timeout: float,
+    ) -> None:
+        self.slots = [ServerSlot(i, b) for i, b in enumerate(backends)]
+        self.health_interval = health_interval
+        self.health_timeout = health_timeout
+        self._room = {s: asyncio.Condition() for s in SPLITS}
+        self._waiting: Counter[Split] = Counter()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+
+    def start(self) -> None:
+        """Start one health probe task per server that wants one (idempotent; needs a loop)."""
+        if self._started:
+            return
+        self._started = True
+        for slot in self.slots:
+            if slot.config.health_check:
+                self._spawn(self._watch(slot), f"health:{slot.config.base_url}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Cancel the probe tasks and wait for them."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._started = False
+
+    def pick(
+        self,
+        split: Split,
+        prefer: ServerSlot | None = None,
+        avoid: frozenset[int] = frozenset(),
+        only: frozenset[int] | None = None,
+    ) -> ServerSlot | None:
+        """`prefer` if it has room, else the least-loaded server with room, untried ones first.
+
+        `only` restricts the choice to those server indices (e.g. servers with token ids).
+        """
+        if prefer is not None and prefer.has_room(split) and prefer.index not in avoid:
+            if only is None or prefer.index in only:
+                return prefer
+        best: ServerSlot | None = None
+        best_key: tuple[bool, float, int] = (True, math.inf, 0)
+        for slot in self.slots:  # one pass: this runs for every request
+            if (only is not None and slot.index not in only) or not slot.has_room(split):
+                continue
+            key = (slot.index in avoid, slot.load(split), sum(slot.in_flight.values()))
+            if key < best_key:
+                best, best_key = slot, key
+        return best
+
+    async def acquire(
+        self,
+        split: Split,
+        deadline: float,
+        *,
+        prefer: ServerSlot | None = None,
+        avoid: frozenset[int] = frozenset(),
+        only: frozenset[int] | None = None,
+    ) -> ServerSlot:
+        """Take one unit of `split` budget on a healthy server, waiting until `deadline`."""
+        slot = self.pick(split, prefer, avoid, only)
+        if slot is None:
+            slot = await self._wait(split, deadline, prefer, avoid, only)
+        slot.in_flight[split] += 1
+        return slot
+
+    async def _wait(
+        self,
+        split: Split,
+        deadline: float,
+        prefer: ServerSlot | None,
+        avoid: frozenset[int],
+        only: frozenset[int] | None,
+    ) -> ServerSlot:
+        loop = asyncio.get_running_loop()
+        room = self._room[split]
+        async with room:
+            self._waiting[split] += 1
+            try:
+                while (slot := self.pick(split, prefer, avoid, only)) is None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise self._unavailable(split)
+                    try:
+                        await asyncio.wait_for(room.wait(), remaining)
+                    except TimeoutError:
+                        pass  # the loop re-checks, then gives up
+                return slot
+            except BaseException:
+                if self.pick(split) is not None:
+                    room.notify(1)  # we may have swallowed a wake-up meant for a slot: pass it on
+                raise
+            finally:
+                self._waiting[split] -= 1
+
+    def _unavailable(self, split: Split) -> InferenceError:
+        healthy = sum(s.healthy for s in self.slots)
+        return InferenceError(
+            f"no server had room for a {split} request before the deadline "
+            f"({healthy}/{len(self.slots)} healthy: {self.slots})",
+            retryable=True,
+            kind="unavailable",
+        )
+
+    async def release(self, slot: ServerSlot, split: Split) -> None:
+        """Give the unit back and wake one waiter of this split, if any."""
+        slot.in_flight[split] -= 1
+        if self._waiting[split]:
+            await asyncio.shield(self._notify(split, 1))
+
+    async def _notify(self, split: Split, count: int | None) -> None:
+        room = self._room[split]
+        async with room:
+            if count is None:
+                room.notify_all()
+            else:
+                room.notify(count)
+
+    def wake_all(self) -> None:
+        """Wake every waiter (capacity or health changed); safe from sync code in the loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop, so nobody can be waiting
+        for split in SPLITS:
+            if self._waiting[split]:
+                self._spawn(self._notify(split, None), f"wake:{split}")
+
+    def set_health(self, slot: ServerSlot, healthy: bool, why: str = "") -> None:
+        """Record a health change; a server coming back wakes the waiters."""
+        if slot.healthy == healthy:
+            return
+        slot.healthy = healthy
+        if healthy:
+            log.info("inference server %s is healthy again", slot.config.base_url)
+            self.wake_all()
+        else:
+            log.warning("inference server %s is unhealthy%s", slot.config.base_url, why)
+
+    def mark_failed(self, slot: ServerSlot, error: InferenceError) -> None:
+        """After a connection failure, take the server out until its probe passes again."""
+        if error.kind == "connection" and slot.config.health_check and self._started:
+            self.set_health(slot, False, f": {error}")
+
+    async def _watch(self, slot: ServerSlot) -> None:
+        failures = 0
+        while True:
+            ok = await slot.backend.check_health(timeout=self.health_timeout)
+            self.set_health(slot, ok, ": health probe failed")
+            failures = 0 if ok else failures + 1
+            delay = self.health_interval if ok else 0.25 * 2 ** min(failures - 1, 10)
+            await asyncio.sleep(min(delay, self.health_interval))
