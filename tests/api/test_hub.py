@@ -266,3 +266,12 @@ def test_nothing_is_lost_or_duplicated_across_a_drain(ops, batch_size):
     assert len(set(served)) == len(served)
     # the drain stops only when the rest cannot make a batch
     assert pick_exact([sizes[t] for t in remaining], batch_size) is None
+
+
+def test_huge_min_batch_allocations_are_clamped_not_a_crash(hub):
+    start(hub, batch_size=4)
+    a = hub.register_env(env_request("a", min_batch_allocation=1e308))["env_id"]
+    hub.register_env(env_request("b", min_batch_allocation=1e308))
+    hub.ingest([make_group(2, env_id=a, tag=t) for t in range(2)])
+    assert hub.next_batch(None) is None  # b's share (half the batch) is not met yet
+    assert hub.status_env(a)["unallocated_fraction"] == 0.0

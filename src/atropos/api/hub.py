@@ -212,11 +212,7 @@ class Hub:
             return None
         self._drop_stale()
         live = self.live_envs(now)
-        allocations = {
-            e.env_id: e.min_batch_allocation
-            for e in live
-            if e.min_batch_allocation is not None and e.min_batch_allocation > 0
-        }
+        allocations = {e.env_id: _share(e) for e in live if _share(e) > 0}
         minimums = allocate_minimums(self.batch_size, allocations)
         chosen = None if minimums else self._first_fit()
         if chosen is None:

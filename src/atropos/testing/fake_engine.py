@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
-import logging
 import random
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
+
+from atropos.inference.tokenizer import import_transformers_quietly
 
 #: `responder(prompt_text)` returns the completion text, or None for the random default.
 Responder = Callable[[str], "str | None | Awaitable[str | None]"]
@@ -29,30 +28,6 @@ class BadRequest(Exception):
         """Keep the message, the offending field and the HTTP status."""
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
-
-
-class _DropTorchAdvice(logging.Filter):
-    # transformers 5: "PyTorch was not found. Models won't be available ..."; 4.x: "None of
-    # PyTorch, TensorFlow >= 2.0, or Flax have been found. Models won't be available ..."
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Models won't be available" not in record.getMessage()
-
-
-def import_transformers_quietly() -> ModuleType:
-    """Import transformers without its "PyTorch was not found" advice on stderr.
-
-    Only that one record is dropped, and only during the import: the logger is left as found.
-    """
-    if "transformers" in sys.modules:
-        return sys.modules["transformers"]
-    logger = logging.getLogger("transformers")
-    quiet = _DropTorchAdvice()
-    logger.addFilter(quiet)
-    try:
-        import transformers
-    finally:
-        logger.removeFilter(quiet)
-    return transformers
 
 
 def load_tokenizer(path: str | None = None) -> Any:
