@@ -86,7 +86,10 @@ class BaseEnv(ABC):
         if self._server is None:
             from atropos.inference.manager import ServerManager
 
-            self._server = ServerManager(self.server_configs, self.manager_config)
+            # backends that need a tokenizer (TRL, text prompts) share the env's when loaded
+            self._server = ServerManager(
+                self.server_configs, self.manager_config, tokenizer=self._tokenizer
+            )
         return self._server
 
     @server.setter

@@ -158,9 +158,10 @@ class Env(BaseEnv):
             "temperature": self.temperature,
             **sampling,
         }
+        tokenizer = self.tokenizer  # before the servers, so they share it
         if self._server_type() == "openai":
             return await self._generate_text_only(messages, n, split, params)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+        async with self.server.managed_server(tokenizer=tokenizer) as managed:
             reply = await managed.chat_completion(messages=messages, n=n, split=split, **params)
             nodes = managed.get_state()["nodes"]
         return [

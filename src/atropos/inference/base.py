@@ -295,9 +295,9 @@ class HTTPBackend:
             name = self.config.tokenizer_name
             name = self.config.model_name if name == "none" else name
             try:
-                from transformers import AutoTokenizer
+                from atropos.inference.tokenizer import load_tokenizer
 
-                self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, name)
+                self.tokenizer = await asyncio.to_thread(load_tokenizer, name)
             except Exception as exc:  # any loader failure means: no tokenizer for this server
                 raise UnsupportedOperation(
                     f"{type(self).__name__} needs a tokenizer here and could not load {name!r} "

@@ -1,0 +1,129 @@
+"""The small Env class end to end against the fake inference server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from atropos.envs.check import EnvCheckError, check_env
+from atropos.envs.config import BaseEnvConfig, ResolvedConfig
+from atropos.envs.runner.process import ProcessRunner
+from atropos.inference.config import APIServerConfig, ServerManagerConfig
+from atropos.testing import FakeInferenceServer
+
+from .arith import Addition, solver
+
+
+def make(
+    url: str, server_type: str = "vllm", mode: str = "process", **env
+) -> tuple[Addition, ResolvedConfig]:
+    config = BaseEnvConfig(
+        tokenizer_name="tiny", group_size=4, use_wandb=False, max_token_length=256, **env
+    )
+    servers = [APIServerConfig(base_url=url, server_type=server_type, model_name="atropos-tiny")]
+    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
+    return Addition(config, servers, manager=resolved.manager), resolved
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeInferenceServer(responder=solver) as server:
+        yield server
+
+
+@pytest.mark.parametrize("server_type", ["vllm", "sglang", "trl"])
+def test_groups_carry_the_servers_token_ids_and_logprobs(fake, server_type):
+    env, _ = make(fake.base_url, server_type)
+    report = check_env(env)
+    assert report.groups == 2 and report.token_sources == {"server"}
+
+    async def one() -> dict:
+        await env.setup()
+        group, _ = await env.collect_trajectories({"question": "What is 3 + 4?", "answer": 7})
+        await env.server.aclose()
+        return group
+
+    env, _ = make(fake.base_url, server_type)
+    group = asyncio.run(one())
+    tok = fake.tokenizer
+    for tokens, masks, logprobs, messages in zip(
+        group["tokens"], group["masks"], group["inference_logprobs"], group["messages"], strict=True
+    ):
+        trained = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
+        assert tok.decode(trained, skip_special_tokens=True) == messages[-1]["content"]
+        assert len(logprobs) == len(tokens)
+        assert all(lp == 1.0 for lp, m in zip(logprobs, masks, strict=True) if m == -100)
+        assert all(lp <= 0 for lp, m in zip(logprobs, masks, strict=True) if m != -100)
+    assert sorted(set(group["scores"])) in ([-1.0], [1.0], [-1.0, 1.0])
+
+
+def test_text_only_servers_are_retokenized_and_say_so(fake):
+    env, _ = make(fake.base_url, "openai")
+    report = check_env(env)
+    assert report.token_sources == {"retokenized"}
+
+
+def test_process_end_to_end_writes_groups(fake, tmp_path):
+    out = tmp_path / "addition.jsonl"
+    env, resolved = make(
+        fake.base_url,
+        total_steps=6,
+        data_path_to_save_groups=str(out),
+        ensure_scores_are_not_same=False,
+        max_num_workers=4,
+    )
+    assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 6 and all(g["token_source"] == "server" for g in groups)
+    assert all(len(g["tokens"]) == 4 for g in groups)
+
+
+def test_evaluate_writes_upstreams_format(fake, tmp_path):
+    env, _ = make(fake.base_url, mode="evaluate", data_dir_to_save_evals=str(tmp_path))
+
+    async def main() -> dict:
+        await env.setup()
+        metrics = await env.evaluate()
+        await env.server.aclose()
+        return metrics
+
+    metrics = asyncio.run(main())
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert doc["results"]["all"] == metrics == doc["results"]["atropos|addition_eval|0"]
+    assert doc["config_general"]["model_name"] == "atropos-tiny"
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 1 and samples[0]["completion"]
+
+
+def test_check_env_lists_every_broken_rule(fake):
+    class Broken(Addition):
+        async def collect_trajectories(self, item):
+            group, backlog = await super().collect_trajectories(item)
+            group["masks"] = [[-100] * len(t) for t in group["tokens"]]
+            group["inference_logprobs"][0] = group["inference_logprobs"][0][:-1]
+            group["tokens"] = group["tokens"][:3]
+            group["masks"] = group["masks"][:3]
+            return group, backlog
+
+    env, _ = make(fake.base_url)
+    env.__class__ = Broken
+    with pytest.raises(EnvCheckError) as err:
+        check_env(env, items=1)
+    text = str(err.value)
+    assert "the API would refuse it" in text  # 3 masks/tokens rows but 4 scores and logprobs
+
+
+def test_items_are_shuffled_passes_over_the_data(fake):
+    env, _ = make(fake.base_url)
+
+    async def items() -> list:
+        await env.setup()
+        return [(await env.get_next_item())["question"] for _ in range(50)]
+
+    seen = asyncio.run(items())
+    assert len(set(seen[:25])) == 25  # one full pass before any repeat
+    assert seen[:25] != [it["question"] for it in env.items]  # shuffled
+    random.seed(0)
