@@ -50,7 +50,27 @@ async def run_async(env: Any, resolved: ResolvedConfig) -> int:
 
 
 def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
-    """Run `env_cls` in `resolved.mode` with the resolved configuration; return an exit code."""
+    """Run `env_cls` in `resolved.mode` with the resolved configuration; return an exit code.
+
+    With `--testing` the env talks to an in-process `FakeInferenceServer` (vLLM shape, the
+    shipped tiny tokenizer) instead of real servers: the whole loop runs with no model.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    env = build_env(env_cls, resolved)
-    return asyncio.run(run_async(env, resolved))
+    if not resolved.manager.testing:
+        return asyncio.run(run_async(build_env(env_cls, resolved), resolved))
+    from atropos.inference.config import APIServerConfig
+    from atropos.testing import FakeInferenceServer
+
+    with FakeInferenceServer() as fake:
+        log.warning("--testing: using a fake inference server at %s", fake.base_url)
+        resolved.servers = [
+            APIServerConfig(
+                base_url=fake.base_url,
+                server_type="vllm",
+                model_name=fake.model,
+                tokenizer_name="tiny",
+                health_check=False,
+            )
+        ]
+        resolved.env.tokenizer_name = "tiny"  # the fake server's ids are the tiny tokenizer's
+        return asyncio.run(run_async(build_env(env_cls, resolved), resolved))
