@@ -22,8 +22,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.types import Item, ScoredDataGroup, ScoredDataItem
+from atropos.envs.types import EvalHandlingEnum, Item, ScoredDataGroup, ScoredDataItem
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+
+# upstream envs import these names from `atroposlib.envs.base`; they are here under the same names
+__all__ = [
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "Item",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "ServerBaseline",
+    "ServerManagerConfig",
+    "group_from_items",
+]
 
 if TYPE_CHECKING:
     from atropos.inference.manager import ServerManager
