@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from atropos.envs import check_env
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.layering import resolve_config
