@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
 
 import httpx
+import pytest
 
 from atropos.api import ApiConfig, create_app
+from atropos.envs.runner import FrozenHeap, run_loop
 from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.runner.serve import ServeRunner
 from atropos.testing import free_port, serve_in_thread
@@ -211,3 +214,83 @@ def test_process_writes_jsonl_html_metrics_and_survives_a_bad_item(tmp_path):
 
 async def _noop() -> None:
     return None
+
+
+def test_a_sender_backlog_pauses_admission(tmp_path):
+    cfg = resolved(rollout_server_url="http://127.0.0.1:9", max_batches_offpolicy=0)
+    env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+    runner = ServeRunner(env, cfg, tmp_path)
+    runner.last_status = time.monotonic()  # a fresh status: only the backlog may pause us
+    runner.sender_backlog = 4
+    assert runner.capacity() == cfg.env.max_num_workers
+    for i in range(4):  # made faster than sent (the sender is not even started)
+        runner.sender.submit({"tokens": [[i]]})
+    assert runner.capacity() == 0  # wait for the sender instead of piling up groups
+
+
+def test_a_rollout_past_worker_timeout_is_counted_and_dropped(tmp_path):
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        trainer = Trainer(url)
+        trainer.start()
+        cfg = resolved(rollout_server_url=url, worker_timeout=0.05, register_timeout=30)
+        env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+        env.rollout_seconds = 5.0
+        runner = ServeRunner(env, cfg, tmp_path)
+        runner.status_interval = 0.05
+
+        async def main() -> int:
+            task = asyncio.create_task(runner.run())
+            await until(lambda: runner.failures["timeout"] >= 8)
+            runner.stopping.set()
+            return await task
+
+        assert asyncio.run(main()) == 0
+        trainer.stop.set()
+        trainer.join(5)
+    assert runner.sender.stats.sent == 0 and not trainer.batches
+
+
+def test_frozen_heap_freezes_on_entry_and_once_more_when_settled():
+    if gc.get_freeze_count():
+        pytest.skip("something else froze the heap")
+    threshold = gc.get_threshold()
+    with FrozenHeap(young=5000) as heap:
+        assert gc.get_threshold() == (max(threshold[0], 5000), *threshold[1:])
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        later = [[i] for i in range(1000)]  # what the first rollout loads lazily
+        heap.settle()
+        assert gc.get_freeze_count() >= frozen + len(later)
+        more = [[i] for i in range(1000)]
+        heap.settle()  # only once
+        assert gc.get_freeze_count() < frozen + len(later) + len(more)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == threshold
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_run_loop_prefers_uvloop(monkeypatch, plain):
+    uvloop = pytest.importorskip("uvloop")
+    monkeypatch.setenv("ATROPOS_ASYNCIO", "1" if plain else "0")
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        return 1 if isinstance(loop, uvloop.Loop) else 2
+
+    assert run_loop(main()) == (2 if plain else 1)
+
+
+def test_jsonl_sink_writes_one_flushed_utf8_line_per_group(tmp_path):
+    from atropos.envs.runner.groups import JsonlSink
+
+    sink = JsonlSink(tmp_path / "g.jsonl")
+    groups = [
+        {"tokens": [[1, 2]], "scores": [0.5], "messages": [[{"content": "é <b>"}]]},
+        {"tokens": [[2**70]], "scores": [1.0]},  # too big for msgspec: json.dumps writes it
+    ]
+    for g in groups:
+        sink.write(g)
+        assert sink.path.read_bytes().count(b"\n") == sink.count  # flushed as written
+    sink.close()
+    raw = sink.path.read_bytes()
+    assert "é <b>".encode() in raw
+    assert [json.loads(line) for line in raw.splitlines()] == groups

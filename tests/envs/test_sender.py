@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 import uuid
 
 import httpx
@@ -132,3 +134,70 @@ def test_a_retried_send_that_had_landed_is_stored_once(tmp_path):
         sender = asyncio.run(main())
         assert sender.stats.sent == 1 and sender.stats.duplicates == 1
         assert drain(url) == [7]
+
+
+def slow_api(delay: float, seen: dict[str, int]):
+    """A stand-in trajectory API whose /scored_data_list takes `delay` s; counts concurrency."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def scored_data_list(request: Request) -> JSONResponse:
+        await request.body()
+        seen["now"] += 1
+        seen["max"] = max(seen["max"], seen["now"])
+        seen["requests"] += 1
+        await asyncio.sleep(delay)
+        seen["now"] -= 1
+        return JSONResponse({"status": "received"})
+
+    return Starlette(routes=[Route("/scored_data_list", scored_data_list, methods=["POST"])])
+
+
+def test_a_backlog_goes_out_in_full_batches_several_at_once(tmp_path):
+    seen = {"now": 0, "max": 0, "requests": 0}
+    with serve_in_thread(slow_api(0.2, seen)) as url:
+
+        async def main() -> tuple[Sender, float]:
+            sender = Sender(url, tmp_path / "spool.jsonl", max_batch=32, max_in_flight=4)
+            for t in range(100):  # a backlog, as when rollouts finish faster than sends
+                sender.submit(group(t))
+            started = time.monotonic()
+            await sender.start()
+            await sender.close()
+            return sender, time.monotonic() - started
+
+        sender, took = asyncio.run(main())
+    assert sender.stats.sent == 100 and sender.stats.spooled == 0
+    assert seen["requests"] == sender.stats.attempts == 4  # 32 + 32 + 32 + 4, no dribbles
+    assert seen["max"] == 4 and took < 0.6  # in parallel: one send's time, not four
+
+
+def test_groups_taken_for_a_batch_are_spooled_when_stopped_mid_linger(tmp_path):
+    seen = {"now": 0, "max": 0, "requests": 0}
+    with serve_in_thread(slow_api(0.0, seen)) as url:
+
+        async def main() -> Sender:
+            sender = Sender(url, tmp_path / "spool.jsonl", linger=30.0, max_in_flight=2)
+            await sender.start()
+            for t in range(3):
+                sender.submit(group(t))
+            await asyncio.sleep(0.1)  # a pump holds the three groups, waiting for more
+            await sender.close(timeout=0.1)
+            return sender
+
+        sender = asyncio.run(main())
+    assert seen["requests"] == 0
+    assert sender.stats.spooled == 3
+    assert sorted(g["tokens"][0][0] for g in sender.spool.read()) == [0, 1, 2]
+
+
+def test_bodies_are_compact_utf8_json_with_a_fallback():
+    from atropos.envs.runner.sender import _encode
+
+    batch = [{**group(1), "messages": [[{"role": "user", "content": "é ✓"}]]}]
+    body = _encode(batch)
+    assert json.loads(body) == batch and "é ✓".encode() in body
+    huge = [{"tokens": [[2**70]]}]  # msgspec stops at 64-bit integers; json does not
+    assert json.loads(_encode(huge)) == huge

@@ -317,6 +317,27 @@ def test_length_with_a_trailing_end_of_turn_masks_it():
     check_aligned(node)
 
 
+def test_length_ending_in_the_template_suffix_masks_all_of_it():
+    # ChatML ends a turn with <|im_end|> then "\n": a completion cut right after the newline
+    # ends in a token that is not special, and the whole suffix must still go untrained
+    out = TOK.encode("cut") + [EOS, *NL]
+    m = ManagedServer(Scripted((out, "length")), TOK)
+    run(m.chat_completion(messages=USER))
+    [node] = m.get_state()["nodes"]
+    assert node.tokens[-len(out) :] == out
+    assert node.masked_tokens[-1 - len(NL) :] == [-100] * (1 + len(NL))
+    assert trained(node) == "cut"
+    check_aligned(node)
+
+
+def test_length_ending_in_an_ordinary_token_is_all_trained():
+    out = TOK.encode("cut short")
+    m = ManagedServer(Scripted((out, "length")), TOK)
+    run(m.chat_completion(messages=USER))
+    [node] = m.get_state()["nodes"]
+    assert node.masked_tokens[-len(out) :] == out and trained(node) == "cut short"
+
+
 def test_logprobs_must_match_output_ids():
     class Broken(Scripted):
         async def tokens_and_logprobs_completion(self, *, input_ids, n=1, **kw):
@@ -356,7 +377,13 @@ def test_state_is_a_copy_and_reset_clears():
     run(m.chat_completion(messages=USER))
     state = m.get_state()
     state["nodes"][0].tokens.append(99)
-    assert m.get_state()["nodes"][0].tokens[-1] == EOS
+    state["nodes"][0].masked_tokens.append(99)
+    state["nodes"][0].messages[0]["content"] = "changed"  # nested data is copied too
+    state["nodes"][0].metadata["extra"] = [1]
+    held = m.get_state()["nodes"][0]
+    assert held.tokens[-1] == EOS and held.masked_tokens[-1] == EOS
+    assert held.messages[0] == USER[0] and "extra" not in held.metadata
+    assert held == m.nodes[0] and held is not m.nodes[0]
     convo = [
         *USER,
         {"role": "assistant", "content": TOK.decode([5])},

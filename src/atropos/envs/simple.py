@@ -163,13 +163,14 @@ class Env(BaseEnv):
             return await self._generate_text_only(messages, n, split, params)
         async with self.server.managed_server(tokenizer=tokenizer) as managed:
             reply = await managed.chat_completion(messages=messages, n=n, split=split, **params)
-            nodes = managed.get_state()["nodes"]
+            # this session ends here, so its nodes (and their rows) are ours to keep: no copy
+            nodes = list(managed.nodes)
         return [
             Rollout(
                 text=choice.message.content or "",
-                tokens=list(node.tokens),
-                masks=list(node.masked_tokens),
-                logprobs=list(node.logprobs),
+                tokens=node.tokens,
+                masks=node.masked_tokens,
+                logprobs=node.logprobs,
                 finish_reason=str(choice.finish_reason),
                 token_source=getattr(node, "token_source", "server"),
             )

@@ -8,7 +8,6 @@ re-rendered template and the held ids are classified (`DriftKind`) and counted (
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 import uuid
@@ -20,7 +19,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
-from atropos.inference.tokenize import as_token_ids, trailing_end_of_turn
+from atropos.inference.tokenize import as_token_ids, end_of_turn_ids, trailing_end_of_turn
 
 __all__ = ["DriftKind", "ManagedServer", "SequenceNode"]
 
@@ -87,6 +86,7 @@ class ManagedServer:
         self.server = server
         self.tokenizer = tokenizer
         self.nodes: list[SequenceNode] = []
+        self._turn_end: frozenset[int] | None = None
         #: How many prompts continued a held sequence, by kind of drift.
         self.drift_counts: dict[DriftKind, int] = dict.fromkeys(DriftKind, 0)
 
@@ -193,7 +193,7 @@ class ManagedServer:
 
     def get_state(self) -> dict[str, list[SequenceNode]]:
         """`{"nodes": [...]}`: copies of the held sequences (read them before `reset()`)."""
-        return {"nodes": copy.deepcopy(self.nodes)}
+        return {"nodes": [node.copy() for node in self.nodes]}
 
     def reset(self) -> None:
         """Forget every held sequence and zero `drift_counts`."""
@@ -209,6 +209,8 @@ class ManagedServer:
         turn where the node's reply was; a node whose reply matches exactly wins, then the
         longest.
         """
+        if not self.nodes:
+            return None, False  # nothing held: a new conversation (the common single-turn case)
         keys = [_key(m) for m in msgs]
         best: tuple[bool, int] | None = None
         found: SequenceNode | None = None
@@ -252,7 +254,9 @@ class ManagedServer:
         full_text: str,
         drift: DriftKind | None,
     ) -> SequenceNode:
-        eot = trailing_end_of_turn(out, self.tokenizer) if finish == "length" else 0
+        eot = 0
+        if finish == "length" and out and out[-1] in self._turn_end_ids():
+            eot = trailing_end_of_turn(out, self.tokenizer)
         return build_node(
             prompt_tokens=prompt,
             output=out,
@@ -300,6 +304,17 @@ class ManagedServer:
 
     def _encode(self, text: str) -> list[int]:
         return as_token_ids(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _turn_end_ids(self) -> frozenset[int]:
+        """Ids an end of turn can end with (the template's turn suffix and eos): a completion
+        ending in none of them has no trailing end of turn, and needs no closer look."""
+        if self._turn_end is None:
+            ids = set(end_of_turn_ids(self.tokenizer))
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            self._turn_end = frozenset(ids)
+        return self._turn_end
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -7,6 +7,7 @@ logprobs. A later prompt that continues a held sequence is built by appending to
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 from collections.abc import Callable, Sequence
@@ -68,11 +69,48 @@ class SequenceNode:
             )
         self.metadata.setdefault("finish_reason", self.finish_reason)
 
+    def copy(self) -> SequenceNode:
+        """A deep copy that shares nothing mutable with this node, made without `copy.deepcopy`.
+
+        Token, mask and logprob rows hold numbers, so copying the lists is enough; `messages`
+        and `metadata` are copied container by container (`copy.deepcopy` only for values
+        that are neither containers nor immutable scalars). Several times faster than
+        `copy.deepcopy(node)`, which visits every number of every row.
+
+        >>> node = SequenceNode([1, 2], [-100, 2], [1.0, -0.5], messages=[{"role": "user"}])
+        >>> twin = node.copy()
+        >>> twin == node, twin.tokens is node.tokens, twin.messages[0] is node.messages[0]
+        (True, False, False)
+        """
+        twin = copy.copy(self)  # a new object with the same fields, no __post_init__ check
+        twin.tokens = list(self.tokens)
+        twin.masked_tokens = list(self.masked_tokens)
+        twin.logprobs = list(self.logprobs)
+        twin.messages = _copy_data(self.messages)
+        twin.metadata = _copy_data(self.metadata)
+        return twin
+
     def to_dict(self) -> dict[str, Any]:
         """A plain-JSON dict of the node (`drift` as its string value)."""
         out = dataclasses.asdict(self)
         out["drift"] = self.drift.value if self.drift is not None else None
         return out
+
+
+_IMMUTABLE = (str, int, float, bool, bytes, type(None), enum.Enum)
+
+
+def _copy_data(value: Any) -> Any:
+    """`copy.deepcopy` for JSON-like data (dicts, lists, tuples, scalars), only faster."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if type(value) is dict:
+        return {k: _copy_data(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy_data(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_copy_data(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def classify_drift(

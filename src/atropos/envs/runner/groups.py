@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 
 def as_groups(result: Any) -> list[dict[str, Any]]:
     """A collector's result as a list of groups (it may return one, a list, or None)."""
@@ -72,19 +74,32 @@ def unused_path(path: Path) -> Path:
     raise FileExistsError(f"no free name beside {path}")
 
 
+def encode_line(group: dict[str, Any]) -> bytes:
+    """A group as one line of compact UTF-8 JSON: msgspec, several times faster than
+    `json.dumps`, or `json.dumps` for values msgspec does not know.
+
+    >>> encode_line({"tokens": [[1, 2]], "scores": [0.5], "messages": None}).decode()
+    '{"tokens":[[1,2]],"scores":[0.5],"messages":null}\\n'
+    """
+    try:
+        return msgspec.json.encode(group) + b"\n"
+    except (TypeError, msgspec.EncodeError):
+        return (json.dumps(group, ensure_ascii=False) + "\n").encode()
+
+
 class JsonlSink:
     """Groups to a JSONL file, one per line, flushed as written (a kill loses nothing)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = unused_path(path)
-        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self._file: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115
         self.count = 0
 
     def write(self, group: dict[str, Any]) -> None:
         if self._file is None:
             raise ValueError(f"{self.path} is closed")
-        self._file.write(json.dumps(group, ensure_ascii=False) + "\n")
+        self._file.write(encode_line(group))
         self._file.flush()
         self.count += 1
 

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
+from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
 from atropos.envs.runner.html import write_html
 
@@ -42,11 +43,16 @@ class ProcessRunner:
         self.failures: Counter[str] = Counter()
         self.scores: list[float] = []
         self.durations: list[float] = []
+        self.heap = FrozenHeap()
 
     async def run(self, show_progress: bool = True) -> int:
         env, cfg = self.env, self.env.config
         started = time.time()
         await env.setup()
+        with self.heap:
+            return await self._run(env, cfg, started, show_progress)
+
+    async def _run(self, env: BaseEnv, cfg: Any, started: float, show_progress: bool) -> int:
         workers: set[asyncio.Task[int]] = set()
         made = 0
         exhausted = False
@@ -92,6 +98,7 @@ class ProcessRunner:
             log.exception("item failed: %s", err)
             return 0
         self.durations.append(time.monotonic() - t0)
+        self.heap.settle()
         written = 0
         for group in as_groups(result):
             ready = prepare(

@@ -25,19 +25,37 @@ import logging
 import math
 import signal
 import socket
+import sys
 import time
 from collections import Counter, deque
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
+from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
 from atropos.envs.runner.sender import Sender
 from atropos.envs.types import EvalHandlingEnum
 
 log = logging.getLogger("atropos.env")
+T = TypeVar("T")
+
+if sys.version_info >= (3, 11):
+
+    async def _within(seconds: float | None, aw: Awaitable[T]) -> T:
+        """Await `aw` in this task (no extra task, unlike `wait_for`); TimeoutError after
+        `seconds` (None: never)."""
+        async with asyncio.timeout(seconds):
+            return await aw
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _within(seconds: float | None, aw: Awaitable[T]) -> T:
+        """Await `aw`; TimeoutError after `seconds` (None: never)."""
+        return await asyncio.wait_for(aw, seconds)
 
 
 class ServeRunner:
@@ -46,6 +64,7 @@ class ServeRunner:
     status_interval = 0.5  # seconds between /status-env polls
     stale_after = 60.0  # seconds without a status before admission pauses
     drain_timeout = 60.0  # seconds in-flight rollouts get to finish at shutdown
+    sender_backlog = 512  # groups waiting for the sender before admission pauses
 
     def __init__(self, env: BaseEnv, resolved: ResolvedConfig, run_dir: Path) -> None:
         self.env = env
@@ -68,6 +87,7 @@ class ServeRunner:
         self.pending_at_poll = 0
         self.done = False
         self.sink: JsonlSink | None = None
+        self.heap = FrozenHeap()
         spool = Path(self.config.spool_dir or run_dir / "spool")
         self.sender = Sender(
             self.config.rollout_server_url,
@@ -99,7 +119,8 @@ class ServeRunner:
             await self.sender.start()
             poller = asyncio.create_task(self._poll_status())
             try:
-                await self._admit()
+                with self.heap:
+                    await self._admit()
             finally:
                 poller.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -163,6 +184,8 @@ class ServeRunner:
                 cap = int(cap * cfg.eval_limit_ratio)
         if time.monotonic() - self.last_status > self.stale_after:
             return 0  # no word from the API for a while: do not pile up work
+        if self.sender.pending >= self.sender_backlog:
+            return 0  # made faster than sent: wait for the sender rather than pile up groups
         k, b, g = cfg.max_batches_offpolicy, cfg.batch_size, cfg.group_size
         if k > 0 and b > 0 and status:
             # groups made since the status was asked for are not in it yet: count them too
@@ -199,7 +222,7 @@ class ServeRunner:
         env, cfg = self.env, self.config
         timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
         try:
-            result, more = await asyncio.wait_for(env.collect_trajectories(item), timeout)
+            result, more = await _within(timeout, env.collect_trajectories(item))
             self.backlog.extend(more or [])
             result = await env.postprocess_histories(result)
         except asyncio.TimeoutError:
@@ -228,6 +251,7 @@ class ServeRunner:
             self.sender.submit(ready)
             self.submitted += 1
             env.items_sent_this_step += 1
+        self.heap.settle()
         with contextlib.suppress(Exception):
             await env.cleanup()
 
