@@ -11,7 +11,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# The demo needs only the core install (about 20 s on a fresh machine).
+# The demo needs only the core install (about 35 s on a fresh 2-core machine).
 $(CORE): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e .
 	touch $(CORE)
