@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -724,17 +725,18 @@ def _config(r: RunResult) -> tuple[str, str, int]:
     return (r.runtime, r.mode, r.workers)
 
 
-def medians(results: list[RunResult]) -> list[RunResult]:
-    """Each configuration's median run by rollouts/s (the lower one of an even count), in the
-    order the configurations first ran."""
+def noise(r: RunResult) -> float:
+    """CPU seconds other processes used during the run's window, per second of it."""
+    return r.other_cpu_s / r.window_s if r.window_s else 0.0
+
+
+def least_disturbed(results: list[RunResult]) -> list[RunResult]:
+    """Each configuration's run that other processes disturbed least, in the order the
+    configurations first ran."""
     groups: dict[tuple[str, str, int], list[RunResult]] = {}
     for r in results:
         groups.setdefault(_config(r), []).append(r)
-    out = []
-    for runs in groups.values():
-        ordered = sorted(runs, key=lambda r: r.summary()["rollouts_per_s"])
-        out.append(ordered[(len(ordered) - 1) // 2])
-    return out
+    return [min(runs, key=noise) for runs in groups.values()]
 
 
 SPREAD_HEADERS = [
@@ -754,17 +756,16 @@ def spread_rows(results: list[RunResult]) -> list[list[str]]:
         groups.setdefault(_config(r), []).append(r)
     rows = []
     for (runtime, mode, _), runs in groups.items():
-        rates = sorted(r.summary()["rollouts_per_s"] for r in runs)
-        cpus = sorted(r.summary()["env_cpu_us_per_rollout"] for r in runs)
-        mid = (len(runs) - 1) // 2
+        rates = [r.summary()["rollouts_per_s"] for r in runs]
+        cpus = [r.summary()["env_cpu_us_per_rollout"] for r in runs]
         rows.append(
             [
                 runtime,
                 mode,
                 _workers_text(runs[0]),
                 str(len(runs)),
-                f"{rates[0]:,.0f} / {rates[mid]:,.0f} / {rates[-1]:,.0f}",
-                f"{cpus[0]:.0f} / {cpus[mid]:.0f} / {cpus[-1]:.0f}",
+                f"{min(rates):,.0f} / {_median(rates):,.0f} / {max(rates):,.0f}",
+                f"{min(cpus):.0f} / {_median(cpus):.0f} / {max(cpus):.0f}",
             ]
         )
     return rows
@@ -782,10 +783,24 @@ def run_rows(results: list[RunResult], target_pct: float) -> list[dict[str, Any]
     return rows
 
 
-def cpu_rows(results: list[RunResult], target_ratio: float) -> list[dict[str, Any]]:
-    """Ours against upstream, CPU per rollout of the env process, where both ran."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def cpu_rows(
+    results: list[RunResult], target_ratio: float, every_run: list[RunResult] | None = None
+) -> list[dict[str, Any]]:
+    """Ours against upstream, CPU per rollout of the env process, where both ran: the median
+    over every run of a configuration (`every_run`, default `results`), so one noisy repeat
+    does not decide the ratio."""
+    pool = every_run if every_run is not None else results
+    per: dict[tuple[str, str, int], list[float]] = {}
+    for r in pool:
+        per.setdefault(_config(r), []).append(r.summary()["env_cpu_us_per_rollout"])
     out = []
-    by = {(r.runtime, r.mode, r.workers): r for r in results}
+    by = {_config(r): r for r in results}
     ups = [r for r in results if r.runtime == "upstream"]
     for ours in [r for r in results if r.runtime == "ours"]:
         up = by.get(("upstream", ours.mode, ours.workers))
@@ -793,11 +808,14 @@ def cpu_rows(results: list[RunResult], target_ratio: float) -> list[dict[str, An
             up = next((u for u in ups if u.mode == "process"), None)
         if up is None:
             continue
-        a = ours.summary()["env_cpu_us_per_rollout"]
-        b = up.summary()["env_cpu_us_per_rollout"]
+        a, b = _median(per[_config(ours)]), _median(per[_config(up)])
         ratio = a / b if b else None
         met = None if ratio is None else ratio <= target_ratio
-        out.append({"ours": ours, "upstream": up, "ratio": ratio, "met": met})
+        runs = min(len(per[_config(ours)]), len(per[_config(up)]))
+        out.append(
+            {"ours": ours, "upstream": up, "ours_us": a, "upstream_us": b, "runs": runs}
+            | {"ratio": ratio, "met": met}
+        )
     return out
 
 
@@ -854,8 +872,9 @@ def _run_cells(row: dict[str, Any], target_pct: float) -> list[str]:
 CPU_HEADERS = [
     "mode",
     "workers (ours / upstream)",
-    "ours env CPU us/rollout",
-    "upstream env CPU us/rollout",
+    "runs",
+    "ours env CPU us/rollout (median)",
+    "upstream env CPU us/rollout (median)",
     "ours/upstream",
     "target",
     "verdict",
@@ -868,22 +887,28 @@ def _cpu_cells(row: dict[str, Any], target_ratio: float) -> list[str]:
     return [
         mode,
         f"{ours.workers} / {_workers_text(up)}",
-        f"{ours.summary()['env_cpu_us_per_rollout']:.0f}",
-        f"{up.summary()['env_cpu_us_per_rollout']:.0f}",
+        str(row["runs"]),
+        f"{row['ours_us']:.0f}",
+        f"{row['upstream_us']:.0f}",
         "" if row["ratio"] is None else f"{row['ratio']:.3f}",
         f"<= 1/{1 / target_ratio:g}",
         _verdict(row["met"]),
     ]
 
 
-def rich_tables(results: list[RunResult], target_pct: float, target_ratio: float) -> list[Table]:
+def rich_tables(
+    results: list[RunResult],
+    target_pct: float,
+    target_ratio: float,
+    every_run: list[RunResult] | None = None,
+) -> list[Table]:
     t1 = Table(title="Environment throughput (one rollout = one completion)")
     for i, h in enumerate(RUN_HEADERS):
         t1.add_column(h, justify="left" if i < 3 else "right")
     for row in run_rows(results, target_pct):
         t1.add_row(*_run_cells(row, target_pct))
     tables = [t1]
-    rows = cpu_rows(results, target_ratio)
+    rows = cpu_rows(results, target_ratio, every_run)
     if rows:
         t2 = Table(title="Env process CPU per rollout, ours vs upstream")
         for i, h in enumerate(CPU_HEADERS):
@@ -900,9 +925,14 @@ def _md(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown(results: list[RunResult], target_pct: float, target_ratio: float) -> str:
+def markdown(
+    results: list[RunResult],
+    target_pct: float,
+    target_ratio: float,
+    every_run: list[RunResult] | None = None,
+) -> str:
     text = _md(RUN_HEADERS, [_run_cells(r, target_pct) for r in run_rows(results, target_pct)])
-    rows = cpu_rows(results, target_ratio)
+    rows = cpu_rows(results, target_ratio, every_run)
     if rows:
         text += "\n" + _md(CPU_HEADERS, [_cpu_cells(r, target_ratio) for r in rows])
     return text
@@ -991,10 +1021,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=1,
-        help="run the whole plan this many times; tables show each configuration's median run"
-        " (by rollouts/s) and the spread over the repeats",
+        help="run the whole plan this many times; tables show each configuration's run that"
+        " other processes disturbed least, and the spread over the repeats",
     )
     p.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir, removed)")
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: rebuild the tables from a JSON this script wrote",
+    )
     p.add_argument("--json", type=Path, help="write the results here as JSON")
     p.add_argument("--markdown", type=Path, help="write the tables here as Markdown")
     return p.parse_args(argv)
@@ -1061,22 +1097,9 @@ async def run_all(
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    w = Workload(
-        group_size=args.group_size,
-        latency=args.latency,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-        warmup=args.warmup,
-        duration=args.duration,
-        start_timeout=args.start_timeout,
-    )
-    w.check()
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    console.log(f"machine: {machine()}")
-    console.log(f"code: {code_version()}")
-    console.log(f"workload: {asdict(w)}")
+def measure(args: argparse.Namespace, w: Workload, console: Console) -> dict[str, Any]:
+    """Run the plan; return the report's document (every run, the same-work check, context)."""
+    context = {"machine": machine(), "code": code_version()}  # before: others may commit meanwhile
     pythons = {"ours": sys.executable, "upstream": args.upstream_python or ""}
     if args.only in ("upstream", "both") and not pythons["upstream"]:
         console.log("upstream: making/finding its venv (scripts/upstream_venv.py full)")
@@ -1095,16 +1118,56 @@ def main(argv: Sequence[str] | None = None) -> int:
                 files[r.runtime].append(r.groups_file)
         if files["ours"] and files["upstream"]:
             check = same_work(files["ours"], files["upstream"])
-            console.log(
-                f"same work: {check['identical']} of {check['groups_compared']} of our groups"
-                " are identical (tokens, masks, inference logprobs, scores) to upstream's group"
-                " for the same prompt"
-            )
-    results = medians(every_run)
-    for table in rich_tables(results, args.target_pct, args.target_ratio):
+    return {
+        "command": [Path(sys.executable).name, *sys.argv],
+        **context,
+        "workload": asdict(w),
+        "repeat": args.repeat,
+        "same_work": check,
+        "all_runs": [asdict(r) for r in every_run],
+    }
+
+
+def load_run(doc: dict[str, Any]) -> RunResult:
+    """A run from a report's JSON (the summary keys next to the fields are dropped)."""
+    names = {f.name for f in dataclasses.fields(RunResult)}
+    return RunResult(**{k: v for k, v in doc.items() if k in names})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    w = Workload(
+        group_size=args.group_size,
+        latency=args.latency,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        warmup=args.warmup,
+        duration=args.duration,
+        start_timeout=args.start_timeout,
+    )
+    w.check()
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.report is not None:
+        doc = json.loads(args.report.read_text())
+        console.log(f"report of {args.report}: {doc['command']}, code {doc['code']}")
+    else:
+        console.log(f"machine: {machine()}")
+        console.log(f"code: {code_version()}")
+        console.log(f"workload: {asdict(w)}")
+        doc = measure(args, w, console)
+    every_run = [load_run(r) for r in doc["all_runs"]]
+    repeat, check = int(doc.get("repeat", 1)), doc.get("same_work")
+    if check is not None:
+        console.log(
+            f"same work: {check['identical']} of {check['groups_compared']} of our groups are"
+            " identical (tokens, masks, inference logprobs, scores) to upstream's group for the"
+            " same prompt"
+        )
+    results = least_disturbed(every_run)
+    for table in rich_tables(results, args.target_pct, args.target_ratio, every_run):
         console.print(table)
-    if args.repeat > 1:
-        spread = Table(title=f"Spread over {args.repeat} repeats (the tables show the medians)")
+    if repeat > 1:
+        spread = Table(title=f"Spread over {repeat} repeats")
         for i, h in enumerate(SPREAD_HEADERS):
             spread.add_column(h, justify="left" if i < 3 else "right")
         for cells in spread_rows(every_run):
@@ -1112,34 +1175,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(spread)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "command": [Path(sys.executable).name, *sys.argv],
-            "machine": machine(),
-            "code": code_version(),
-            "workload": asdict(w),
+        out = {
+            **{k: v for k, v in doc.items() if k != "all_runs"},
             "targets": {"pct_of_ideal": args.target_pct, "cpu_ratio": args.target_ratio},
-            "repeat": args.repeat,
             "runs": [{**asdict(r), **r.summary()} for r in results],
-            "all_runs": [{**asdict(r), **r.summary()} for r in every_run],
-            "same_work": check,
             "cpu_comparison": [
                 {
                     "mode": row["ours"].mode,
                     "ours": [row["ours"].mode, row["ours"].workers],
                     "upstream": [row["upstream"].mode, row["upstream"].workers],
+                    "ours_env_cpu_us_per_rollout_median": row["ours_us"],
+                    "upstream_env_cpu_us_per_rollout_median": row["upstream_us"],
+                    "runs": row["runs"],
                     "ratio": row["ratio"],
                     "met": row["met"],
                 }
-                for row in cpu_rows(results, args.target_ratio)
+                for row in cpu_rows(results, args.target_ratio, every_run)
             ],
+            "all_runs": [{**asdict(r), **r.summary()} for r in every_run],
         }
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
         console.log(f"wrote {args.json}")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        text = markdown(results, args.target_pct, args.target_ratio)
-        if args.repeat > 1:
-            text += f"\nSpread over {args.repeat} repeats (the tables above show the medians):\n\n"
+        text = markdown(results, args.target_pct, args.target_ratio, every_run)
+        if repeat > 1:
+            text += (
+                f"\nSpread over {repeat} repeats (the tables above show each configuration's"
+                " least disturbed run):\n\n"
+            )
             text += _md(SPREAD_HEADERS, spread_rows(every_run))
         if check is not None:
             text += (
