@@ -42,7 +42,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -61,10 +60,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers beside us
+from procstat import (  # noqa: E402
+    cpu_seconds,
+    free_port,
+    machine_busy_seconds,
+    process_tree,
+    wait_quiet,
+)
+from procstat import upstream_python as _upstream_python  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("ours", "upstream")
 GZIP_MIN = 1024  # atroposlib's BaseEnv gzips bodies of at least this many bytes
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 VOCAB = 151_000  # a Qwen-sized vocabulary
 
 
@@ -183,80 +191,6 @@ def encode_bodies(w: Workload, workers: int = 1) -> list[Body]:
 
 
 # ----- server process ------------------------------------------------------------------------
-
-
-def upstream_python() -> str:
-    """The python of the upstream venv (made on first use by scripts/upstream_venv.py)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), "light"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return out.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its live descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue  # exited while we looked
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of `pid`'s tree, plus the CPU of children it already reaped."""
-    ticks = 0
-    for p in process_tree(pid):
-        try:
-            f = _stat_fields(p)
-        except OSError:
-            continue
-        ticks += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-    return ticks / CLK_TCK
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all processes on this machine spent busy (everything but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK
-
-
-def wait_quiet(max_wait: float, threshold: float = 0.25) -> float:
-    """Wait (up to `max_wait` s) until the machine is busy less than `threshold` cores.
-
-    Returns the last load seen, in cores. Other work (a test suite, a build) running during a
-    phase skews its wall times; each phase reports the CPU others used as `other_cpu_s`.
-    """
-    deadline = time.monotonic() + max_wait
-    while True:
-        busy0, t0 = machine_busy_seconds(), time.monotonic()
-        time.sleep(0.5)
-        load = (machine_busy_seconds() - busy0) / (time.monotonic() - t0)
-        if load < threshold or time.monotonic() >= deadline:
-            return load
 
 
 def memory_mib(pid: int) -> dict[str, float]:
@@ -1030,3 +964,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def upstream_python() -> str:
+    """The python of the upstream venv (light: made on first use)."""
+    return _upstream_python("light")

@@ -60,7 +60,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,11 +77,20 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers beside us
+from procstat import (  # noqa: E402
+    cpu_seconds,
+    free_port,
+    machine_busy_seconds,
+    process_tree,
+    wait_quiet,
+)
+from procstat import upstream_python as _upstream_python  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "benchmarks" / "envs"
 RUNTIMES = ("ours", "upstream")
 MODES = ("serve", "process")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODEL = "atropos-tiny"
 
 
@@ -118,57 +126,10 @@ class Workload:
 # ----- processes and /proc ---------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its live descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue  # exited while we looked
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of `pid`'s tree, plus the CPU of children it already reaped."""
-    ticks = 0
-    for p in process_tree(pid):
-        try:
-            f = _stat_fields(p)
-        except OSError:
-            continue
-        ticks += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-    return ticks / CLK_TCK
-
-
 def self_cpu_seconds() -> float:
     """CPU of this process (all threads: the trainer, the progress bar)."""
     t = os.times()
     return t.user + t.system
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all processes on this machine spent busy (everything but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK
 
 
 def rss_mib(pid: int) -> float:
@@ -180,18 +141,6 @@ def rss_mib(pid: int) -> float:
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) / 1024
     return total
-
-
-def wait_quiet(max_wait: float, threshold: float = 0.25) -> float:
-    """Wait (up to `max_wait` s) until the machine is busy less than `threshold` cores; return
-    the last load seen, in cores."""
-    deadline = time.monotonic() + max_wait
-    while True:
-        busy0, t0 = machine_busy_seconds(), time.monotonic()
-        time.sleep(0.5)
-        load = (machine_busy_seconds() - busy0) / (time.monotonic() - t0)
-        if load < threshold or time.monotonic() >= deadline:
-            return load
 
 
 class Proc:
@@ -282,18 +231,6 @@ def _answers(url: str) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
-
-
-def upstream_python() -> str:
-    """The python of the upstream venv with BaseEnv's dependencies (made on first use)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), "full"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def tiny_tokenizer() -> str:
@@ -1218,3 +1155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def upstream_python() -> str:
+    """The python of the upstream venv (full: made on first use)."""
+    return _upstream_python("full")
