@@ -12,12 +12,17 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 # The demo needs only the core install (about 35 s on a fresh 2-core machine).
+# torch is pinned to a CPU build here; the `train` extra itself accepts any torch >= 2.4.
+TORCH ?= torch==2.13.0
+
 $(CORE): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[train]'
 	touch $(CORE)
 
 $(DEV): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev,train]'
 	touch $(CORE) $(DEV)
 
 install: $(DEV)
