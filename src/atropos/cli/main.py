@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from atropos import __version__
-from atropos.cli import api
+from atropos.cli import api, local
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve_p.set_defaults(run=api.serve)
 
     _add_env_noun(nouns)
+
+    local_p = nouns.add_parser("local", help="a local inference server over transformers")
+    local_verbs = local_p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    local_serve_p = local_verbs.add_parser(
+        "serve", help="serve a HF model directory with OpenAI/vLLM endpoints"
+    )
+    local.add_serve_arguments(local_serve_p)
+    local_serve_p.set_defaults(run=local.serve)
+
+    train_p = nouns.add_parser(
+        "train", help="the reference GRPO trainer (atropos train --help)", add_help=False
+    )
+    train_p.add_argument("flags", nargs=argparse.REMAINDER)
+    train_p.set_defaults(run=_train)
 
     demo_p = nouns.add_parser("demo", help="the main job on embedded defaults")
     demo_p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
@@ -81,6 +95,12 @@ def _env_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from atropos.cli.train import main as train_main
+
+    return train_main(args.flags)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from atropos.demo import run
 
@@ -88,5 +108,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # its flags come from TrainConfig (pydantic-settings parses them)
+        return _train(argparse.Namespace(flags=argv[1:]))
+    args = build_parser().parse_args(argv)
     return int(args.run(args))

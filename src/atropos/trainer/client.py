@@ -1,0 +1,92 @@
+"""The trainer's side of the trajectory API: wait, register, lease batches, acknowledge.
+
+Every call retries connection errors and 5xx answers until `patience` seconds have passed, so
+a trainer rides out an API restart (the API is durable: its queue and leases come back). Leased
+batches are acknowledged by the trainer only once a checkpoint covers them, so a trainer that
+dies between checkpoints gets the same batches again when it registers anew (no data lost, none
+trained twice into the weights it resumes from).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("atropos.trainer")
+
+
+class ApiError(RuntimeError):
+    """The API refused a request or stayed unreachable past the deadline."""
+
+
+@dataclass
+class Batch:
+    """One leased batch: its groups, the API step it makes, and the id to acknowledge."""
+
+    groups: list[dict[str, Any]]
+    step: int
+    batch_id: str | None
+
+
+class TrainerClient:
+    """A small synchronous client (the trainer is one thread doing one thing at a time)."""
+
+    def __init__(
+        self, url: str, api_key: str | None = None, patience: float = 120.0, timeout: float = 30.0
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self.patience = patience
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.patience
+        delay = 0.2
+        while True:
+            try:
+                r = self.http.request(method, path, **kwargs)
+                if r.status_code < 500:
+                    if r.status_code >= 400:
+                        raise ApiError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+                    return r.json()
+                problem = f"{r.status_code} {r.text[:200]}"
+            except httpx.TransportError as err:
+                problem = f"{type(err).__name__}: {err}"
+            if time.monotonic() > deadline:
+                raise ApiError(
+                    f"{method} {path}: still failing after {self.patience:.0f} s: {problem}"
+                )
+            log.warning("API %s %s: %s; retrying in %.1f s", method, path, problem, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def wait_ready(self) -> None:
+        """Until `GET /health` answers (the API may still be starting)."""
+        self._call("GET", "/health")
+
+    def register(self, **fields: Any) -> int:
+        """`POST /register` (upstream's fields); returns the uuid."""
+        return int(self._call("POST", "/register", json=fields)["uuid"])
+
+    def next_batch(self, lease: float, poll: float = 0.05, stop: Any = None) -> Batch | None:
+        """Lease the next batch, polling while none is ready; None once `stop()` is true."""
+        wait = poll
+        while stop is None or not stop():
+            body = self._call("GET", "/batch", params={"lease": lease})
+            if body.get("status") == "error":
+                raise ApiError(f"GET /batch: {body.get('message', body)}")
+            if body.get("batch") is not None:
+                return Batch(body["batch"], int(body.get("step", 0)), body.get("batch_id"))
+            time.sleep(wait)
+            wait = min(wait * 1.5, 1.0)
+        return None
+
+    def ack(self, batch_id: str) -> None:
+        """`POST /batch/ack`. An id already acknowledged (a retried call) is not an error."""
+        self._call("POST", "/batch/ack", json={"batch_id": batch_id})

@@ -1,0 +1,183 @@
+"""Getting new weights to the inference server: four ways, one small interface.
+
+- `none`: the trainer only writes checkpoints.
+- `reload`: save a full checkpoint, then ``POST {server}/update_weights_from_disk
+  {"model_path", "policy_version"}`` (our local server; SGLang has the same endpoint). The server
+  swaps weights between generation batches, so every response comes from one version.
+- `restart`: the trainer runs the server itself from `server_command` (a template with
+  ``{model}`` and ``{port}``, e.g. ``vllm serve {model} --port {port} --served-model-name
+  policy``), and on each sync stops it (SIGTERM to its process group, SIGKILL after a grace
+  period; never a broad ``pkill``), saves, and starts it on the new checkpoint, waiting for
+  ``GET /health``. Environments retry during the gap.
+- `lora`: the trainer trains LoRA adapters; each sync saves the adapter and calls vLLM's
+  ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}``, so requests
+  for model `lora_name` use the new adapter without a restart.
+
+Every save goes to a fresh directory renamed into place, so a server never reads a half-written
+checkpoint; only the newest `keep` directories are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from atropos.trainer.lora import adapter_weights
+
+log = logging.getLogger("atropos.trainer")
+SYNC_MODES = ("none", "reload", "restart", "lora")
+
+
+class SyncError(RuntimeError):
+    """The inference server did not take the new weights."""
+
+
+def save_model(model: Any, tokenizer: Any, path: Path) -> Path:
+    """Write a loadable HF directory (weights, config, tokenizer) atomically at `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def save_lora(
+    model: Any, path: Path, *, r: int, alpha: float, targets: list[str], base: str
+) -> Path:
+    """Write the model's LoRA adapter in PEFT's format atomically at `path`."""
+    from atropos.local.lora import save_adapter
+
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(
+        tmp, adapter_weights(model), r=r, alpha=alpha, target_modules=targets, base_model=base
+    )
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def prune(folder: Path, prefix: str, keep: int) -> None:
+    """Delete all but the newest `keep` directories named ``{prefix}{number}``."""
+    found = sorted(
+        (int(p.name[len(prefix) :]), p)
+        for p in folder.glob(f"{prefix}*")
+        if p.is_dir() and p.name[len(prefix) :].isdigit()
+    )
+    for _, p in found[: max(len(found) - keep, 0)]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+class WeightSync:
+    """Publishes the trainer's weights as policy `version` (see the module docstring)."""
+
+    def __init__(
+        self,
+        mode: str,
+        out_dir: Path,
+        server_url: str,
+        *,
+        server_command: str = "",
+        lora_name: str = "policy",
+        lora: dict[str, Any] | None = None,
+        keep: int = 2,
+        health_timeout: float = 300.0,
+    ) -> None:
+        if mode not in SYNC_MODES:
+            raise ValueError(f"sync mode {mode!r}: expected one of {', '.join(SYNC_MODES)}")
+        if mode == "restart" and "{model}" not in server_command:
+            raise ValueError(
+                "sync mode 'restart' needs --server-command with a {model} placeholder"
+            )
+        self.mode, self.out_dir, self.keep = mode, out_dir, keep
+        self.url = server_url.rstrip("/")
+        self.root = self.url.removesuffix("/v1")
+        self.command, self.lora_name, self.lora = server_command, lora_name, lora or {}
+        self.health_timeout = health_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(timeout=600.0)
+
+    # ----- restart mode: the trainer owns the server process ---------------------------------
+
+    def start_server(self, model_dir: str) -> None:
+        """Start the server on `model_dir` (restart mode only) and wait until it is healthy."""
+        port = httpx.URL(self.root).port or 80
+        argv = [a.format(model=model_dir, port=port) for a in shlex.split(self.command)]
+        log.info("starting inference server: %s", " ".join(argv))
+        self.process = subprocess.Popen(argv, start_new_session=True)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise SyncError(f"inference server exited with {self.process.returncode}")
+            try:
+                if self.http.get(f"{self.root}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise SyncError(f"inference server not healthy after {self.health_timeout:.0f} s")
+
+    def stop_server(self, grace: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after `grace` seconds."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    # ----- publishing ------------------------------------------------------------------------
+
+    def publish(self, model: Any, tokenizer: Any, version: int) -> float:
+        """Make `version` the served policy; returns the seconds it took."""
+        t0 = time.perf_counter()
+        if self.mode == "reload":
+            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
+            body = {"model_path": str(path.resolve()), "policy_version": version}
+            self._post("/update_weights_from_disk", body)
+            prune(path.parent, "v", self.keep)
+        elif self.mode == "restart":
+            self.stop_server()
+            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
+            prune(path.parent, "v", self.keep)
+            self.start_server(str(path.resolve()))
+        elif self.mode == "lora":
+            path = save_lora(model, self.out_dir / "adapters" / f"v{version}", **self.lora)
+            body = {
+                "lora_name": self.lora_name,
+                "lora_path": str(path.resolve()),
+                "load_inplace": True,
+            }
+            self._post("/v1/load_lora_adapter", body)
+            prune(path.parent, "v", self.keep)
+        return time.perf_counter() - t0
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            r = self.http.post(f"{self.root}{path}", json=body)
+        except httpx.TransportError as err:
+            raise SyncError(f"POST {path}: {err}") from err
+        if r.status_code >= 400:
+            raise SyncError(f"POST {path}: {r.status_code} {r.text[:300]}")
+
+    def close(self) -> None:
+        if self.mode == "restart":
+            self.stop_server()
+        self.http.close()

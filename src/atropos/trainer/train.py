@@ -1,0 +1,343 @@
+"""Reference GRPO trainer: `atropos train --model DIR [--flags]`.
+
+The variant, exactly:
+- GRPO advantages: per group, ``A = (r - mean) / max(std, 1e-8)`` (population std), the same
+  advantage for every completion token of a sequence (per-token `advantages` from the
+  environment take precedence).
+- Token-level PPO-clip against the **inference server's logprobs** (the behaviour policy),
+  ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)`` for both signs of ``A``; mean over each
+  sequence's tokens, then over sequences. Optional k3 KL to the starting weights (`--kl-coef`).
+- One optimizer step (AdamW, linear warmup, global-norm clipping) per API batch of
+  `--batch-size` sequences, accumulated over micro-batches of `--micro-batch-size`.
+- Logits at temperature 1: the servers return raw (temperature-1) logprobs, so ratios compare
+  like with like.
+
+Data flow: lease a batch from the API, train on it, publish the weights (`sync.py`), write a
+checkpoint every `--checkpoint-every` steps and only then acknowledge the batches it covers, so a
+crash loses nothing and trains nothing twice. Resumes from the newest checkpoint in `--out-dir`.
+Metrics per step go to ``{out_dir}/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger("atropos.trainer")
+
+
+class TrainConfig(BaseSettings):
+    """Everything `atropos train` takes; flags are the field names in kebab case."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ATROPOS_TRAIN_",
+        cli_prog_name="atropos train",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+    )
+
+    model: str = Field(description="starting weights: a directory in Hugging Face format")
+    api_url: str = "http://127.0.0.1:8000"
+    api_key: SecretStr | None = None
+    out_dir: Path = Path("runs/train")
+    steps: int = Field(100, ge=1, description="optimizer steps to reach (one API batch each)")
+    batch_size: int = Field(64, ge=1, description="sequences per optimizer step")
+    micro_batch_size: int = Field(16, ge=1)
+    seq_len: int = Field(2048, ge=2, description="registered as the API's max_token_len")
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    lease_seconds: float = Field(600.0, gt=0, description="how long a leased batch is held")
+    checkpoint_every: int = Field(10, ge=0, description="0: only at the end")
+    keep_checkpoints: int = Field(2, ge=1)
+    sync: Literal["none", "reload", "restart", "lora"] = "reload"
+    sync_every: int = Field(1, ge=1)
+    server_url: str = "http://127.0.0.1:9001/v1"
+    server_command: str = Field("", description="restart mode: command with {model} and {port}")
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_targets: list[str] = ["q_proj", "v_proj"]
+    lora_name: str = "policy"
+    seed: int = 0
+    device: str = "auto"
+    patience: float = Field(120.0, description="seconds to keep retrying an unreachable API")
+
+
+def step_lr(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup to `lr` over `warmup_steps`, then constant."""
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run until `cfg.steps` or SIGTERM; returns the last step's metrics."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from atropos.inference.tokenizer import load_tokenizer
+    from atropos.trainer.client import TrainerClient
+    from atropos.trainer.data import micro_batches, samples_from_groups
+    from atropos.trainer.lora import apply_lora
+    from atropos.trainer.loss import policy_loss, token_logprobs
+    from atropos.trainer.sync import WeightSync
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    torch.manual_seed(cfg.seed)
+    device = (
+        cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    out = cfg.out_dir
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    resume = latest_checkpoint(out)
+    tokenizer = load_tokenizer(cfg.model)
+    lora = cfg.sync == "lora"
+    source = cfg.model if (resume is None or lora) else str(resume)
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model = model.to(device)
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
+    lora_args: dict[str, Any] = {}
+    if lora:
+        apply_lora(model, cfg.lora_targets, cfg.lora_r, cfg.lora_alpha)
+        lora_args = dict(
+            r=cfg.lora_r, alpha=cfg.lora_alpha, targets=cfg.lora_targets, base=cfg.model
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    step = 0
+    if resume is not None:
+        step = load_state(resume, model, opt, lora)
+        log.info("resumed from %s at step %d", resume, step)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    sync = WeightSync(
+        cfg.sync, out, cfg.server_url, server_command=cfg.server_command,
+        lora_name=cfg.lora_name, lora=lora_args, keep=cfg.keep_checkpoints,
+    )  # fmt: skip
+    api = TrainerClient(
+        cfg.api_url, cfg.api_key.get_secret_value() if cfg.api_key else None, cfg.patience
+    )
+    stopping, restore_signals = _stop_on_sigterm()
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2, exclude={"api_key"}))
+    metrics_file = (out / "metrics.jsonl").open("a")
+    last: dict[str, Any] = {}
+    unacked: list[str] = []
+    try:
+        if cfg.sync == "restart":
+            sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model)
+        elif step > 0 or lora:  # the server may hold older weights than the ones we resume from
+            sync.publish(model, tokenizer, step)
+        api.wait_ready()
+        api.register(
+            wandb_group="", wandb_project="", batch_size=cfg.batch_size,
+            max_token_len=cfg.seq_len, checkpoint_dir=str(out / "checkpoints"),
+            save_checkpoint_interval=cfg.checkpoint_every or cfg.steps,
+            starting_step=step, num_steps=cfg.steps,
+        )  # fmt: skip
+        log.info("registered with %s; training steps %d..%d", cfg.api_url, step + 1, cfg.steps)
+        while step < cfg.steps and not stopping():
+            t0 = time.perf_counter()
+            batch = api.next_batch(cfg.lease_seconds, stop=stopping)
+            if batch is None:
+                break
+            t_data = time.perf_counter() - t0
+            samples = samples_from_groups(batch.groups, cfg.seq_len)
+            lr = step_lr(cfg, step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+            # ---- one optimizer step over micro-batches -----------------------------------
+            model.train()
+            acc: dict[str, float] = {k: 0.0 for k in ("loss", "ratio", "clip", "kl", "tokens")}
+            diffs: dict[str, list[float]] = {"on": [], "all": []}
+            for mb in micro_batches(samples, cfg.micro_batch_size, pad_id):
+                mb_ids, targets = mb.input_ids.to(device), mb.targets.to(device)
+                logp = token_logprobs(model(input_ids=mb_ids).logits, targets)
+                mask = mb.mask.to(device)
+                has_old = mb.has_old.to(device)
+                old = torch.where(has_old, mb.old_logp.to(device), logp.detach())
+                ref = None
+                if reference is not None:
+                    with torch.no_grad():
+                        ref = token_logprobs(reference(input_ids=mb_ids).logits, targets)
+                loss, stats = policy_loss(
+                    logp, old, mb.advantages.to(device), mask, cfg.clip_eps, ref, cfg.kl_coef
+                )
+                share = len(mb.policy_versions) / len(samples)  # mean over the whole batch
+                scaled: torch.Tensor = loss * share
+                scaled.backward()  # type: ignore[no-untyped-call]
+                _mismatch(logp.detach(), old, has_old, mb.policy_versions, step, diffs)
+                n = stats.tokens
+                acc["loss"] += float(loss.detach()) * share
+                acc["ratio"] += stats.mean_ratio * n
+                acc["clip"] += stats.clip_fraction * n
+                acc["kl"] += stats.kl * n
+                acc["tokens"] += n
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+
+            # ---- publish, checkpoint, acknowledge -----------------------------------------
+            t_sync = 0.0
+            if cfg.sync != "none" and (step % cfg.sync_every == 0 or step == cfg.steps):
+                t_sync = sync.publish(model, tokenizer, step)
+            if batch.batch_id:
+                unacked.append(batch.batch_id)
+            if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints)
+            if not cfg.checkpoint_every or latest_step(out) == step:
+                for batch_id in unacked:
+                    api.ack(batch_id)
+                unacked.clear()
+            tokens = max(acc["tokens"], 1.0)
+            last = {
+                "step": step, "api_step": batch.step, "loss": acc["loss"],
+                "grad_norm": grad_norm, "lr": lr, "mean_ratio": acc["ratio"] / tokens,
+                "clip_fraction": acc["clip"] / tokens, "kl": acc["kl"] / tokens,
+                "reward_mean": sum(s.score for s in samples) / len(samples),
+                "logprob_mismatch": _mean(diffs["on"]), "logprob_mismatch_all": _mean(diffs["all"]),
+                "on_policy_fraction": len(diffs["on"]) / max(len(diffs["all"]), 1),
+                "trained_tokens": int(acc["tokens"]), "sequences": len(samples),
+                "data_wait_s": t_data, "sync_s": t_sync, "step_s": time.perf_counter() - t0,
+            }  # fmt: skip
+            metrics_file.write(json.dumps(last) + "\n")
+            metrics_file.flush()
+            log.info(
+                "step %d/%d loss %.4f reward %.3f ratio %.4f clip %.3f mismatch %s grad %.3f",
+                step, cfg.steps, last["loss"], last["reward_mean"], last["mean_ratio"],
+                last["clip_fraction"], _fmt(last["logprob_mismatch"]), grad_norm,
+            )  # fmt: skip
+        if unacked and step > latest_step(out):
+            save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints)
+        if latest_step(out) == step:
+            for batch_id in unacked:
+                api.ack(batch_id)
+    finally:
+        restore_signals()
+        metrics_file.close()
+        api.close()
+        sync.close()
+    return last
+
+
+def _mismatch(
+    logp: Any,
+    old: Any,
+    has_old: Any,
+    versions: list[int | None],
+    step: int,
+    diffs: dict[str, list[float]],
+) -> None:
+    """Per-sequence mean |trainer - inference| logprob over trained tokens with a server value.
+
+    "on" keeps the sequences the server says it generated with exactly the weights being trained
+    (`policy_version == step`): there the two numbers must agree up to arithmetic noise.
+    """
+    gap = (logp - old).abs() * has_old
+    counts = has_old.sum(dim=1)
+    for row, version in enumerate(versions):
+        if int(counts[row]) == 0:
+            continue
+        value = float(gap[row].sum()) / int(counts[row])
+        diffs["all"].append(value)
+        if version == step:
+            diffs["on"].append(value)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2e}"
+
+
+def _stop_on_sigterm() -> tuple[Any, Any]:
+    """`stop()`, true after SIGTERM/SIGINT (finish the step, checkpoint, exit), and `restore()`."""
+    flag = {"stop": False}
+
+    def handler(signum: int, frame: Any) -> None:
+        log.info("signal %d: finishing this step, then stopping", signum)
+        flag["stop"] = True
+
+    if threading.current_thread() is not threading.main_thread():
+        return (lambda: flag["stop"]), (lambda: None)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    return (lambda: flag["stop"]), restore
+
+
+# ----- checkpoints: {out}/checkpoints/step_N, written whole then renamed --------------------------
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    found = [p for p in (out / "checkpoints").glob("step_*") if (p / "state.json").exists()]
+    return max(found, key=lambda p: int(p.name[5:]), default=None)
+
+
+def latest_step(out: Path) -> int:
+    path = latest_checkpoint(out)
+    return -1 if path is None else int(path.name[5:])
+
+
+def save_state(
+    out: Path, step: int, model: Any, tokenizer: Any, opt: Any, lora: dict[str, Any], keep: int
+) -> Path:
+    """Weights (or the LoRA adapter), optimizer state and the step, atomically."""
+    import torch
+
+    from atropos.trainer.sync import prune, save_lora, save_model
+
+    final = out / "checkpoints" / f"step_{step}"
+    tmp = final.with_name(final.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if lora:
+        save_lora(model, tmp / "adapter", **lora)
+    else:
+        save_model(model, tokenizer, tmp / "model")
+        for f in (tmp / "model").iterdir():
+            os.replace(f, tmp / f.name)
+        (tmp / "model").rmdir()
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    prune(final.parent, "step_", keep)
+    return final
+
+
+def load_state(path: Path, model: Any, opt: Any, lora: bool) -> int:
+    """Restore what `save_state` wrote (full weights were already loaded from `path`)."""
+    import torch
+
+    if lora:
+        from atropos.local.lora import load_adapter
+        from atropos.trainer.lora import LoraLinear
+
+        adapter = load_adapter(path / "adapter")
+        for name, module in model.named_modules():
+            if isinstance(module, LoraLinear) and name in adapter.weights:
+                a, b = adapter.weights[name]
+                module.lora_A.data.copy_(a)
+                module.lora_B.data.copy_(b)
+    opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    return int(json.loads((path / "state.json").read_text())["step"])

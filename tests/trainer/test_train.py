@@ -1,0 +1,143 @@
+"""`atropos train` against a real API: steps, checkpoints, acknowledgements, resume, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+
+from atropos.api.app import create_app  # noqa: E402
+from atropos.testing import serve_in_thread  # noqa: E402
+from atropos.trainer.train import TrainConfig, train  # noqa: E402
+
+
+def push_groups(url: str, n: int, seed: int = 0, size: int = 4) -> None:
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(n):
+        prompt = [rng.randrange(10, 500) for _ in range(4)]
+        tokens, masks, logprobs = [], [], []
+        for _ in range(size):
+            out = [rng.randrange(10, 500) for _ in range(rng.randrange(2, 6))]
+            tokens.append(prompt + out)
+            masks.append([-100] * len(prompt) + out)
+            logprobs.append([1.0] * len(prompt) + [-rng.uniform(3, 9) for _ in out])
+        scores = [float(rng.random() < 0.5) for _ in range(size)]
+        scores[0] = 1.0 - scores[1]  # never all equal
+        groups.append(
+            {"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": logprobs}
+        )
+    r = httpx.post(f"{url}/scored_data_list", json=groups)
+    assert r.status_code == 200, r.text
+
+
+def status(url: str) -> dict:
+    return httpx.get(f"{url}/status").json()
+
+
+def config(model: Path, url: str, out: Path, **kw: object) -> TrainConfig:
+    base = dict(
+        model=str(model), api_url=url, out_dir=out, batch_size=8, micro_batch_size=4,
+        seq_len=64, lr=1e-3, sync="none", patience=10.0,
+    )  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trains_checkpoints_acks_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with serve_in_thread(create_app()) as url:
+        push_groups(url, 12)  # 48 sequences = 6 batches of 8
+        out = tmp_path / "run"
+        last = train(config(tiny_model_dir, url, out, steps=3, checkpoint_every=2))
+        assert last["step"] == 3
+        rows = metrics(out)
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        for r in rows:
+            assert all(v is None or v == v for v in r.values())  # no NaN
+            assert r["sequences"] == 8 and r["trained_tokens"] > 0
+            assert r["logprob_mismatch"] is None  # no group carries a policy version
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
+        assert status(url)["queue_size"] == 6  # groups: three batches acknowledged, three left
+        # a second run resumes from step 3 and goes on to 5
+        last = train(config(tiny_model_dir, url, out, steps=5, checkpoint_every=2))
+        assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4, 5]
+        assert last["api_step"] == 5
+        assert status(url)["queue_size"] == 2
+
+
+def test_crash_between_checkpoints_loses_and_repeats_nothing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with serve_in_thread(create_app()) as url:
+        push_groups(url, 10)  # 5 batches
+        argv = [
+            sys.executable, "-m", "atropos", "train", "--model", str(tiny_model_dir),
+            "--api-url", url, "--out-dir", str(out), "--batch-size", "8",
+            "--micro-batch-size", "8", "--seq-len", "64", "--sync", "none", "--steps", "100",
+            "--checkpoint-every", "2", "--lr", "1e-3",
+        ]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (out / "metrics.jsonl").exists() and len(metrics(out)) >= 3:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        done = len(metrics(out))
+        assert done >= 3
+        kept = max(int(p.name[5:]) for p in (out / "checkpoints").iterdir() if "." not in p.name)
+        # everything after the newest checkpoint is still leased, not consumed
+        assert status(url)["queue_size"] == (5 - kept) * 2  # groups
+        # resume: the batches after the checkpoint come back, then the rest, each once
+        last = train(config(tiny_model_dir, url, out, steps=5, micro_batch_size=8))
+        steps = [r["api_step"] for r in metrics(out)[done:]]
+        assert steps == list(range(kept + 1, 6))
+        assert last["step"] == 5 and status(url)["queue_size"] == 0
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_acks(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with serve_in_thread(create_app()) as url:
+        push_groups(url, 4)  # 2 batches, then the trainer waits for more
+        argv = [
+            sys.executable, "-m", "atropos", "train", "--model", str(tiny_model_dir),
+            "--api-url", url, "--out-dir", str(out), "--batch-size", "8", "--seq-len", "64",
+            "--sync", "none", "--steps", "100", "--checkpoint-every", "50",
+        ]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            (out / "metrics.jsonl").exists() and len(metrics(out)) == 2
+        ):
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert (out / "checkpoints" / "step_2" / "state.json").exists()
+        assert status(url)["queue_size"] == 0
+
+
+def test_bad_flags_are_named(tiny_model_dir: Path) -> None:
+    run = [sys.executable, "-m", "atropos", "train"]
+    r = subprocess.run([*run, "--modle", "x"], capture_output=True, text=True)
+    assert r.returncode == 2 and "did you mean --model?" in r.stderr
+    r = subprocess.run([*run, "--model", "x", "--batch-size", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and "batch_size" in r.stderr
