@@ -36,8 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     train_p.add_argument("flags", nargs=argparse.REMAINDER)
     train_p.set_defaults(run=_train)
 
-    demo_p = nouns.add_parser("demo", help="the main job on embedded defaults")
-    demo_p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
+    demo_p = nouns.add_parser(
+        "demo", help="a tiny model learning by RL on this machine (API, server, env, trainer)"
+    )
+    demo_p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    demo_p.add_argument("--steps", type=int, default=None, help="trainer steps")
+    demo_p.add_argument("--seed", type=int, default=0)
+    demo_p.add_argument("--smoke", action="store_true", help="API-only smoke run (seconds)")
+    demo_p.add_argument("--port", type=int, default=0, help="API port of --smoke")
     demo_p.set_defaults(run=_demo)
     return p
 
@@ -102,9 +108,24 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from atropos.demo import run
+    if args.smoke:
+        from atropos.demo.smoke import run as smoke
 
-    return run(port=args.port)
+        return smoke(port=args.port)
+    from pathlib import Path
+
+    from atropos.demo.procs import ServiceError
+    from atropos.demo.run import DemoConfig, run
+
+    cfg = DemoConfig(out=Path(args.out), seed=args.seed)
+    if args.steps is not None:
+        cfg.steps = args.steps
+    try:
+        run(cfg)
+    except (ServiceError, TimeoutError) as err:
+        print(f"atropos demo: error: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

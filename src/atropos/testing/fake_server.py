@@ -84,6 +84,7 @@ from atropos.testing.fake_engine import (
     Sampling,
     load_tokenizer,
 )
+from atropos.testing.fake_lora import FakeLora
 from atropos.testing.fake_shapes import Prompts, Shapes
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -176,6 +177,7 @@ class FakeInferenceServer:
         self._created = int(time.time())
         self.url: str | None = None
         self.shapes = Shapes(self.engine, self._run, model)
+        self.lora = FakeLora()  # vLLM's LoRA endpoints (atropos.testing.fake_lora)
         self.app = self._build_app()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -260,6 +262,7 @@ class FakeInferenceServer:
             self._route("/generate", "POST", self.shapes.generate),
             self._route("/generate/", "POST", self.shapes.trl_generate),
         ]
+        routes += self.lora.routes()
         return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
     def _route(self, path: str, method: str, handler: Handler) -> Route:
@@ -289,7 +292,7 @@ class FakeInferenceServer:
     async def _models(self, body: dict[str, Any]) -> Any:
         card = {"id": self.model, "object": "model", "created": self._created}
         card |= {"owned_by": "atropos-fake", "max_model_len": self.engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card, *self.lora.cards(self.model, self._created)]}
 
     async def _run(self, prompts: Prompts, s: Sampling) -> list[list[Output]]:
         """Check lengths, wait out the latency, then generate for every prompt."""

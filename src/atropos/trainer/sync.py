@@ -5,8 +5,8 @@
   {"model_path", "policy_version"}`` (our local server; SGLang has the same endpoint). The server
   swaps weights between generation batches, so every response comes from one version.
 - `restart`: the trainer runs the server itself from `server_command` (a template with
-  ``{model}`` and ``{port}``, e.g. ``vllm serve {model} --port {port} --served-model-name
-  policy``), and on each sync stops it (SIGTERM to its process group, SIGKILL after a grace
+  ``{model}``, ``{port}`` and optionally ``{version}``, e.g. ``vllm serve {model} --port
+  {port} --served-model-name policy``), and on each sync stops it (SIGTERM to its process group, SIGKILL after a grace
   period; never a broad ``pkill``), saves, and starts it on the new checkpoint, waiting for
   ``GET /health``. Environments retry during the gap.
 - `lora`: the trainer trains LoRA adapters; each sync saves the adapter and calls vLLM's
@@ -106,14 +106,16 @@ class WeightSync:
         self.command, self.lora_name, self.lora = server_command, lora_name, lora or {}
         self.health_timeout = health_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self.served_version: int | None = None  # as the server confirmed it (reload mode)
         self.http = httpx.Client(timeout=600.0)
 
     # ----- restart mode: the trainer owns the server process ---------------------------------
 
-    def start_server(self, model_dir: str) -> None:
+    def start_server(self, model_dir: str, version: int = 0) -> None:
         """Start the server on `model_dir` (restart mode only) and wait until it is healthy."""
         port = httpx.URL(self.root).port or 80
-        argv = [a.format(model=model_dir, port=port) for a in shlex.split(self.command)]
+        values = {"model": model_dir, "port": port, "version": version}
+        argv = [a.format(**values) for a in shlex.split(self.command)]
         log.info("starting inference server: %s", " ".join(argv))
         self.process = subprocess.Popen(argv, start_new_session=True)
         self._wait_healthy()
@@ -151,13 +153,16 @@ class WeightSync:
         if self.mode == "reload":
             path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
             body = {"model_path": str(path.resolve()), "policy_version": version}
-            self._post("/update_weights_from_disk", body)
+            answer = self._post("/update_weights_from_disk", body)
+            version_seen = answer.get("policy_version") if isinstance(answer, dict) else None
+            self.served_version = int(version_seen) if version_seen is not None else version
             prune(path.parent, "v", self.keep)
         elif self.mode == "restart":
             self.stop_server()
             path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
             prune(path.parent, "v", self.keep)
-            self.start_server(str(path.resolve()))
+            self.start_server(str(path.resolve()), version)
+            self.served_version = version
         elif self.mode == "lora":
             path = save_lora(model, self.out_dir / "adapters" / f"v{version}", **self.lora)
             body = {
@@ -166,16 +171,22 @@ class WeightSync:
                 "load_inplace": True,
             }
             self._post("/v1/load_lora_adapter", body)
+            self.served_version = version
             prune(path.parent, "v", self.keep)
         return time.perf_counter() - t0
 
-    def _post(self, path: str, body: dict[str, Any]) -> None:
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST with the JSON answer (None when the answer is not JSON, as vLLM's LoRA text)."""
         try:
             r = self.http.post(f"{self.root}{path}", json=body)
         except httpx.TransportError as err:
             raise SyncError(f"POST {path}: {err}") from err
         if r.status_code >= 400:
             raise SyncError(f"POST {path}: {r.status_code} {r.text[:300]}")
+        try:
+            return r.json()
+        except ValueError:
+            return None
 
     def close(self) -> None:
         if self.mode == "restart":

@@ -137,7 +137,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     unacked: list[str] = []
     try:
         if cfg.sync == "restart":
-            sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model)
+            sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
         elif step > 0 or lora:  # the server may hold older weights than the ones we resume from
             sync.publish(model, tokenizer, step)
         api.wait_ready()
@@ -212,6 +212,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 "logprob_mismatch": _mean(diffs["on"]), "logprob_mismatch_all": _mean(diffs["all"]),
                 "on_policy_fraction": len(diffs["on"]) / max(len(diffs["all"]), 1),
                 "trained_tokens": int(acc["tokens"]), "sequences": len(samples),
+                "served_policy_version": sync.served_version,
                 "data_wait_s": t_data, "sync_s": t_sync, "step_s": time.perf_counter() - t0,
             }  # fmt: skip
             metrics_file.write(json.dumps(last) + "\n")

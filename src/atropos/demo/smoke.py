@@ -1,17 +1,15 @@
-"""`make demo` / `atropos demo`: start the trajectory API, push sample groups, pull a batch.
+"""`atropos demo --smoke`: start the trajectory API, push sample groups, pull a batch.
 
-This is the end-to-end smoke run on embedded defaults: a real API process with its SQLite
-store under runs/demo/, a fake environment posting groups, and a trainer client pulling an
-exact batch with a lease and acknowledging it.
+The API-only smoke run: a real API process with its SQLite store under runs/demo-smoke/, a fake
+environment posting groups, and a trainer client pulling an exact batch with a lease and
+acknowledging it. Seconds, and no torch.
 """
 
 from __future__ import annotations
 
 import random
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,25 +17,8 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until_up(url: str, deadline: float = 30.0) -> None:
-    """Poll `url` until it answers 200, or raise TimeoutError after `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {deadline:.0f} s")
+from atropos.demo.procs import wait_until_up
+from atropos.testing import free_port
 
 
 def sample_group(rng: random.Random, env_id: int, size: int, i: int) -> dict[str, object]:
@@ -58,7 +39,7 @@ def sample_group(rng: random.Random, env_id: int, size: int, i: int) -> dict[str
     }
 
 
-def run(port: int = 0, run_dir: str = "runs/demo") -> int:
+def run(port: int = 0, run_dir: str = "runs/demo-smoke") -> int:
     """Run the demo; return a process exit code."""
     console = Console()
     port = port or free_port()

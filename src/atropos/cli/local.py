@@ -1,0 +1,104 @@
+"""`atropos local serve MODEL_DIR`: an OpenAI/vLLM-compatible inference server over transformers.
+
+The flags are parsed here without importing torch; `serve` loads the model (docs/local.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from atropos.cli.api import is_loopback
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `atropos local serve`."""
+    p.add_argument(
+        "model_dir",
+        metavar="MODEL_DIR",
+        help="a HF model directory (config.json, model.safetensors, tokenizer files)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=9001, help="port (default %(default)s)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name requests use and answers carry (default: MODEL_DIR as given)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="'auto' (default): cuda when available, else cpu",
+    )
+    p.add_argument(
+        "--max-batch-size", type=int, default=64, help="rows decoded together (default 64)"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt plus output tokens (default: the model's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="seed the sampling of requests without a seed"
+    )
+    p.add_argument(
+        "--policy-version",
+        type=int,
+        default=0,
+        help="version of the weights loaded at start (default 0); each reload adds 1",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("ATROPOS_LOCAL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health"
+        " (default: $ATROPOS_LOCAL_API_KEY)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding a non-loopback address without an API key",
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Exit with a message on flags that cannot work, before loading anything."""
+    if not is_loopback(args.host) and not args.api_key and not args.insecure:
+        sys.exit(
+            f"refusing to bind {args.host} without an API key: anyone who can reach it could"
+            " generate with your model and replace its weights. Pass --api-key KEY (or set"
+            " ATROPOS_LOCAL_API_KEY), or --insecure if this network is trusted."
+        )
+    if args.max_batch_size < 1:
+        sys.exit("--max-batch-size must be at least 1")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        sys.exit("--max-model-len must be at least 2")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        sys.exit(f"{args.model_dir!r} is not a HF model directory (no config.json)")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until interrupted."""
+    check_args(args)
+    from atropos.local.server import run
+
+    try:
+        run(
+            args.model_dir,
+            host=args.host,
+            port=args.port,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key or None,
+            log_level=args.log_level,
+            device=args.device,
+            max_batch_size=args.max_batch_size,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            policy_version=args.policy_version,
+        )
+    except (ValueError, OSError) as err:
+        sys.exit(f"atropos local serve: {err}")
+    return 0

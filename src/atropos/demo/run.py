@@ -1,0 +1,201 @@
+"""`atropos demo`: the whole loop on one laptop, as four processes, then a report.
+
+1. Held-out accuracy of the warm-start policy (greedy decoding, plain transformers).
+2. Start, each as its own process with a log under the run directory: the trajectory API
+   (SQLite store), the local inference server on the warm start, the `arithmetic` environment
+   in serve mode, and the reference trainer syncing weights to the server after every step.
+3. Show progress from the trainer's metrics until it reaches `--steps`, then stop everything
+   (SIGTERM, in reverse order of start) and check that each exited cleanly.
+4. Held-out accuracy of the trained policy, and `report.html` with the reward curve, the
+   trainer-vs-inference logprob mismatch and held-out samples before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from atropos.demo.procs import Service, ServiceError, wait_until_up
+from atropos.demo.report import write_report
+from atropos.testing import free_port
+
+SERVED_NAME = "atropos-tiny"
+
+
+@dataclass
+class DemoConfig:
+    """The demo's knobs; the defaults are the embedded run of `make demo`."""
+
+    out: Path = Path("runs/demo")
+    seed: int = 0
+    steps: int = 150
+    batch_size: int = 32  # sequences per step: 4 groups of 8
+    group_size: int = 8
+    lr: float = 2e-4
+    eval_items: int = 400
+    samples_shown: int = 12
+    policy: str = ""  # default: the shipped warm start
+    max_workers: int = 16
+    startup_timeout: float = 120.0
+    extra_trainer_flags: list[str] = field(default_factory=list)
+
+
+def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dict[str, list[str]]:
+    """The `atropos` argv of every process of the demo."""
+    api = f"http://127.0.0.1:{ports['api']}"
+    server = f"http://127.0.0.1:{ports['server']}/v1"
+    return {
+        "api": [
+            "api", "serve", "--port", str(ports["api"]), "--store",
+            f"sqlite:{cfg.out / 'api.db'}", "--max-staleness", "2",
+        ],
+        "server": [
+            "local", "serve", policy, "--port", str(ports["server"]),
+            "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
+        ],
+        "env": [
+            "env", "serve", "arithmetic", "--env.rollout_server_url", api,
+            "--env.group_size", str(cfg.group_size), "--env.max_num_workers", str(cfg.max_workers),
+            "--env.max_batches_offpolicy", "1", "--env.use_wandb", "false",
+            "--env.total_steps", str(cfg.steps), "--env.steps_per_eval", "0",
+            "--openai.base_url", server, "--openai.model_name", SERVED_NAME,
+            "--openai.server_type", "vllm", "--openai.api_key", "none",
+        ],
+        "trainer": [
+            "train", "--model", policy, "--api-url", api, "--server-url", server,
+            "--out-dir", str(cfg.out / "trainer"), "--steps", str(cfg.steps),
+            "--batch-size", str(cfg.batch_size), "--micro-batch-size", str(cfg.batch_size),
+            "--seq-len", "64", "--lr", str(cfg.lr), "--sync", "reload",
+            "--checkpoint-every", "50", "--seed", str(cfg.seed), *cfg.extra_trainer_flags,
+        ],
+    }  # fmt: skip
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            break
+    return rows
+
+
+def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, Any]]:
+    """Steps 2 and 3: the four processes until the trainer is done; its metrics rows."""
+    ports = {"api": free_port(), "server": free_port()}
+    argv = service_commands(cfg, policy, ports)
+    logs = cfg.out / "logs"
+    services = {
+        name: Service.atropos(name, args, logs / f"{name}.log") for name, args in argv.items()
+    }
+    (cfg.out / "commands.json").write_text(json.dumps(argv, indent=2))
+    metrics_path = cfg.out / "trainer" / "metrics.jsonl"
+    started: list[Service] = []
+    try:
+        for name in ("api", "server"):
+            started.append(services[name].start())
+        wait_until_up(
+            f"http://127.0.0.1:{ports['api']}/health", cfg.startup_timeout, services["api"]
+        )
+        wait_until_up(
+            f"http://127.0.0.1:{ports['server']}/health", cfg.startup_timeout, services["server"]
+        )
+        for name in ("trainer", "env"):
+            started.append(services[name].start())
+        console.print(f"[dim]logs: {logs}/{{api,server,env,trainer}}.log[/dim]")
+        with Progress(
+            TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("train", total=cfg.steps, info="starting")
+            trainer = services["trainer"]
+            while trainer.alive():
+                for svc in (services["api"], services["server"], services["env"]):
+                    if not svc.alive():
+                        raise ServiceError(f"{svc.name} exited with {svc.returncode}{svc.tail()}")
+                rows = read_metrics(metrics_path)
+                if rows:
+                    recent = rows[-10:]
+                    reward = sum(r["reward_mean"] for r in recent) / len(recent)
+                    bar.update(task, completed=rows[-1]["step"], info=f"reward {reward:.2f}")
+                time.sleep(0.5)
+            if trainer.returncode != 0:
+                raise ServiceError(f"trainer exited with {trainer.returncode}{trainer.tail()}")
+            bar.update(task, completed=cfg.steps)
+    finally:
+        codes = {svc.name: svc.stop() for svc in reversed(started)}
+        (cfg.out / "exit_codes.json").write_text(json.dumps(codes))
+    unclean = {k: v for k, v in codes.items() if v not in (0, None)}
+    if unclean:
+        raise ServiceError(f"processes did not stop cleanly: {unclean}")
+    return read_metrics(metrics_path)
+
+
+def held_out(model: str, cfg: DemoConfig) -> tuple[float, list[dict[str, Any]]]:
+    """Greedy held-out accuracy and the first `samples_shown` (prompt, completion) rows."""
+    from atropos.tiny.warmstart import evaluate_samples
+
+    rows = evaluate_samples(model, cfg.eval_items, seed=cfg.seed + 1000)
+    accuracy = sum(r["correct"] for r in rows) / len(rows)
+    return accuracy, rows
+
+
+def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[str, Any]:
+    """The demo; returns its summary (also in `{out}/summary.json`)."""
+    from atropos.tiny.warmstart import policy_path
+
+    cfg = cfg or DemoConfig()
+    console = console or Console(stderr=True)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    policy = str(Path(cfg.policy or policy_path()).resolve())
+    t0 = time.monotonic()
+    console.print(f"[bold]Atropos demo[/bold]: RL on held-out-checked arithmetic -> {cfg.out}")
+    before, before_rows = held_out(policy, cfg)
+    console.print(f"warm start: held-out accuracy {before:.1%} ({len(before_rows)} items)")
+    metrics = run_loop(cfg, policy, console)
+    final = cfg.out / "trainer" / "checkpoints" / f"step_{cfg.steps}"
+    after, after_rows = held_out(str(final), cfg)
+    console.print(f"trained:    held-out accuracy {after:.1%} ({len(after_rows)} items)")
+    on_policy = [m["logprob_mismatch"] for m in metrics if m.get("logprob_mismatch") is not None]
+    summary = {
+        "held-out accuracy, warm start": before,
+        "held-out accuracy, trained": after,
+        "held-out items": len(after_rows),
+        "steps": len(metrics),
+        "sequences per step": cfg.batch_size,
+        "reward, first 10 steps": _mean([m["reward_mean"] for m in metrics[:10]]),
+        "reward, last 10 steps": _mean([m["reward_mean"] for m in metrics[-10:]]),
+        "logprob mismatch, mean (on-policy tokens)": _mean(on_policy),
+        "logprob mismatch, max step": max(on_policy) if on_policy else None,
+        "on-policy share of sequences": _mean([m["on_policy_fraction"] for m in metrics]),
+        "seed": cfg.seed,
+        "wall time (s)": round(time.monotonic() - t0, 1),
+    }
+    shown = cfg.samples_shown
+    samples = [
+        {
+            "prompt": b["question"], "answer": b["answer"],
+            "before": b["completion"], "before_correct": b["correct"],
+            "after": a["completion"], "after_correct": a["correct"],
+        }
+        for b, a in zip(before_rows[:shown], after_rows[:shown], strict=True)
+    ]  # fmt: skip
+    report = write_report(cfg.out / "report.html", summary, metrics, samples)
+    (cfg.out / "summary.json").write_text(
+        json.dumps({"summary": summary, "config": asdict(cfg)}, indent=2, default=str)
+    )
+    console.print(f"report: {report}")
+    return summary
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,90 @@
+"""Loading a model and replacing its weights in place from a checkpoint directory.
+
+`load_model` is `AutoModelForCausalLM.from_pretrained` in float32 on the chosen device.
+`read_checkpoint` and `check_checkpoint` read a HF checkpoint (`model.safetensors`, or shards
+listed in `model.safetensors.index.json`) and make sure it fits the served model (same tensor
+names and shapes; weights tied to another, which `save_pretrained` omits, may be absent) before
+the engine copies it in between batches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class WeightsError(ValueError):
+    """A checkpoint that cannot replace the served weights; the message says why."""
+
+
+def pick_device(device: str) -> str:
+    """`auto` is cuda when available, else cpu; `cuda` must be available."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    return device
+
+
+def load_model(model_dir: str, device: str) -> Any:
+    """`AutoModelForCausalLM.from_pretrained(model_dir)` in float32 on `device`, for inference."""
+    from atropos.inference.tokenizer import import_transformers_quietly
+
+    transformers = import_transformers_quietly()
+    major = int(transformers.__version__.split(".")[0])
+    dtype_key = "dtype" if major >= 5 else "torch_dtype"  # transformers 5 renamed it
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, **{dtype_key: torch.float32}
+    )
+    model.to(device).eval().requires_grad_(False)
+    return model
+
+
+def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a HF checkpoint directory (`model.safetensors` or a sharded index)."""
+    from safetensors.torch import load_file
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise WeightsError(f"model_path {path!r} is not a directory")
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    elif index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise WeightsError(f"{index} is not a valid safetensors index: {exc}") from exc
+    else:
+        raise WeightsError(f"{path!r} has no model.safetensors or model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        try:
+            state.update(load_file(directory / name))
+        except Exception as exc:  # safetensors raises its own error types
+            raise WeightsError(f"cannot read {directory / name}: {exc}") from exc
+    return state
+
+
+def check_checkpoint(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Raise `WeightsError` unless `state` fits `model` (names, shapes; tied weights may be
+    omitted, as `save_pretrained` omits them)."""
+    expected = model.state_dict()
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise WeightsError(f"the checkpoint has tensors the model lacks: {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise WeightsError(
+                f"{name}: shape {list(tensor.shape)} in the checkpoint, "
+                f"{list(expected[name].shape)} in the model"
+            )
+    given = {expected[name].data_ptr() for name in state}
+    missing = sorted(n for n in set(expected) - set(state) if expected[n].data_ptr() not in given)
+    if missing:
+        raise WeightsError(f"the checkpoint lacks tensors the model needs: {missing[:5]}")

@@ -1,0 +1,91 @@
+"""Weight sync: reload into the local server, restart a server, LoRA hot-swap (vLLM endpoints)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+
+from atropos.api.app import create_app  # noqa: E402
+from atropos.demo.procs import wait_until_up  # noqa: E402
+from atropos.testing import FakeInferenceServer, free_port, serve_in_thread  # noqa: E402
+from atropos.trainer.train import train  # noqa: E402
+
+from .test_train import config, metrics, push_groups  # noqa: E402
+
+
+def served_version(base: str) -> int:
+    body = {"prompt": "hi", "max_tokens": 1, "temperature": 0}
+    return int(httpx.post(f"{base}/v1/completions", json=body, timeout=30).json()["policy_version"])
+
+
+def test_reload_mode_pushes_each_step_to_the_local_server(tiny_model_dir: Path, tmp_path: Path):
+    port = free_port()
+    argv = [sys.executable, "-m", "atropos", "local", "serve", str(tiny_model_dir)]
+    server = subprocess.Popen([*argv, "--port", str(port)], stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{base}/health", 60)
+        assert served_version(base) == 0
+        with serve_in_thread(create_app()) as url:
+            push_groups(url, 4)
+            out = tmp_path / "run"
+            cfg = config(tiny_model_dir, url, out, steps=2, sync="reload", server_url=f"{base}/v1")
+            train(cfg)
+        assert [m["served_policy_version"] for m in metrics(out)] == [1, 2]
+        assert served_version(base) == 2
+        assert sorted(p.name for p in (out / "weights").iterdir()) == ["v1", "v2"]
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_restart_mode_restarts_its_own_server_on_the_new_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    command = (
+        f"{sys.executable} -m atropos local serve {{model}} --port {{port}} "
+        "--policy-version {version}"
+    )
+    base = f"http://127.0.0.1:{port}"
+    with serve_in_thread(create_app()) as url:
+        push_groups(url, 2)
+        out = tmp_path / "run"
+        cfg = config(
+            tiny_model_dir, url, out, steps=1, sync="restart", server_url=f"{base}/v1",
+            server_command=command,
+        )  # fmt: skip
+        train(cfg)
+    assert metrics(out)[-1]["served_policy_version"] == 1
+    with pytest.raises(httpx.TransportError):  # the trainer stopped the server it started
+        httpx.get(f"{base}/health", timeout=2)
+
+
+def test_lora_mode_hot_swaps_adapters_through_vllms_endpoints(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from atropos.local.lora import load_adapter
+
+    with FakeInferenceServer() as srv, serve_in_thread(create_app()) as url:
+        push_groups(url, 4)
+        out = tmp_path / "run"
+        cfg = config(
+            tiny_model_dir, url, out, steps=2, sync="lora", server_url=f"{srv.url}/v1",
+            lora_r=4, lora_alpha=8.0, lora_targets=["q_proj", "v_proj"], lora_name="policy",
+        )  # fmt: skip
+        train(cfg)
+        events = srv.lora.history
+    adapters = out / "adapters"
+    assert [(e.action, e.name) for e in events] == [("load", "policy")] * 3  # v0, v1, v2
+    assert [Path(str(e.path)).name for e in events] == ["v0", "v1", "v2"]
+    adapter = load_adapter(adapters / "v2")
+    assert adapter.r == 4 and sorted(adapter.weights)[0] == "model.layers.0.self_attn.q_proj"
+    a, b = adapter.weights["model.layers.0.self_attn.q_proj"]
+    assert float(b.abs().sum()) > 0  # B starts at zero; two steps moved it
+    assert (out / "checkpoints" / "step_2" / "adapter" / "adapter_config.json").exists()
