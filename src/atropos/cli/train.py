@@ -18,6 +18,7 @@ def main(argv: list[str]) -> int:
     from atropos.trainer.train import TrainConfig, train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
         _check_flags(argv, TrainConfig.model_fields)
         cfg = CliApp.run(TrainConfig, cli_args=argv)

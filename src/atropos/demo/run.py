@@ -13,11 +13,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -41,6 +44,7 @@ class DemoConfig:
     eval_items: int = 400
     samples_shown: int = 12
     policy: str = ""  # default: the shipped warm start
+    env: str = "arithmetic"  # a registered name or module:Class
     max_workers: int = 16
     startup_timeout: float = 120.0
     extra_trainer_flags: list[str] = field(default_factory=list)
@@ -60,7 +64,7 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
             "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
         ],
         "env": [
-            "env", "serve", "arithmetic", "--env.rollout_server_url", api,
+            "env", "serve", cfg.env, "--env.rollout_server_url", api,
             "--env.group_size", str(cfg.group_size), "--env.max_num_workers", str(cfg.max_workers),
             "--env.max_batches_offpolicy", "1", "--env.use_wandb", "false",
             "--env.total_steps", str(cfg.steps), "--env.steps_per_eval", "0",
@@ -91,6 +95,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, Any]]:
     """Steps 2 and 3: the four processes until the trainer is done; its metrics rows."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
     ports = {"api": free_port(), "server": free_port()}
     argv = service_commands(cfg, policy, ports)
     logs = cfg.out / "logs"
@@ -123,7 +128,9 @@ def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, A
                     if not svc.alive():
                         raise ServiceError(f"{svc.name} exited with {svc.returncode}{svc.tail()}")
                 rows = read_metrics(metrics_path)
-                if rows:
+                if not rows:
+                    bar.update(task, info=_queue_info(ports["api"]))
+                else:
                     recent = rows[-10:]
                     reward = sum(r["reward_mean"] for r in recent) / len(recent)
                     bar.update(task, completed=rows[-1]["step"], info=f"reward {reward:.2f}")
@@ -144,7 +151,8 @@ def held_out(model: str, cfg: DemoConfig) -> tuple[float, list[dict[str, Any]]]:
     """Greedy held-out accuracy and the first `samples_shown` (prompt, completion) rows."""
     from atropos.tiny.warmstart import evaluate_samples
 
-    rows = evaluate_samples(model, cfg.eval_items, seed=cfg.seed + 1000)
+    # the same held-out items whatever the seed, so runs differ only by their training
+    rows = evaluate_samples(model, cfg.eval_items, seed=0)
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     return accuracy, rows
 
@@ -155,6 +163,8 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
 
     cfg = cfg or DemoConfig()
     console = console or Console(stderr=True)
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the children too
+        signal.signal(signal.SIGTERM, _exit_on_signal)
     cfg.out.mkdir(parents=True, exist_ok=True)
     policy = str(Path(cfg.policy or policy_path()).resolve())
     t0 = time.monotonic()
@@ -195,6 +205,18 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
     )
     console.print(f"report: {report}")
     return summary
+
+
+def _queue_info(port: int) -> str:
+    try:
+        status = httpx.get(f"http://127.0.0.1:{port}/status", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return "waiting for the API"
+    return f"waiting for the first batch: {status.get('queue_size', '?')} groups queued"
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_loop's `finally`, which stops everything
 
 
 def _mean(values: list[float]) -> float | None:
