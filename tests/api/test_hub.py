@@ -275,3 +275,17 @@ def test_huge_min_batch_allocations_are_clamped_not_a_crash(hub):
     hub.ingest([make_group(2, env_id=a, tag=t) for t in range(2)])
     assert hub.next_batch(None) is None  # b's share (half the batch) is not met yet
     assert hub.status_env(a)["unallocated_fraction"] == 0.0
+
+
+def test_leased_groups_are_not_backlog_for_env_pacing(hub, clock):
+    start(hub, batch_size=4)
+    a = hub.register_env(env_request("a", group_size=2))["env_id"]
+    hub.ingest([make_group(2, env_id=a) for _ in range(3)])
+    leased = hub.next_batch(600.0)
+    assert hub.status()["queue_size"] == 3  # not consumed yet
+    assert hub.status_env(a)["self_queue_size"] == 1  # but only one group waits for a batch
+    assert hub.status_env(a)["queue_size"] == 1
+    hub.ack(leased.batch_id)
+    assert hub.status()["queue_size"] == 1 and hub.status_env(a)["self_queue_size"] == 1
+    again = hub.next_batch(600.0)
+    assert again is None  # one group of 2 cannot make 4

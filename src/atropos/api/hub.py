@@ -116,9 +116,12 @@ class Hub:
         self.batches: dict[str, BatchRow] = {b.batch_id: b for b in snap.batches}
         self.sizes: Counter[int] = Counter()
         self.env_seqs: Counter[int | None] = Counter()
+        self.env_leased: Counter[int | None] = Counter()  # of env_seqs, in leased batches
         self.env_sizes: dict[int | None, Counter[int]] = {}
         for row in snap.groups:
             self._count_in(row)
+            if row.batch_id:
+                self.env_leased[row.env_id] += row.size
 
     def _count_in(self, row: GroupRow) -> None:
         self.sizes[row.size] += 1
@@ -235,6 +238,7 @@ class Hub:
             for r in chosen:
                 r.batch_id = batch.batch_id
                 self.leased[r.seq] = r
+                self.env_leased[r.env_id] += r.size
             served = Served(bodies, step, batch.batch_id, batch.expires)
         for r in chosen:
             del self.queue[r.seq]
@@ -280,7 +284,9 @@ class Hub:
         del self.batches[batch_id]
         self._recent_acks.append(batch_id)
         for seq in batch.seqs:
-            self._count_out(self.leased.pop(seq))
+            row = self.leased.pop(seq)
+            self._count_out(row)
+            self.env_leased[row.env_id] -= row.size
         return {"status": "acknowledged"}
 
     # ----- environments ----------------------------------------------------------------------
@@ -398,7 +404,12 @@ class Hub:
         return {"current_step": self.step, "queue_size": self.queued_groups()}
 
     def status_env(self, env_id: int) -> dict[str, Any]:
-        """`/status-env`: upstream's arithmetic (spec §1.8) over live envs, with no side effect."""
+        """`/status-env`: upstream's arithmetic (spec §1.8) over live envs, with no side effect.
+
+        The queue here is what waits to be batched: groups already handed to the trainer in a
+        leased batch are not backlog for off-policy pacing, even before they are acknowledged
+        (a trainer that acknowledges at checkpoints would otherwise stall its environments).
+        """
         me = self.env(env_id)
         self.heartbeat(env_id)
         live = {e.env_id: e for e in self.live_envs()}
@@ -408,10 +419,11 @@ class Hub:
         allocated = sum(_share(e) for e in live.values())
         big = max(self.sizes, default=1)
         own_group = max(me.group_size, max(self.env_sizes.get(env_id, ()), default=0))
-        own = self.env_seqs[env_id]
+        waiting = self.env_seqs - self.env_leased  # Counter subtraction keeps positives
+        own = waiting[env_id]
         batch = max(self.batch_size, 0)
         available = 0
-        for other, seqs in self.env_seqs.items():
+        for other, seqs in waiting.items():
             if other == env_id or seqs <= 0:
                 continue
             packed = math.ceil(seqs / big) * big
