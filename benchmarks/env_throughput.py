@@ -20,16 +20,21 @@ Modes, each run on fresh processes:
   mode is sequential: one group at a time whatever the flag says); rollouts are counted from the
   file as it grows.
 
-A rollout is one completion. Every worker holds one group: `group_size` completions requested as
-ONE `n = group_size` request, which the fake server answers after `latency` seconds. So the
-ideal is `workers * group_size / latency` rollouts per second: every worker always waiting on
-the server, the env costing no time at all. After the first rollout and `--warmup` seconds, we
-count rollouts over a `--duration` second window and read, from /proc, the CPU time
-(utime + stime, reaped children included) of each process tree over the same window: the env,
-the fake server, the API, this process (the trainer) and everything else on the machine
-("other processes' CPU s", from /proc/stat: noise in the timings). "all-cores ceiling" is the
-rate at which every core of the machine would be busy at the run's CPU per rollout of the
-loop's processes (env + fake server + API + trainer): what the machine could give at most.
+A rollout is one completion. A worker is one `collect_trajectories` in flight, i.e. one group:
+`group_size` (G) completions requested as ONE `n = G` request, which the fake server answers
+after `latency` seconds. So the ideal is `workers * G / latency` rollouts per second: every
+worker always waiting on the server, the env costing no time at all. `--group-size 1` makes a
+rollout one request (the ideal is then `workers / latency`). After the first rollout and
+`--warmup` seconds, we count rollouts over a `--duration` second window and read, from /proc,
+the CPU time (utime + stime, reaped children included) of each process tree over the same
+window: the env, the fake server, the API, this process (the trainer) and everything else on the
+machine ("other processes' CPU s", from /proc/stat: noise in the timings).
+
+The machine has a ceiling of its own: "loop CPU us/rollout" is the CPU all the loop's
+processes (env + fake server + API + trainer) spent per rollout, and "all-cores ceiling" the
+rate at which every core would be busy at that cost (`nproc / loop CPU per rollout`): what this
+machine could give at most, whatever the runtime's concurrency. "% of ceiling" is the measured
+rate against it; where the ideal is above the ceiling, no runtime can reach the ideal here.
 
 When both runtimes ran in process mode, their JSONL files are compared group by group for the
 prompts both made (the fake server answers a prompt the same way every time): every group must
@@ -40,6 +45,8 @@ Usage:
     .venv/bin/python benchmarks/env_throughput.py --json benchmarks/results/env_throughput.json \
         --markdown benchmarks/results/env_throughput.md
     .venv/bin/python benchmarks/env_throughput.py --only ours --workers 256 --modes serve
+    .venv/bin/python benchmarks/env_throughput.py --workers 1024 --group-size 1 --modes serve \
+        --json benchmarks/results/env_throughput_g1.json   # one rollout = one request (extra)
     .venv/bin/python benchmarks/env_throughput.py --only ours --workers 1024 --modes serve \
         --profile runs/env-profile   # py-spy on our env during the window (slows it down)
 
@@ -389,6 +396,7 @@ class RunResult:
     empty_polls: int = 0
     env_log_errors: int = 0  # "Traceback" / "Error" lines in the env's log
     ideal_per_s: float = 0.0
+    group_size: int = 8  # completions per group (one request with n = group_size)
     nproc: int = field(default_factory=lambda: os.cpu_count() or 1)
     profile: str | None = None
     groups_file: str | None = None  # process mode: the env's JSONL (for the same-work check)
@@ -404,6 +412,7 @@ class RunResult:
         rate = self.rollouts / self.window_s if self.window_s else 0.0
         loop_cpu = self.env_cpu_s + self.fake_server_cpu_s + self.api_cpu_s + self.bench_cpu_s
         per = self.env_cpu_s / self.rollouts if self.rollouts else 0.0
+        ceiling = self.rollouts * self.nproc / loop_cpu if loop_cpu else 0.0
         return {
             "rollouts_per_s": rate,
             "groups_per_s": self.groups / self.window_s if self.window_s else 0.0,
@@ -418,7 +427,9 @@ class RunResult:
             "other_cpu_s": self.other_cpu_s,
             # the rate with every core busy at this run's CPU per rollout of the loop's processes
             # (env, fake server, API, trainer; other processes' noise left out)
-            "cpu_ceiling_per_s": self.rollouts * self.nproc / loop_cpu if loop_cpu else 0.0,
+            "cpu_ceiling_per_s": ceiling,
+            "loop_cpu_us_per_rollout": 1e6 * loop_cpu / self.rollouts if self.rollouts else 0.0,
+            "pct_of_ceiling": 100 * rate / ceiling if ceiling else 0.0,
         }
 
 
@@ -468,7 +479,7 @@ async def measure_run(
     api: Proc | None = None
     env: Proc | None = None
     tasks: list[asyncio.Task[None]] = []
-    result = RunResult(runtime, mode, workers, repeat=repeat)
+    result = RunResult(runtime, mode, workers, repeat=repeat, group_size=w.group_size)
     counter = Counter()
     stats: collections.Counter[str] = collections.Counter()
     profiler: subprocess.Popen[bytes] | None = None
@@ -658,8 +669,8 @@ def same_work(ours_files: Sequence[str], upstream_files: Sequence[str]) -> dict[
 # ----- report -------------------------------------------------------------------------------------
 
 
-def _config(r: RunResult) -> tuple[str, str, int]:
-    return (r.runtime, r.mode, r.workers)
+def _config(r: RunResult) -> tuple[str, str, int, int]:
+    return (r.runtime, r.mode, r.workers, r.group_size)
 
 
 def noise(r: RunResult) -> float:
@@ -670,7 +681,7 @@ def noise(r: RunResult) -> float:
 def least_disturbed(results: list[RunResult]) -> list[RunResult]:
     """Each configuration's run that other processes disturbed least, in the order the
     configurations first ran."""
-    groups: dict[tuple[str, str, int], list[RunResult]] = {}
+    groups: dict[tuple[str, str, int, int], list[RunResult]] = {}
     for r in results:
         groups.setdefault(_config(r), []).append(r)
     return [min(runs, key=noise) for runs in groups.values()]
@@ -688,11 +699,11 @@ SPREAD_HEADERS = [
 
 def spread_rows(results: list[RunResult]) -> list[list[str]]:
     """Per configuration, the spread of the two headline numbers over the repeats."""
-    groups: dict[tuple[str, str, int], list[RunResult]] = {}
+    groups: dict[tuple[str, str, int, int], list[RunResult]] = {}
     for r in results:
         groups.setdefault(_config(r), []).append(r)
     rows = []
-    for (runtime, mode, _), runs in groups.items():
+    for (runtime, mode, _, _), runs in groups.items():
         rates = [r.summary()["rollouts_per_s"] for r in runs]
         cpus = [r.summary()["env_cpu_us_per_rollout"] for r in runs]
         rows.append(
@@ -733,16 +744,17 @@ def cpu_rows(
     over every run of a configuration (`every_run`, default `results`), so one noisy repeat
     does not decide the ratio."""
     pool = every_run if every_run is not None else results
-    per: dict[tuple[str, str, int], list[float]] = {}
+    per: dict[tuple[str, str, int, int], list[float]] = {}
     for r in pool:
         per.setdefault(_config(r), []).append(r.summary()["env_cpu_us_per_rollout"])
     out = []
     by = {_config(r): r for r in results}
     ups = [r for r in results if r.runtime == "upstream"]
     for ours in [r for r in results if r.runtime == "ours"]:
-        up = by.get(("upstream", ours.mode, ours.workers))
+        up = by.get(("upstream", ours.mode, ours.workers, ours.group_size))
         if up is None and ours.mode == "process":  # upstream's process mode: one setting only
-            up = next((u for u in ups if u.mode == "process"), None)
+            same = (u for u in ups if u.mode == "process" and u.group_size == ours.group_size)
+            up = next(same, None)
         if up is None:
             continue
         a, b = _median(per[_config(ours)]), _median(per[_config(up)])
@@ -760,26 +772,32 @@ def _verdict(met: bool | None) -> str:
     return "" if met is None else ("met" if met else "MISSED")
 
 
-def _workers_text(r: RunResult) -> str:
-    return f"{r.workers} (runs 1)" if r.concurrency != r.workers else str(r.workers)
+def _workers_text(r: RunResult, with_group: bool = True) -> str:
+    text = f"{r.workers} (runs 1)" if r.concurrency != r.workers else str(r.workers)
+    if with_group and r.group_size != Workload().group_size:
+        text += f", G={r.group_size}"
+    return text
 
 
 RUN_HEADERS = [
     "runtime",
     "mode",
     "workers",
+    "G",
     "rollouts/s",
     "ideal/s",
     "% of ideal",
     "target",
     "verdict",
     "env CPU us/rollout",
+    "loop CPU us/rollout",
+    "all-cores ceiling/s",
+    "% of ceiling",
     "env cores",
     "fake server cores",
     "API cores",
     "trainer cores",
     "machine cores",
-    "all-cores ceiling/s",
     "other processes' CPU s",
 ]
 
@@ -789,19 +807,22 @@ def _run_cells(row: dict[str, Any], target_pct: float) -> list[str]:
     return [
         r.runtime,
         r.mode,
-        _workers_text(r),
+        _workers_text(r, with_group=False),
+        str(r.group_size),
         f"{s['rollouts_per_s']:,.0f}",
         f"{s['ideal_per_s']:,.0f}",
         f"{s['pct_of_ideal']:.1f}",
         f">= {target_pct:g}%" if r.runtime == "ours" else "",
         _verdict(row["met"]),
         f"{s['env_cpu_us_per_rollout']:.0f}",
+        f"{s['loop_cpu_us_per_rollout']:.0f}",
+        f"{s['cpu_ceiling_per_s']:,.0f}",
+        f"{s['pct_of_ceiling']:.0f}",
         f"{s['env_cores']:.2f}",
         f"{s['fake_server_cores']:.2f}",
         f"{s['api_cores']:.2f}" if r.mode == "serve" else "",
         f"{s['bench_cores']:.2f}",
         f"{s['machine_cores']:.2f}",
-        f"{s['cpu_ceiling_per_s']:,.0f}",
         f"{s['other_cpu_s']:.2f}",
     ]
 
@@ -1014,10 +1035,12 @@ async def run_all(
             )
         s = r.summary()
         console.log(
-            f"{runtime} {mode} {workers}: {s['rollouts_per_s']:,.0f} rollouts/s"
-            f" ({s['pct_of_ideal']:.1f}% of {s['ideal_per_s']:,.0f}),"
+            f"{runtime} {mode} {workers} G={w.group_size}: {s['rollouts_per_s']:,.0f} rollouts/s"
+            f" ({s['pct_of_ideal']:.1f}% of {s['ideal_per_s']:,.0f} ideal,"
+            f" {s['pct_of_ceiling']:.0f}% of the {s['cpu_ceiling_per_s']:,.0f} all-cores ceiling),"
             f" env {s['env_cpu_us_per_rollout']:.0f} us CPU/rollout on {s['env_cores']:.2f}"
-            f" cores; machine {s['machine_cores']:.2f} cores; others {r.other_cpu_s:.2f} CPU s"
+            f" cores; loop {s['loop_cpu_us_per_rollout']:.0f} us CPU/rollout; machine"
+            f" {s['machine_cores']:.2f} cores; others {r.other_cpu_s:.2f} CPU s"
         )
         if r.other_cpu_s > 0.1 * r.window_s:
             console.log(

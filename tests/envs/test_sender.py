@@ -201,3 +201,34 @@ def test_bodies_are_compact_utf8_json_with_a_fallback():
     assert json.loads(body) == batch and "é ✓".encode() in body
     huge = [{"tokens": [[2**70]]}]  # msgspec stops at 64-bit integers; json does not
     assert json.loads(_encode(huge)) == huge
+
+
+def test_bodies_are_gzipped_except_to_this_machine(tmp_path):
+    assert Sender("http://127.0.0.1:8000", tmp_path / "a.jsonl").compress is False
+    assert Sender("http://localhost:8000", tmp_path / "b.jsonl").compress is False
+    assert Sender("http://[::1]:8000", tmp_path / "c.jsonl").compress is False
+    assert Sender("http://api.example.com", tmp_path / "d.jsonl").compress is True
+    assert Sender("http://127.0.0.1:8000", tmp_path / "e.jsonl", compress=True).compress
+
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        registered(url)
+
+        async def main() -> Sender:
+            sender = Sender(url, tmp_path / "spool.jsonl", compress=True, linger=0.01)
+            await sender.start()
+            for t in range(40):  # bodies well over GZIP_MIN
+                sender.submit(group(t))
+            await sender.close()
+            return sender
+
+        sender = asyncio.run(main())
+        assert sender.stats.sent == 40 and sender.stats.rejected == 0
+        assert sorted(drain(url)) == list(range(40))
+
+
+def test_group_ids_are_unique_32_hex_digits():
+    from atropos.envs.runner.groups import new_group_id
+
+    ids = {new_group_id() for _ in range(10_000)}
+    assert len(ids) == 10_000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)

@@ -21,6 +21,11 @@ samples) is done here. A whole environment fits in a dozen lines:
 Token fidelity: with a `vllm`, `sglang` or `trl` server the group's tokens, masks and logprobs
 are the server's own ids (`token_source: "server"`); with a text-only `openai` server the
 conversation is tokenized locally (`token_source: "retokenized"`, no logprobs).
+
+Policy version: when the inference server reports the weight version that generated an answer
+(`policy_version`, as our local server does), each rollout carries it and the group is stamped
+with the lowest one (its oldest tokens); otherwise the runner stamps the trainer step at which
+the rollout started.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ from atropos.envs.types import Item, Message, ScoredDataGroup
 
 @dataclass
 class Rollout:
-    """One sampled completion, ready to train on."""
+    """One sampled completion, ready to train on.
+
+    `policy_version` is the lowest weight version the server reported for its tokens (None
+    when the server reports none; the runner then stamps the trainer step instead).
+    """
 
     text: str
     tokens: list[int]
@@ -46,6 +55,7 @@ class Rollout:
     logprobs: list[float] | None
     finish_reason: str
     token_source: str
+    policy_version: int | None = None
 
 
 class Env(BaseEnv):
@@ -100,7 +110,10 @@ class Env(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         messages = self.prompt(item)
         rollouts = await self.generate(messages, n=self.config.group_size)
-        scores = [await self._score(item, r.text) for r in rollouts]
+        scores = []
+        for r in rollouts:  # one at a time, as before; a float needs no coroutine around it
+            value = self.score(item, r.text)
+            scores.append(value if type(value) is float else await self._resolve(value))
         group: dict[str, Any] = {
             "tokens": [r.tokens for r in rollouts],
             "masks": [r.masks for r in rollouts],
@@ -110,6 +123,9 @@ class Env(BaseEnv):
         }
         if all(r.logprobs is not None for r in rollouts):
             group["inference_logprobs"] = [r.logprobs for r in rollouts]
+        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
+        if versions:  # the weights that made the oldest tokens (else the runner stamps the step)
+            group["policy_version"] = min(versions)
         return group, []  # type: ignore[return-value]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -138,7 +154,11 @@ class Env(BaseEnv):
     # ----- generation ---------------------------------------------------------------------------
 
     async def _score(self, item: Item, text: str) -> float:
-        value = self.score(item, text)
+        return await self._resolve(self.score(item, text))
+
+    @staticmethod
+    async def _resolve(value: Any) -> float:
+        """A score as a float (awaited first when `score` is async)."""
         if inspect.isawaitable(value):
             value = await value
         return float(value)
@@ -162,9 +182,28 @@ class Env(BaseEnv):
         if self._server_type() == "openai":
             return await self._generate_text_only(messages, n, split, params)
         async with self.server.managed_server(tokenizer=tokenizer) as managed:
-            reply = await managed.chat_completion(messages=messages, n=n, split=split, **params)
-            # this session ends here, so its nodes (and their rows) are ours to keep: no copy
-            nodes = list(managed.nodes)
+            chat_turn = getattr(managed, "chat_turn", None)
+            if chat_turn is None:  # a session without the lean call: read the OpenAI reply
+                reply = await managed.chat_completion(messages=messages, n=n, split=split, **params)
+                nodes = list(managed.nodes)
+            else:
+                # this session ends here, so its nodes (and their rows) are ours to keep: no copy
+                turn = await chat_turn(messages=messages, n=n, split=split, **params)
+        if chat_turn is not None:
+            return [
+                Rollout(
+                    content,
+                    node.tokens,
+                    node.masked_tokens,
+                    node.logprobs,
+                    reason,
+                    node.token_source,
+                    node.policy_version,
+                )
+                for content, reason, node in zip(
+                    turn.contents, turn.finish_reasons, turn.nodes, strict=True
+                )
+            ]
         return [
             Rollout(
                 text=choice.message.content or "",
@@ -173,6 +212,7 @@ class Env(BaseEnv):
                 logprobs=node.logprobs,
                 finish_reason=str(choice.finish_reason),
                 token_source=getattr(node, "token_source", "server"),
+                policy_version=getattr(node, "policy_version", None),
             )
             for choice, node in zip(reply.choices, nodes[-len(reply.choices) :], strict=True)
         ]
@@ -180,9 +220,11 @@ class Env(BaseEnv):
     async def _generate_text_only(
         self, messages: list[Message], n: int, split: str, params: dict[str, Any]
     ) -> list[Rollout]:
+        from atropos.inference.base import PolicyVersions
         from atropos.inference.tokenize import tokenize_for_trainer
 
-        reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
+        with PolicyVersions() as seen:
+            reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
         rollouts = []
         for choice in reply.choices:
             text = choice.message.content or ""
@@ -198,6 +240,7 @@ class Env(BaseEnv):
                     None,
                     str(choice.finish_reason),
                     "retokenized",
+                    seen.lowest,
                 )
             )
         return rollouts

@@ -2,21 +2,22 @@
 
 A backend (`openai.py`, `vllm.py`, `sglang.py`, `trl.py`) talks to one server. It makes exactly
 one attempt per call: retries, failover, capacity and deadlines belong to `manager.ServerManager`.
-`HTTPBackend` holds one `aiohttp.ClientSession` per backend, opened lazily inside the running
-loop, with an unlimited keep-alive connection pool (aiohttp's default caps a session at 100
-connections, which would queue RL workloads that keep thousands of requests in flight), and
-translates every transport failure into `errors.InferenceError` in one place (`_request`).
+`HTTPBackend` holds one `http.HTTPClient` per backend (a lean keep-alive HTTP/1.1 client,
+opened lazily inside the running loop, with an unlimited connection pool: RL workloads keep
+thousands of requests in flight), and translates every transport failure into
+`errors.InferenceError` in one place (`_request`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 from collections.abc import Awaitable, Iterable, Mapping
+from types import TracebackType
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import msgspec
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -24,6 +25,7 @@ from typing_extensions import TypedDict
 
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
+from atropos.inference.http import HTTPClient
 
 Split = Literal["train", "eval"]
 T = TypeVar("T")
@@ -33,6 +35,83 @@ TokensAndLogprobs = tuple[list[int], list[list[int]], list[list[float]], list[st
 
 MISSING_LOGPROB = -9999.0
 """Stands in for a logprob the server reports as null (vLLM's own convention for -inf)."""
+
+
+class PolicyVersions:
+    """The lowest `policy_version` the inference servers reported while this was current.
+
+    Servers that hot-swap weights (our local server) put a top-level `"policy_version": <int>`
+    in their answers: the weight version that generated every token of that answer. Every
+    backend call notes it (`note_policy_version`, in `HTTPBackend._request`) into the
+    `PolicyVersions` of the calling context. Use `with PolicyVersions() as seen: ...`: calls
+    made inside the block, by this task or by tasks it starts there (they copy the context),
+    are noted in `seen.lowest` (None when no server reported a version), and also in any
+    `PolicyVersions` block around it. The env runners open one per rollout (a group is stamped
+    with the lowest version of its completions); `ManagedServer` opens one per generation (a
+    sequence node records the lowest version of its tokens).
+
+    >>> with PolicyVersions() as outer:
+    ...     with PolicyVersions() as inner:
+    ...         note_policy_version({"choices": [], "policy_version": 7})
+    ...     note_policy_version({"policy_version": 5})
+    >>> inner.lowest, outer.lowest
+    (7, 5)
+    """
+
+    __slots__ = ("lowest", "_outer", "_token")
+
+    def __init__(self) -> None:
+        self.lowest: int | None = None
+        self._outer: PolicyVersions | None = None
+        self._token: contextvars.Token[PolicyVersions | None] | None = None
+
+    def note(self, version: int) -> None:
+        """Record one reported version here and in every block around this one."""
+        box: PolicyVersions | None = self
+        while box is not None:
+            if box.lowest is None or version < box.lowest:
+                box.lowest = version
+            box = box._outer
+
+    def __enter__(self) -> PolicyVersions:
+        self._outer = _POLICY_VERSIONS.get()
+        self._token = _POLICY_VERSIONS.set(self)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _POLICY_VERSIONS.reset(self._token)
+            self._token = None
+
+
+_POLICY_VERSIONS: contextvars.ContextVar[PolicyVersions | None] = contextvars.ContextVar(
+    "atropos_policy_versions", default=None
+)
+
+
+def _version_of(answer: Any) -> int | None:
+    if isinstance(answer, dict):
+        version = answer.get("policy_version")
+    elif isinstance(answer, list):  # SGLang answers n > 1 with a list of objects
+        found = [_version_of(item) for item in answer if isinstance(item, dict)]
+        return min((v for v in found if v is not None), default=None)
+    else:  # a typed answer (msgspec Struct) or None
+        version = getattr(answer, "policy_version", None)
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
+def note_policy_version(answer: Any) -> None:
+    """Note the answer's top-level `policy_version` (if any) in the current `PolicyVersions`."""
+    box = _POLICY_VERSIONS.get()
+    if box is not None:
+        version = _version_of(answer)
+        if version is not None:
+            box.note(version)
 
 
 class PromptLogprobs(TypedDict):
@@ -159,8 +238,7 @@ def _encode_hook(obj: Any) -> Any:
 _ENCODER = msgspec.json.Encoder(enc_hook=_encode_hook)
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
+def _retry_after(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
@@ -189,7 +267,8 @@ class HTTPBackend:
         self.base_url = config.base_url.rstrip("/")
         self.root = server_root(config.base_url)
         self.tokenizer: Any = tokenizer
-        self._session: aiohttp.ClientSession | None = None
+        self._bos: tuple[Any, int | None] = (None, None)
+        self._session: HTTPClient | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -207,71 +286,80 @@ class HTTPBackend:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _http(self) -> aiohttp.ClientSession:
+    def _http(self) -> HTTPClient:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, keepalive_timeout=75.0, ttl_dns_cache=300
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=None)
-            )
+            self._session = HTTPClient(self._headers())
         return self._session
 
     async def _request(
-        self, method: str, url: str, body: Any = None, *, timeout: float | None = None
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        decoder: msgspec.json.Decoder[Any] | None = None,
     ) -> Any:
-        """One HTTP exchange, JSON in and out; every failure becomes an `InferenceError`."""
+        """One HTTP exchange, JSON in and out; every failure becomes an `InferenceError`.
+
+        `decoder` reads the answer into a typed shape (a fast path); an answer it cannot read
+        that is still JSON is returned as plain JSON data, for the caller's general path. A
+        top-level `policy_version` in the answer is recorded (`note_policy_version`).
+        """
         total = self.config.timeout if timeout is None else timeout
-        limits = aiohttp.ClientTimeout(total=total, sock_connect=min(total, 30.0))
         data = None if body is None else _ENCODER.encode(body)
         try:
-            async with self._http().request(
-                method, url, data=data, headers=self._headers(), timeout=limits
-            ) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    raise InferenceError.from_status(
-                        resp.status,
-                        raw.decode("utf-8", "replace"),
-                        server=self.base_url,
-                        retry_after=_retry_after(resp.headers),
-                    )
-        except InferenceError:
-            raise
+            answer = await self._http().request(method, url, data, timeout=total)
         except TimeoutError as exc:
             raise InferenceTimeout(
                 f"{method} {url}: no answer within {total:g} s", server=self.base_url
             ) from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:  # refused, reset, unreachable, not HTTP (ConnectionError)
             raise InferenceError(
                 f"{method} {url}: {type(exc).__name__}: {exc}",
                 retryable=True,
                 kind="connection",
                 server=self.base_url,
             ) from exc
+        status, raw = answer.status, answer.body
+        if status >= 400:
+            raise InferenceError.from_status(
+                status,
+                raw.decode("utf-8", "replace"),
+                server=self.base_url,
+                retry_after=_retry_after(answer.headers.get("retry-after")),
+            )
+        if not raw:
+            return None
         try:
-            return msgspec.json.decode(raw) if raw else None
+            if decoder is not None:
+                try:
+                    data = decoder.decode(raw)
+                except msgspec.ValidationError:
+                    data = msgspec.json.decode(raw)  # JSON of another shape: the slow path
+            else:
+                data = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise InferenceError(
                 f"{method} {url}: the answer is not JSON ({raw[:200]!r})", server=self.base_url
             ) from exc
+        note_policy_version(data)
+        return data
 
-    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
-        return await self._request("POST", url, body)
+    async def _post(
+        self, url: str, body: Mapping[str, Any], decoder: msgspec.json.Decoder[Any] | None = None
+    ) -> Any:
+        return await self._request("POST", url, body, decoder=decoder)
 
     async def check_health(self, timeout: float = 5.0) -> bool:
         """True when `GET health_url` answers 2xx within `timeout` seconds. Spends no tokens."""
-        limits = aiohttp.ClientTimeout(total=timeout)
         try:
-            async with self._http().get(
-                self.health_url, headers=self._headers(), timeout=limits
-            ) as resp:
-                await resp.read()  # any body (JSON, text or none); only the status counts
-                return 200 <= resp.status < 300
-        except (TimeoutError, aiohttp.ClientError, OSError):
+            answer = await self._http().request("GET", self.health_url, timeout=timeout)
+        except (TimeoutError, OSError):
             return False
+        return 200 <= answer.status < 300  # any body (JSON, text or none); only the status counts
 
     async def aclose(self) -> None:
         """Close the connection pool; the backend cannot be used afterwards."""
@@ -317,12 +405,21 @@ class HTTPBackend:
         if input_ids is None and prompt is None:
             raise ValueError("pass prompt= or input_ids=")
         if input_ids is not None:
-            ids = [int(t) for t in input_ids]
+            ids = input_ids  # taken as is when it is a list of ints (checked by its first)
+            if type(ids) is not list or (ids and type(ids[0]) is not int):
+                ids = [int(t) for t in input_ids]
         elif require or self.tokenizer is not None or self.config.tokenizer_name != "none":
             ids = list((await self._get_tokenizer()).encode(prompt))
         else:
             return None
-        return strip_double_bos(ids, getattr(self.tokenizer, "bos_token_id", None))
+        return strip_double_bos(ids, self._bos_id())
+
+    def _bos_id(self) -> int | None:
+        """The tokenizer's BOS id, read once per tokenizer (transformers computes it on every
+        read)."""
+        if self._bos[0] is not self.tokenizer:
+            self._bos = (self.tokenizer, getattr(self.tokenizer, "bos_token_id", None))
+        return self._bos[1]
 
     def _unsupported(self, what: str, hint: str) -> UnsupportedOperation:
         return UnsupportedOperation(

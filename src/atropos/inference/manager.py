@@ -127,6 +127,24 @@ class PinnedServer:
         return result
 
 
+class _Session:
+    """`async with manager.managed_server(...)`: the `ManagedServer`, reset on exit. A plain
+    class: entered once per rollout, and cheaper than a generator-based context manager."""
+
+    __slots__ = ("_managed",)
+
+    def __init__(self, managed: Any) -> None:
+        self._managed = managed
+
+    async def __aenter__(self) -> Any:
+        return self._managed
+
+    async def __aexit__(self, *exc: object) -> None:
+        reset = getattr(self._managed, "reset", None)
+        if callable(reset):
+            reset()
+
+
 class ServerManager:
     """Routes calls over inference servers; an async context manager (`aclose()` on exit).
 
@@ -219,35 +237,32 @@ class ServerManager:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def managed_server(
+    def managed_server(
         self, tokenizer: Any = None, *, base_url: str | None = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
         """A `ManagedServer` (token-exact session) on the least-loaded healthy token server.
 
-        `base_url` picks a specific server; extra kwargs go to `ManagedServer`. Its `reset()` runs
-        on exit, so read its state inside the block.
+        Use as `async with manager.managed_server(tokenizer) as managed:`. `base_url` picks a
+        specific server; extra kwargs go to `ManagedServer`. Its `reset()` runs on exit, so read
+        its state inside the block.
         """
         from atropos.inference.managed import ManagedServer
 
         self._check_open("train")
         only = self._eligible("tokens_and_logprobs_completion")
+        slots = self._pool.slots
         if base_url is not None:
-            matches = [s for s in self._pool.slots if s.config.base_url == base_url]
+            matches = [s for s in slots if s.config.base_url == base_url]
             if not matches or matches[0].index not in only:
                 raise ValueError(f"no token-capable server at {base_url!r}; have {self!r}")
             slot = matches[0]
+        elif len(slots) == 1 and slots[0].index in only:
+            slot = slots[0]  # one server: nothing to choose (the common case, once per rollout)
         else:
-            healthy = [s for s in self._pool.slots if s.index in only and s.healthy]
-            candidates = healthy or [s for s in self._pool.slots if s.index in only]
+            healthy = [s for s in slots if s.index in only and s.healthy]
+            candidates = healthy or [s for s in slots if s.index in only]
             slot = min(candidates, key=lambda s: (s.load("train"), s.index))
-        managed = ManagedServer(PinnedServer(self, slot), tokenizer, **kwargs)
-        try:
-            yield managed
-        finally:
-            reset = getattr(managed, "reset", None)
-            if callable(reset):
-                reset()
+        return _Session(ManagedServer(PinnedServer(self, slot), tokenizer, **kwargs))
 
     @contextlib.asynccontextmanager
     async def dedicated_server(self, split: str = "train") -> AsyncIterator[PinnedServer]:
@@ -344,17 +359,18 @@ class ServerManager:
         only = self._eligible(method)
         tried: set[int] = set()
         attempt = 0
+        pool = self._pool
         while True:
             attempt += 1
             wait = 0.0
             if pin is not None and pin.held is not None:
                 slot, owned = pin.slot, False  # a dedicated server: its unit is already held
             else:
-                slot = await self._pool.acquire(
+                slot = await pool.acquire(
                     split,
                     deadline,
                     prefer=pin.slot if pin is not None and pin.slot.index not in tried else None,
-                    avoid=frozenset(tried),
+                    avoid=tried,
                     only=only,
                 )
                 owned = True
@@ -388,6 +404,8 @@ class ServerManager:
                 return result
             finally:
                 if owned:
-                    await self._pool.release(slot, split)
+                    slot.in_flight[split] -= 1
+                    if pool.waiting(split):  # wake one waiter for the unit given back
+                        await pool.notify(split)
             if wait:
                 await asyncio.sleep(wait)

@@ -8,7 +8,8 @@ Wire contract (OpenAI API reference, https://platform.openai.com/docs/api-refere
   We read the whole answer as `openai.types.chat.ChatCompletion` / `openai.types.Completion`
   (validated; when a server's answer strays from OpenAI's types, e.g. an unknown finish reason,
   built leniently with `model_construct` as the OpenAI client does). Server extras such as
-  vLLM's `prompt_token_ids` survive as attributes.
+  vLLM's `prompt_token_ids` survive as attributes, as does our local server's top-level
+  `policy_version`, which is also noted for the caller (`base.PolicyVersions`).
 - Health: `GET {base_url}/models` (lists models; spends no tokens). Upstream probed with a real
   one-token generation every second (W-SRV-4).
 

@@ -15,6 +15,7 @@ import logging
 import math
 import statistics
 from collections import Counter, deque
+from collections.abc import Set
 from typing import Any
 
 from atropos.inference.base import InferenceServer, Split
@@ -141,8 +142,8 @@ class ServerPool:
         self,
         split: Split,
         prefer: ServerSlot | None = None,
-        avoid: frozenset[int] = frozenset(),
-        only: frozenset[int] | None = None,
+        avoid: Set[int] = frozenset(),
+        only: Set[int] | None = None,
     ) -> ServerSlot | None:
         """`prefer` if it has room, else the least-loaded server with room, untried ones first.
 
@@ -167,10 +168,13 @@ class ServerPool:
         deadline: float,
         *,
         prefer: ServerSlot | None = None,
-        avoid: frozenset[int] = frozenset(),
-        only: frozenset[int] | None = None,
+        avoid: Set[int] = frozenset(),
+        only: Set[int] | None = None,
     ) -> ServerSlot:
-        """Take one unit of `split` budget on a healthy server, waiting until `deadline`."""
+        """Take one unit of `split` budget on a healthy server, waiting until `deadline`.
+
+        `avoid` is read when a waiter wakes up, not copied: pass a set nobody changes meanwhile.
+        """
         slot = self.pick(split, prefer, avoid, only)
         if slot is None:
             slot = await self._wait(split, deadline, prefer, avoid, only)
@@ -182,8 +186,8 @@ class ServerPool:
         split: Split,
         deadline: float,
         prefer: ServerSlot | None,
-        avoid: frozenset[int],
-        only: frozenset[int] | None,
+        avoid: Set[int],
+        only: Set[int] | None,
     ) -> ServerSlot:
         loop = asyncio.get_running_loop()
         room = self._room[split]
@@ -219,7 +223,15 @@ class ServerPool:
         """Give the unit back and wake one waiter of this split, if any."""
         slot.in_flight[split] -= 1
         if self._waiting[split]:
-            await asyncio.shield(self._notify(split, 1))
+            await self.notify(split)
+
+    def waiting(self, split: Split) -> int:
+        """How many calls wait for a unit of `split` budget."""
+        return self._waiting[split]
+
+    async def notify(self, split: Split) -> None:
+        """Wake one waiter of `split` (shielded: a cancelled caller still passes the unit on)."""
+        await asyncio.shield(self._notify(split, 1))
 
     async def _notify(self, split: Split, count: int | None) -> None:
         room = self._room[split]

@@ -47,6 +47,9 @@ class SequenceNode:
         token_source: "server" (ids from the server) or "retokenized" (ids from text).
         messages: for chat sequences, the prompt messages plus the assistant reply.
         drift: how this sequence's last prompt extended a held one (None: it started fresh).
+        policy_version: the lowest weight version the server reported for the calls that
+            generated this sequence's completions (earlier turns included; a call whose `n` was
+            split into several requests counts all of them); None when the server reports none.
     """
 
     tokens: list[int]
@@ -58,6 +61,7 @@ class SequenceNode:
     messages: list[dict[str, Any]] | None = None
     drift: DriftKind | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse misaligned rows: tokens, masks and logprobs must have one entry each."""
@@ -158,13 +162,15 @@ def build_node(
     full_text: str = "",
     messages: list[dict[str, Any]] | None = None,
     drift: DriftKind | None = None,
+    policy_version: int | None = None,
 ) -> SequenceNode:
     """The node of one choice: prompt masked, completion trainable, logprobs aligned 1:1.
 
     When `parent` is given and the server's prompt starts with its tokens, the parent's masks and
     logprobs are kept (earlier completions stay trainable) and only the new prompt tokens are
     masked. `end_of_turn` trailing output tokens are kept but masked (a "length" completion that
-    ended in an end-of-turn token must not teach the model to stop).
+    ended in an end-of-turn token must not teach the model to stop). The node's
+    `policy_version` is the lowest of `policy_version` and the parent's (when kept).
 
     Raises:
         ValueError: the server's logprobs do not match its output ids one to one.
@@ -173,22 +179,36 @@ def build_node(
         raise ValueError(
             f"the server returned {len(output_logprobs)} logprobs for {len(output)} output tokens"
         )
-    prompt = list(prompt_tokens)
+    prompt = prompt_tokens if type(prompt_tokens) is list else list(prompt_tokens)
+    output = output if type(output) is list else list(output)
+    lps = output_logprobs
+    if type(lps) is not list or (lps and type(lps[0]) is not float):
+        lps = [float(x) for x in lps]
     if parent is not None and prompt[: len(parent.tokens)] == parent.tokens:
         new = len(prompt) - len(parent.tokens)
-        masked = [*parent.masked_tokens, *[MASKED] * new]
-        logprobs = [*parent.logprobs, *[PROMPT_LOGPROB] * new]
+        masked = parent.masked_tokens + [MASKED] * new
+        logprobs = parent.logprobs + [PROMPT_LOGPROB] * new
+        if parent.policy_version is not None:
+            if policy_version is None or parent.policy_version < policy_version:
+                policy_version = parent.policy_version
     else:
         masked, logprobs = [MASKED] * len(prompt), [PROMPT_LOGPROB] * len(prompt)
-    keep = len(output) - end_of_turn
-    masked += [*output[:keep], *[MASKED] * end_of_turn]
-    logprobs += [*output_logprobs[:keep], *[PROMPT_LOGPROB] * end_of_turn]
+    if end_of_turn:
+        keep = len(output) - end_of_turn
+        masked += output[:keep]
+        masked += [MASKED] * end_of_turn
+        logprobs += lps[:keep]
+        logprobs += [PROMPT_LOGPROB] * end_of_turn
+    else:
+        masked += output
+        logprobs += lps
     return SequenceNode(
-        tokens=[*prompt, *output],
+        tokens=prompt + output,
         masked_tokens=masked,
-        logprobs=[float(lp) for lp in logprobs],
+        logprobs=logprobs,
         finish_reason=finish_reason,
         full_text=full_text,
         messages=messages,
         drift=drift,
+        policy_version=policy_version,
     )

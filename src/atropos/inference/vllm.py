@@ -31,12 +31,19 @@ upstream spec §3.3): `POST {root}/generate` with `{"prompt": {"prompt_token_ids
 We read `logprobs` (per choice, per position a `{"<id>": logprob}` dict or a list of them, the
 sampled token first) and `finish_reasons`. `get_logprobs` sends `prompt_logprobs: top_k` and
 reads `prompt_logprobs` (`[pos]` or `[seq][pos]` entries, `null` for position 0).
-This server needs token ids, so text prompts are encoded with the tokenizer.
+This server needs token ids, so text prompts are encoded with the tokenizer. Its usual answer
+(positions as `[{"<id>": lp}]`) is read in one typed msgspec pass; any other shape falls back
+to the general reading.
+
+Every answer's top-level `policy_version` (our local server's extension: the weight version
+that generated its tokens) is noted for the caller (`base.PolicyVersions`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 from atropos.inference.base import (
     MISSING_LOGPROB,
@@ -47,6 +54,39 @@ from atropos.inference.base import (
 )
 from atropos.inference.errors import InferenceError
 from atropos.inference.openai import OpenAIBackend
+
+
+class _GenerateAnswer(msgspec.Struct):
+    """The usual `/generate` answer, read in one typed pass (`dict[int, float]`: msgspec turns
+    the id keys into ints). Anything else (null logprobs, `{"logprob": ...}` values, positions
+    as bare objects) fails this shape and is read by the general path."""
+
+    logprobs: list[list[list[dict[int, float]]]]
+    finish_reasons: list[Any] = []
+    policy_version: int | None = None
+
+
+_GENERATE_DECODER = msgspec.json.Decoder(_GenerateAnswer)
+
+
+def _sampled(
+    logprobs: list[list[list[dict[int, float]]]],
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Per choice, the sampled ids and their logprobs: the first entry of every position."""
+    outputs, values = [], []
+    for seq in logprobs:
+        ids: list[int] = []
+        lps: list[float] = []
+        for position in seq:
+            for token, lp in position[0].items():
+                ids.append(token)
+                lps.append(lp)
+                break
+        if len(ids) != len(seq):
+            raise ValueError("a position without a sampled token")
+        outputs.append(ids)
+        values.append(lps)
+    return outputs, values
 
 
 def _logprob(value: Any) -> float:
@@ -173,7 +213,22 @@ class VLLMBackend(OpenAIBackend):
     async def _generate_tokens(self, ids: list[int], body: dict[str, Any]) -> TokensAndLogprobs:
         body.pop("model", None)  # /generate takes sampling fields only
         body.update(prompt={"prompt_token_ids": ids}, logprobs=0)
-        data = await self._post(self.root + "/generate", body)
+        data = await self._post(self.root + "/generate", body, _GENERATE_DECODER)
+        try:
+            if not isinstance(data, _GenerateAnswer):
+                raise ValueError("not the usual shape")
+            outputs, logprobs = _sampled(data.logprobs)
+            reasons = data.finish_reasons
+        except (ValueError, IndexError):
+            outputs, logprobs, reasons = self._read_generate(data)
+        finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
+        check_choice_counts(self.base_url, int(body["n"]), outputs, logprobs, finish)
+        return ids, outputs, logprobs, finish
+
+    def _read_generate(self, data: Any) -> tuple[list[list[int]], list[list[float]], list[Any]]:
+        """The general reading of a `/generate` answer (any of vLLM's logprob shapes)."""
+        if isinstance(data, _GenerateAnswer):
+            data = msgspec.to_builtins(data)
         if not isinstance(data, dict) or not isinstance(data.get("logprobs"), list):
             raise InferenceError(
                 f"/generate: no 'logprobs' in {str(data)[:200]}", server=self.base_url
@@ -183,10 +238,7 @@ class VLLMBackend(OpenAIBackend):
             sampled = [_first_entry(position) for position in seq]  # the sampled token is first
             outputs.append([token for token, _ in sampled])
             logprobs.append([lp for _, lp in sampled])
-        reasons = data.get("finish_reasons") or []
-        finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons]
-        check_choice_counts(self.base_url, int(body["n"]), outputs, logprobs, finish)
-        return ids, outputs, logprobs, finish
+        return outputs, logprobs, data.get("finish_reasons") or []
 
     def _choices(self, data: Any) -> list[dict[str, Any]]:
         choices = data.get("choices") if isinstance(data, dict) else None

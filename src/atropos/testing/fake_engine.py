@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import inspect
 import random
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,10 @@ class Output:
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # sampled first
 
 
+GENERATIONS_KEPT = 4096
+"""Answers kept for repeated requests when there is no responder (least recently used out)."""
+
+
 class Engine:
     """Tokenizes, renders chat templates and generates deterministic completions."""
 
@@ -170,6 +175,7 @@ class Engine:
             raise ValueError("the fake server's tokenizer needs an eos token")
         self.eos_id: int = eos
         self.pool = self._plain_ids()
+        self._made: OrderedDict[tuple[tuple[int, ...], Sampling], list[Output]] = OrderedDict()
 
     def _plain_ids(self) -> list[int]:
         """Ids that decode to printable ASCII and can never spell a special token ("<", ">")."""
@@ -238,7 +244,29 @@ class Engine:
     async def generate(
         self, prompt_ids: Sequence[int], prompt_text: str, s: Sampling
     ) -> list[Output]:
-        """`s.n` completions of the prompt; the same request always gets the same answer."""
+        """`s.n` completions of the prompt; the same request always gets the same answer.
+
+        Without a responder the answer depends on the ids and the sampling fields alone, so the
+        last `GENERATIONS_KEPT` answers are kept and handed out again (treat them as read-only).
+        """
+        key = None
+        if self.responder is None:
+            key = (tuple(prompt_ids), s)
+            made = self._made.get(key)
+            if made is not None:
+                self._made.move_to_end(key)
+                return list(made)
+        outputs = await self._generate(prompt_ids, prompt_text, s)
+        if key is not None:
+            self._made[key] = outputs
+            if len(self._made) > GENERATIONS_KEPT:
+                self._made.popitem(last=False)
+            return list(outputs)
+        return outputs
+
+    async def _generate(
+        self, prompt_ids: Sequence[int], prompt_text: str, s: Sampling
+    ) -> list[Output]:
         outputs = []
         for choice in range(s.n):
             # Greedy decoding (temperature 0) gives every choice the same answer, as engines do.

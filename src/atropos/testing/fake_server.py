@@ -125,10 +125,13 @@ class FakeInferenceServer:
         max_model_len: prompt plus completion tokens allowed per request.
         port: the port to bind on 127.0.0.1 (0: any free port).
         tokenizer_path: a local tokenizer directory (default: the shipped tiny tokenizer).
+        policy_version: when set (an int, or a function called once per answer), answers of
+            `/v1/completions`, `/v1/chat/completions` and vLLM's `/generate` carry it as a
+            top-level `"policy_version"`, as our local inference server does.
 
-    Test controls: `latency` and `down` may be changed while serving; `fail_next(n, status,
-    paths)` queues failures; `requests` (by path), `tokens_generated`, `prompt_tokens` and
-    `failures` count what happened (`reset_counters()` zeroes them).
+    Test controls: `latency`, `down` and `policy_version` may be changed while serving;
+    `fail_next(n, status, paths)` queues failures; `requests` (by path), `tokens_generated`,
+    `prompt_tokens` and `failures` count what happened (`reset_counters()` zeroes them).
 
     Example:
         >>> import httpx
@@ -150,6 +153,7 @@ class FakeInferenceServer:
         max_model_len: int = 4096,
         port: int = 0,
         tokenizer_path: str | None = None,
+        policy_version: int | Callable[[], int] | None = None,
     ) -> None:
         """Load the tokenizer and build the app; nothing listens until `start()`."""
         if latency < 0:
@@ -176,7 +180,7 @@ class FakeInferenceServer:
         self._stack: contextlib.ExitStack | None = None
         self._created = int(time.time())
         self.url: str | None = None
-        self.shapes = Shapes(self.engine, self._run, model)
+        self.shapes = Shapes(self.engine, self._run, model, policy_version=policy_version)
         self.lora = FakeLora()  # vLLM's LoRA endpoints (atropos.testing.fake_lora)
         self.app = self._build_app()
 
@@ -186,6 +190,15 @@ class FakeInferenceServer:
     def model(self) -> str:
         """The model name `/v1/models` lists and answers carry when a request names none."""
         return self.shapes.model
+
+    @property
+    def policy_version(self) -> int | Callable[[], int] | None:
+        """What answers report as `policy_version` (None: nothing)."""
+        return self.shapes.policy_version
+
+    @policy_version.setter
+    def policy_version(self, value: int | Callable[[], int] | None) -> None:
+        self.shapes.policy_version = value
 
     @property
     def tokenizer(self) -> Any:
@@ -280,7 +293,8 @@ class FakeInferenceServer:
                         raise BadRequest(f"the body is not JSON: {exc}") from exc
                     if not isinstance(body, dict):
                         raise BadRequest("the body must be a JSON object")
-                return JSONResponse(await handler(body))
+                answer = await handler(body)  # a Response: already encoded (cached answers)
+                return answer if isinstance(answer, Response) else JSONResponse(answer)
             except BadRequest as exc:
                 return _error(exc.status, exc.message, exc.param)
 
@@ -329,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random completions")
     parser.add_argument("--max-model-len", type=int, default=4096, help="context length")
     parser.add_argument("--responder", help="'module:function' answering fn(prompt_text) -> str")
+    parser.add_argument("--policy-version", type=int, help="report this policy_version")
     args = parser.parse_args(argv)
     server = FakeInferenceServer(
         latency=args.latency,
@@ -336,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         max_model_len=args.max_model_len,
         responder=_import_responder(args.responder) if args.responder else None,
+        policy_version=args.policy_version,
     )
     port = args.port or free_port()
     print(f"fake inference server on http://127.0.0.1:{port}/v1", flush=True)

@@ -2,14 +2,23 @@
 
 Each handler takes the JSON body and returns the JSON answer; which fields each honours is listed
 in `atropos.testing.fake_server`'s docstring. Bad input raises `BadRequest`.
+
+vLLM's `/generate` answers are kept, encoded, by request (the prompt's ids and the sampling
+fields; the same request always gets the same answer): a repeated request still waits out the
+latency and counts its tokens, but is not generated, shaped and JSON-encoded again. This keeps
+the fake cheap when benchmarks send it thousands of requests a second.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from starlette.responses import Response
 
 from atropos.testing.fake_engine import (
     BadRequest,
@@ -42,12 +51,37 @@ SGLANG_SAMPLING_FIELDS = frozenset(
 )
 
 
+ANSWERS_KEPT = 4096
+"""vLLM `/generate` answers kept for repeated requests (least recently used out)."""
+
+
 class Shapes:
     """The generation endpoints' handlers, over one `Engine`."""
 
-    def __init__(self, engine: Engine, run: Runner, model: str) -> None:
-        """`run` generates; `model` is the name answered when a request names none."""
+    def __init__(
+        self,
+        engine: Engine,
+        run: Runner,
+        model: str,
+        *,
+        policy_version: int | Callable[[], int] | None = None,
+    ) -> None:
+        """`run` generates; `model` is the name answered when a request names none;
+        `policy_version` (an int or a function) is reported in answers when set."""
         self.engine, self.run, self.model = engine, run, model
+        self.policy_version = policy_version
+        self._answers: OrderedDict[Any, tuple[str, bytes]] = OrderedDict()
+
+    def _version(self) -> int | None:
+        version = self.policy_version
+        return version() if callable(version) else version
+
+    def _stamp(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """Add `policy_version` (when set), as our local server does."""
+        version = self._version()
+        if version is not None:
+            answer["policy_version"] = version
+        return answer
 
     def _text(self, out: Output, body: Mapping[str, Any]) -> str:
         return self.engine.decode(out.ids, get_bool(body, "skip_special_tokens", True))
@@ -108,14 +142,16 @@ class Shapes:
                 if pk is not None:
                     choice["prompt_logprobs"] = self._prompt_logprobs(prompt_ids, pk)
                 choices.append(choice)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.model,
-            "choices": choices,
-            "usage": self._usage(prompts, outs),
-        }
+        return self._stamp(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.model,
+                "choices": choices,
+                "usage": self._usage(prompts, outs),
+            }
+        )
 
     def _completion_logprobs(self, out: Output, as_ids: bool) -> Any:
         tokens = [self._token(i, as_ids) for i in out.ids]
@@ -170,7 +206,7 @@ class Shapes:
         pk = get_int(body, "prompt_logprobs", None, 0, 20)
         if pk is not None:
             response["prompt_logprobs"] = self._prompt_logprobs(prompts[0][0], pk)
-        return response
+        return self._stamp(response)
 
     def _prompt_logprobs(self, prompt_ids: list[int], k: int) -> list[Any]:
         """vLLM's `prompt_logprobs`: None, then per position `{"<id>": {logprob, rank, ...}}`."""
@@ -214,11 +250,11 @@ class Shapes:
             raise BadRequest(f"unknown sampling fields for vLLM /generate: {unknown}", unknown[0])
         self._refuse_streaming(body)
         prompt = body["prompt"]
+        text: str | None = None
         if isinstance(prompt, dict):
             ids = get_ids(
                 prompt.get("prompt_token_ids"), "prompt.prompt_token_ids", self.engine.vocab_size
             )
-            text = self.engine.decode(ids, skip_special_tokens=False)
         elif isinstance(prompt, str) and prompt:
             ids, text = self.engine.encode(prompt, add_special_tokens=True), prompt
         else:
@@ -228,6 +264,18 @@ class Shapes:
         s = sampling_from(
             body, max_key="max_tokens", max_default=16, top_k=0 if k is None else k + 1
         )
+        skip = get_bool(body, "skip_special_tokens", True)
+        version = self._version()
+        key = None
+        if self.engine.responder is None:  # answers depend on the request alone
+            key = (tuple(ids), text, s, k, pk, skip, version)
+            kept = self._answers.get(key)
+            if kept is not None:
+                self._answers.move_to_end(key)
+                await self.run([(ids, kept[0])], s)  # the latency and the token counts
+                return Response(kept[1], media_type="application/json")
+        if text is None:
+            text = self.engine.decode(ids, skip_special_tokens=False)
         outs = (await self.run([(ids, text)], s))[0]
         ret: dict[str, Any] = {
             "text": [self._text(o, body) for o in outs],
@@ -243,7 +291,18 @@ class Shapes:
                 None if pos is None else {str(i): lp for i, lp in pos}
                 for pos in self.engine.prompt_logprobs(ids, pk + 1)
             ]
-        return ret
+        if version is not None:
+            ret["policy_version"] = version
+        if key is None:
+            return ret
+        # encoded as JSONResponse encodes (compact, UTF-8), once per distinct request
+        encoded = json.dumps(
+            ret, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        ).encode()
+        self._answers[key] = (text, encoded)
+        if len(self._answers) > ANSWERS_KEPT:
+            self._answers.popitem(last=False)
+        return Response(encoded, media_type="application/json")
 
     def _sglang_prompts(self, body: Mapping[str, Any]) -> tuple[Prompts, bool]:
         if ("input_ids" in body) == ("text" in body):

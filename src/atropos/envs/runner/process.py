@@ -25,6 +25,7 @@ from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
 from atropos.envs.runner.html import write_html
+from atropos.inference.base import PolicyVersions
 
 log = logging.getLogger("atropos.env")
 
@@ -54,6 +55,16 @@ class ProcessRunner:
 
     async def _run(self, env: BaseEnv, cfg: Any, started: float, show_progress: bool) -> int:
         workers: set[asyncio.Task[int]] = set()
+        finished: list[asyncio.Task[int]] = []
+        wake = asyncio.Event()
+
+        def on_done(task: asyncio.Task[int]) -> None:
+            # a callback, not asyncio.wait(): that adds and removes a callback on every task in
+            # flight each time it is called (thousands per wake-up at 1024 workers)
+            workers.discard(task)
+            finished.append(task)
+            wake.set()
+
         made = 0
         exhausted = False
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -62,17 +73,22 @@ class ProcessRunner:
             while made < self.target:
                 while (
                     not exhausted
-                    and made + len(workers) < self.target
+                    and made + len(workers) + len(finished) < self.target
                     and len(workers) < max(1, cfg.max_num_workers)
                 ):
                     item = await env.get_next_item()
                     if item is None:
                         exhausted = True
                         break
-                    workers.add(asyncio.create_task(self._one(item)))
-                if not workers:
+                    worker = asyncio.create_task(self._one(item))
+                    workers.add(worker)
+                    worker.add_done_callback(on_done)
+                if not workers and not finished:
                     break
-                done, workers = await asyncio.wait(workers, return_when=asyncio.FIRST_COMPLETED)
+                if not finished:
+                    wake.clear()
+                    await wake.wait()
+                done, finished[:] = list(finished), []
                 for t in done:
                     made += t.result()
                 bar.update(task, completed=min(made, self.target))
@@ -91,8 +107,9 @@ class ProcessRunner:
         env, cfg = self.env, self.env.config
         t0 = time.monotonic()
         try:
-            result, _ = await env.collect_trajectories(item)
-            result = await env.postprocess_histories(result)
+            with PolicyVersions() as seen:  # what the servers report for this rollout's calls
+                result, _ = await env.collect_trajectories(item)
+                result = await env.postprocess_histories(result)
         except Exception as err:  # one bad item never ends the run
             self.failures[type(err).__name__] += 1
             log.exception("item failed: %s", err)
@@ -106,7 +123,7 @@ class ProcessRunner:
                 group_size=cfg.group_size,
                 max_token_len=-1,
                 ensure_scores_differ=cfg.ensure_scores_are_not_same,
-                policy_version=None,
+                policy_version=seen.lowest,  # none without a trainer, unless a server says
                 env_id=None,
                 drops=self.drops,
                 decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,

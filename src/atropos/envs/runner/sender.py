@@ -1,9 +1,11 @@
 """Getting groups to the trajectory API without losing one.
 
 `Sender` batches groups (up to `max_batch` per request, or whatever is ready after `linger`
-seconds), gzips bodies over 1 KB, and POSTs them to `/scored_data_list`, with up to
-`max_in_flight` requests at once (so a busy event loop, where every request takes several loop
-turns, never makes the sender the bottleneck and its queue grow). A failed send is retried
+seconds), gzips bodies over 1 KB unless the API is on this machine (`compress`: on loopback,
+gzip and gunzip cost CPU on both ends and save nothing), and POSTs them to `/scored_data_list`
+(with the lean keep-alive client of `atropos.inference.http`), with up to `max_in_flight`
+requests at once (so a busy event loop, where every request takes several loop turns, never
+makes the sender the bottleneck and its queue grow). A failed send is retried
 a bounded number of times with jittered backoff, but only for errors that can succeed later
 (connection failures, timeouts, 5xx, 429); every retry carries the same `group_id`s, so the API
 stores each group once. When the retries run out, or the API cannot be reached at all, the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -25,9 +28,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
 import msgspec
+
+from atropos.inference.http import HTTPClient
 
 try:
     from isal import igzip as _gzip  # ISA-L: the same gzip format, several times faster
@@ -36,7 +41,26 @@ except ImportError:  # pragma: no cover - isal is a dependency with wheels for o
 
 log = logging.getLogger("atropos.sender")
 
+_timeout_at = getattr(asyncio, "timeout_at", None)  # Python 3.11+
+
 GZIP_MIN = 1024  # bytes; smaller bodies are sent as they are (as upstream's BaseEnv does)
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine (`localhost`, 127.0.0.0/8, ::1).
+
+    >>> is_loopback("http://127.0.0.1:8000"), is_loopback("http://[::1]:80/x")
+    (True, True)
+    >>> is_loopback("http://localhost:8000"), is_loopback("http://api.example.com")
+    (True, False)
+    """
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _encode(batch: list[dict[str, Any]]) -> bytes:
@@ -46,6 +70,10 @@ def _encode(batch: list[dict[str, Any]]) -> bytes:
         return msgspec.json.encode(batch)
     except (TypeError, msgspec.EncodeError):
         return json.dumps(batch, separators=(",", ":")).encode()
+
+
+_JSON = {"Content-Type": "application/json"}
+_GZIPPED_JSON = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
 
 
 class SendError(Exception):
@@ -125,6 +153,7 @@ class Sender:
         backoff: float = 0.5,
         timeout: float = 30.0,
         replay_every: float = 2.0,
+        compress: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.spool = Spool(spool_path)
@@ -134,17 +163,19 @@ class Sender:
         self.linger = linger
         self.retries = retries
         self.backoff = backoff
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout = timeout
         self.replay_every = replay_every
+        # gzip costs both ends CPU to save bandwidth that loopback does not need (None: auto)
+        self.compress = not is_loopback(self.url) if compress is None else compress
         self.stats = SenderStats()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._session: aiohttp.ClientSession | None = None
+        self._session: HTTPClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._spool_lock = asyncio.Lock()
         self.in_flight = 0  # groups in requests that have not been answered yet
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
+        self._session = HTTPClient(self.headers)
         pumps = [asyncio.create_task(self._pump()) for _ in range(self.max_in_flight)]
         self._tasks = [*pumps, asyncio.create_task(self._replay())]
 
@@ -160,20 +191,34 @@ class Sender:
         """Wait for a group, then take up to `max_batch`: whatever is queued at once (no loop
         turn per group), then what arrives within `linger` seconds. Fills `batch` in place, so
         a cancelled caller still knows which groups it took."""
+        queue = self._queue
+        batch.append(await queue.get())
+        self._take_queued(batch)
+        if len(batch) >= self.max_batch or self.linger <= 0:
+            return
         loop = asyncio.get_running_loop()
-        batch.append(await self._queue.get())
-        deadline = loop.time() + self.linger
-        while len(batch) < self.max_batch:
-            if not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                continue
-            timeout = deadline - loop.time()
-            if timeout <= 0:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), timeout))
-            except asyncio.TimeoutError:
-                break
+        if _timeout_at is None:  # pragma: no cover - Python 3.10: a timer per wait
+            deadline = loop.time() + self.linger
+            while len(batch) < self.max_batch:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), timeout))
+                except asyncio.TimeoutError:
+                    break
+                self._take_queued(batch)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with _timeout_at(loop.time() + self.linger):  # one timer for the linger
+                while len(batch) < self.max_batch:
+                    batch.append(await queue.get())
+                    self._take_queued(batch)
+
+    def _take_queued(self, batch: list[dict[str, Any]]) -> None:
+        queue = self._queue
+        while len(batch) < self.max_batch and not queue.empty():
+            batch.append(queue.get_nowait())
 
     async def _pump(self) -> None:
         """One of `max_in_flight` loops: take a batch, deliver it, repeat."""
@@ -226,26 +271,29 @@ class Sender:
     async def _post(self, batch: list[dict[str, Any]]) -> None:
         assert self._session is not None, "Sender.start() was not awaited"
         body = _encode(batch)
-        headers = {"Content-Type": "application/json"}
-        if len(body) >= GZIP_MIN:
+        headers = _JSON
+        if self.compress and len(body) >= GZIP_MIN:
             body = _gzip.compress(body, compresslevel=1)
-            headers["Content-Encoding"] = "gzip"
+            headers = _GZIPPED_JSON
         self.stats.attempts += 1
         try:
-            async with self._session.post(
-                f"{self.url}/scored_data_list", data=body, headers=headers
-            ) as resp:
-                text = await resp.text()
-                if resp.status == 200:
-                    reply = json.loads(text) if text else {}
-                    dups = int(reply.get("duplicates", 0)) if isinstance(reply, dict) else 0
-                    self.stats.duplicates += dups
-                    self.stats.sent += len(batch) - dups
-                    return
-                retryable = resp.status >= 500 or resp.status in (408, 429)
-                raise SendError(f"HTTP {resp.status}: {text[:300]}", retryable)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            answer = await self._session.request(
+                "POST", f"{self.url}/scored_data_list", body, headers, timeout=self.timeout
+            )
+        except (asyncio.TimeoutError, OSError) as err:
             raise SendError(f"{type(err).__name__}: {err}", retryable=True) from None
+        text = answer.body.decode("utf-8", "replace")
+        if answer.status == 200:
+            try:
+                reply = msgspec.json.decode(answer.body) if answer.body else {}
+            except msgspec.DecodeError:
+                reply = {}
+            dups = int(reply.get("duplicates", 0)) if isinstance(reply, dict) else 0
+            self.stats.duplicates += dups
+            self.stats.sent += len(batch) - dups
+            return
+        retryable = answer.status >= 500 or answer.status in (408, 429)
+        raise SendError(f"HTTP {answer.status}: {text[:300]}", retryable)
 
     async def _replay(self) -> None:
         while True:

@@ -8,11 +8,13 @@ less while an evaluation runs (`eval_handling`), and no more than the off-policy
 `min_batch_allocation` floor). When the cap drops, admission pauses; rollouts already running
 finish and are sent (upstream cancelled them and threw the work away, W-ENV-2).
 
-Every group is stamped with the policy version (the trainer step when its rollout started)
-and a `group_id`, and goes through `Sender` (batching, idempotent retries, disk spool). Status
-is polled every `status_interval` seconds with one session, and a failed poll is logged and
-retried rather than fatal (W-ENV-3). Step changes trigger evaluations and checkpoints by
-crossing multiples of their period, so a jump of several periods still triggers once (W-ENV-5).
+Every group is stamped with a `group_id` and its policy version: the lowest weight version the
+inference servers reported (`policy_version` in their answers) for the calls its rollout made,
+or, when they report none, the trainer step when its rollout started. It goes through `Sender`
+(batching, idempotent retries, disk spool). Status is polled every `status_interval` seconds
+with one session, and a failed poll is logged and retried rather than fatal (W-ENV-3). Step
+changes trigger evaluations and checkpoints by crossing multiples of their period, so a jump of
+several periods still triggers once (W-ENV-5).
 SIGTERM or SIGINT stops admission, lets in-flight rollouts finish (up to `drain_timeout`),
 flushes the sender, disconnects and exits 0 (W-ENV-14).
 """
@@ -39,6 +41,7 @@ from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
 from atropos.envs.runner.sender import Sender
 from atropos.envs.types import EvalHandlingEnum
+from atropos.inference.base import PolicyVersions
 
 log = logging.getLogger("atropos.env")
 T = TypeVar("T")
@@ -212,7 +215,7 @@ class ServeRunner:
                 task.add_done_callback(self._finished)
             self.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=0.25)
+                await _within(0.25, self.wake.wait())  # no task per wait, unlike wait_for
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.workers.discard(task)
@@ -222,9 +225,10 @@ class ServeRunner:
         env, cfg = self.env, self.config
         timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
         try:
-            result, more = await _within(timeout, env.collect_trajectories(item))
-            self.backlog.extend(more or [])
-            result = await env.postprocess_histories(result)
+            with PolicyVersions() as seen:  # what the servers report for this rollout's calls
+                result, more = await _within(timeout, env.collect_trajectories(item))
+                self.backlog.extend(more or [])
+                result = await env.postprocess_histories(result)
         except asyncio.TimeoutError:
             self.failures["timeout"] += 1
             log.warning("rollout timed out after %.0f s; dropped", cfg.worker_timeout)
@@ -239,7 +243,7 @@ class ServeRunner:
                 group_size=cfg.group_size,
                 max_token_len=env.max_token_len,
                 ensure_scores_differ=cfg.ensure_scores_are_not_same,
-                policy_version=version,
+                policy_version=version if seen.lowest is None else seen.lowest,
                 env_id=env.env_id,
                 drops=self.drops,
                 decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,

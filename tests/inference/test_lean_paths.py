@@ -1,0 +1,143 @@
+"""The cheap paths agree with the general ones: `ManagedServer.chat_turn` with `chat_completion`,
+the typed `/generate` reading with the general one, the fake server's kept answers with fresh
+ones; and servers' `policy_version` reaches calls and sequence nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import httpx
+import msgspec
+
+from atropos.inference.base import PolicyVersions
+from atropos.inference.config import APIServerConfig
+from atropos.inference.managed import ManagedServer
+from atropos.inference.openai import OpenAIBackend
+from atropos.inference.vllm import VLLMBackend
+from atropos.testing import FakeInferenceServer
+from atropos.testing.fake_engine import load_tokenizer
+
+TOK = load_tokenizer()
+CHAT = [
+    {"role": "system", "content": "Answer with one word."},
+    {"role": "user", "content": "What is 2 + 2?"},
+]
+
+
+def vllm(url: str, **kw: Any) -> VLLMBackend:
+    config = APIServerConfig(base_url=url, server_type="vllm", model_name="m", **kw)
+    return VLLMBackend(config, tokenizer=TOK)
+
+
+def test_chat_turn_and_chat_completion_give_the_same_completions_and_nodes():
+    with FakeInferenceServer() as fake:
+
+        async def main() -> tuple[Any, Any, list[Any], list[Any]]:
+            backend = vllm(fake.base_url, vllm_token_api="generate")
+            try:
+                a, b = ManagedServer(backend, TOK), ManagedServer(backend, TOK)
+                reply = await a.chat_completion(messages=CHAT, n=3, max_tokens=6, seed=1)
+                turn = await b.chat_turn(messages=CHAT, n=3, max_tokens=6, seed=1)
+                return reply, turn, a.nodes, b.nodes
+            finally:
+                await backend.aclose()
+
+        reply, turn, nodes_a, nodes_b = asyncio.run(main())
+    assert [c.message.content for c in reply.choices] == turn.contents
+    assert [c.finish_reason for c in reply.choices] == turn.finish_reasons
+    assert [n.to_dict() for n in nodes_a] == [n.to_dict() for n in nodes_b]
+    assert turn.nodes == nodes_b
+    assert nodes_b[0].tokens[: len(turn.prompt_tokens)] == turn.prompt_tokens
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == turn.completion_tokens
+    assert reply.usage.prompt_tokens == len(turn.prompt_tokens)
+
+
+def test_the_typed_generate_reading_and_the_general_one_agree():
+    """The same answer read through the typed fast path and through the general reading."""
+    with FakeInferenceServer() as fake:
+        ids = TOK.encode("<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False)
+        body = {"prompt": {"prompt_token_ids": ids}, "logprobs": 0, "n": 4, "max_tokens": 7}
+        raw = httpx.post(fake.url + "/generate", json=body).content
+        backend = vllm(fake.base_url, vllm_token_api="generate")
+        general = backend._read_generate(msgspec.json.decode(raw))
+        from atropos.inference.vllm import _GENERATE_DECODER, _sampled
+
+        typed = _GENERATE_DECODER.decode(raw)
+        assert _sampled(typed.logprobs) == (general[0], general[1])
+        assert typed.finish_reasons == general[2]
+
+        # a server that spells positions as bare objects and logprobs as {"logprob": x}
+        odd = msgspec.json.decode(raw)
+        odd["logprobs"] = [
+            [{k: {"logprob": v} for k, v in pos[0].items()} for pos in seq]
+            for seq in odd["logprobs"]
+        ]
+
+        async def read(answer: dict[str, Any]) -> Any:
+            async def post(url: str, body: Any, decoder: Any = None) -> Any:
+                return answer
+
+            backend._post = post  # type: ignore[method-assign]
+            try:
+                return await backend._generate_tokens(list(ids), {"n": 4, "max_tokens": 7})
+            finally:
+                await backend.aclose()
+
+        assert asyncio.run(read(odd))[1:3] == (general[0], general[1])
+
+
+def test_kept_answers_are_the_fresh_answers_and_still_wait_and_count():
+    with FakeInferenceServer(latency=0.05) as fake:
+        ids = TOK.encode("<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False)
+        body = {"prompt": {"prompt_token_ids": ids}, "logprobs": 0, "n": 3, "max_tokens": 9}
+        with httpx.Client() as client:
+            first = client.post(fake.url + "/generate", json=body)
+            tokens = fake.tokens_generated
+            again = client.post(fake.url + "/generate", json=body)
+            other = client.post(fake.url + "/generate", json={**body, "max_tokens": 4})
+        assert first.status_code == again.status_code == 200
+        assert first.content == again.content and other.content != first.content
+        assert first.headers["content-type"] == "application/json"
+        assert again.elapsed.total_seconds() >= 0.05  # the latency still applies
+        assert fake.tokens_generated > 2 * tokens - 1 and fake.requests["/generate"] == 3
+        assert fake.prompt_tokens == 3 * len(ids)
+
+
+def test_versions_reach_calls_replies_and_nodes():
+    versions = itertools.count(3)
+    with FakeInferenceServer(policy_version=lambda: next(versions)) as fake:
+
+        async def main() -> dict[str, Any]:
+            chat = OpenAIBackend(APIServerConfig(base_url=fake.base_url, model_name="m"))
+            tokens = vllm(fake.base_url)  # /v1/completions with token ids
+            try:
+                with PolicyVersions() as seen_chat:
+                    reply = await chat.chat_completion(messages=CHAT, n=2, max_tokens=4)
+                managed = ManagedServer(tokens, TOK)
+                with PolicyVersions() as seen_first:
+                    first = await managed.chat_turn(messages=CHAT, max_tokens=4)
+                conversation = [
+                    *CHAT,
+                    {"role": "assistant", "content": first.contents[0]},
+                    {"role": "user", "content": "And 3 + 3?"},
+                ]
+                second = await managed.chat_turn(messages=conversation, max_tokens=4)
+                return {
+                    "chat": seen_chat.lowest,
+                    "reply": getattr(reply, "policy_version", None),
+                    "first": (seen_first.lowest, first.policy_version),
+                    "second": second.policy_version,
+                    "nodes": [n.policy_version for n in managed.nodes],
+                }
+            finally:
+                await chat.aclose()
+                await tokens.aclose()
+
+        got = asyncio.run(main())
+    assert got["chat"] == got["reply"] == 3
+    assert got["first"] == (4, 4)
+    assert got["second"] == 5
+    assert got["nodes"] == [4]  # the second turn extends the first: its oldest tokens are v4
