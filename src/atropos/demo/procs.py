@@ -46,6 +46,7 @@ class Service:
     def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
         self.name, self.argv, self.log_path = name, list(argv), log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False  # stop() had to SIGKILL it: it did not shut down in time
 
     @classmethod
     def atropos(cls, name: str, args: Sequence[str], log_path: Path) -> Service:
@@ -74,7 +75,11 @@ class Service:
         return self.proc.wait(timeout)
 
     def stop(self, grace: float = 20.0) -> int | None:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds; the exit code."""
+        """SIGTERM the process group, SIGKILL it after `grace` seconds; the exit code.
+
+        A server that shut down gracefully on SIGTERM may still report -15 (uvicorn re-raises
+        the signal it caught); `killed` tells whether the grace period ran out.
+        """
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -82,6 +87,7 @@ class Service:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
+                self.killed = True
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             except ProcessLookupError:

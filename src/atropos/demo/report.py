@@ -178,7 +178,9 @@ td.ok {{ background: #ecfdf3 }} td.bad {{ background: #fef2f2 }}
     return path
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, percent: bool = False) -> str:
+    if percent and isinstance(value, float):
+        return f"{value:.1%}"
     if isinstance(value, float):
         return _num(value)
     return str(value)
