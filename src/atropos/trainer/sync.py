@@ -6,9 +6,9 @@
   swaps weights between generation batches, so every response comes from one version.
 - `restart`: the trainer runs the server itself from `server_command` (a template with
   ``{model}``, ``{port}`` and optionally ``{version}``, e.g. ``vllm serve {model} --port
-  {port} --served-model-name policy``), and on each sync stops it (SIGTERM to its process group, SIGKILL after a grace
-  period; never a broad ``pkill``), saves, and starts it on the new checkpoint, waiting for
-  ``GET /health``. Environments retry during the gap.
+  {port} --served-model-name policy``), and on each sync stops it (SIGTERM to its process
+  group, SIGKILL after a grace period; never a broad ``pkill``), saves, and starts it on the
+  new checkpoint, waiting for ``GET /health``. Environments retry during the gap.
 - `lora`: the trainer trains LoRA adapters; each sync saves the adapter and calls vLLM's
   ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}``, so requests
   for model `lora_name` use the new adapter without a restart.
