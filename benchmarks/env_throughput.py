@@ -1176,10 +1176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def upstream_python() -> str:
     """The python of the upstream venv (full: made on first use)."""
     return _upstream_python("full")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
