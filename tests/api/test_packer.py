@@ -102,3 +102,10 @@ def test_allocate_minimums_never_exceeds_the_batch(batch, fractions):
     assert all(m >= 0 for m in mins.values())
     if sum(fractions.values()) <= 1:
         assert mins == {e: int(batch * a) for e, a in sorted(fractions.items()) if a > 0}
+
+
+def test_a_huge_batch_size_neither_overflows_nor_loops():
+    # a registration may carry any int (as upstream); found by schema fuzzing
+    huge = 10**40
+    assert pick_exact([2, 3], huge) is None
+    assert pick_batch([Item(2, 0), Item(3, 1)], huge, {0: huge // 2}) is None

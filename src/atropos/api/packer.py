@@ -42,6 +42,8 @@ def pick_exact(sizes: Sequence[int], target: int) -> list[int] | None:
     """
     if target <= 0:
         return [] if target == 0 else None
+    if target > sum(size for size in sizes if size > 0):  # also keeps a huge target's bitset out
+        return None
     chosen: list[int] = []
     total = 0
     for i, size in enumerate(sizes):
@@ -85,6 +87,7 @@ def reachable_sums(sizes: Sequence[int], limit: int) -> int:
     >>> bin(reachable_sums([2, 3], 10))
     '0b101101'
     """
+    limit = min(limit, sum(size for size in sizes if size > 0))  # no sum is larger
     mask = (1 << (limit + 1)) - 1
     reach = 1
     for size in sizes:
@@ -145,7 +148,7 @@ def pick_batch(
         own = by_env[envs[k]]
         own_sizes = [items[i].size for i in own]
         reach = reachable_sums(own_sizes, room)
-        for total in range(minimums[envs[k]], room + 1):
+        for total in range(minimums[envs[k]], min(room, sum(own_sizes)) + 1):
             if not (reach >> total) & 1:
                 continue
             budget[0] -= 1

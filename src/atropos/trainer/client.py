@@ -87,6 +87,13 @@ class TrainerClient:
             wait = min(wait * 1.5, 1.0)
         return None
 
-    def ack(self, batch_id: str) -> None:
-        """`POST /batch/ack`. An id already acknowledged (a retried call) is not an error."""
-        self._call("POST", "/batch/ack", json={"batch_id": batch_id})
+    def ack(self, batch_id: str, missing_ok: bool = False) -> None:
+        """`POST /batch/ack`. An id already acknowledged (a retried call) is not an error.
+
+        `missing_ok`: an id the API no longer knows (acknowledged long ago) is not one either.
+        """
+        try:
+            self._call("POST", "/batch/ack", json={"batch_id": batch_id})
+        except ApiError as err:
+            if not (missing_ok and " 404 " in str(err)):
+                raise

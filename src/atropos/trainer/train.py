@@ -117,9 +117,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         )
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    step = 0
+    step, covered = 0, list[str]()
     if resume is not None:
-        step = load_state(resume, model, opt, lora)
+        step, covered = load_state(resume, model, opt, lora)
         log.info("resumed from %s at step %d", resume, step)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -147,6 +147,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             save_checkpoint_interval=cfg.checkpoint_every or cfg.steps,
             starting_step=step, num_steps=cfg.steps,
         )  # fmt: skip
+        for batch_id in covered:  # in the checkpoint; a crash may have come before their ack
+            api.ack(batch_id, missing_ok=True)
         log.info("registered with %s; training steps %d..%d", cfg.api_url, step + 1, cfg.steps)
         while step < cfg.steps and not stopping():
             t0 = time.perf_counter()
@@ -198,7 +200,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if batch.batch_id:
                 unacked.append(batch.batch_id)
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints)
+                save_state(
+                    out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints, unacked
+                )
             if not cfg.checkpoint_every or latest_step(out) == step:
                 for batch_id in unacked:
                     api.ack(batch_id)
@@ -223,7 +227,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 last["clip_fraction"], _fmt(last["logprob_mismatch"]), grad_norm,
             )  # fmt: skip
         if unacked and step > latest_step(out):
-            save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints)
+            save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints, unacked)
         if latest_step(out) == step:
             for batch_id in unacked:
                 api.ack(batch_id)
@@ -300,9 +304,20 @@ def latest_step(out: Path) -> int:
 
 
 def save_state(
-    out: Path, step: int, model: Any, tokenizer: Any, opt: Any, lora: dict[str, Any], keep: int
+    out: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    opt: Any,
+    lora: dict[str, Any],
+    keep: int,
+    batch_ids: list[str] | None = None,
 ) -> Path:
-    """Weights (or the LoRA adapter), optimizer state and the step, atomically."""
+    """Weights (or the LoRA adapter), optimizer state, the step and the batches it covers.
+
+    The batch ids are acknowledged right after the checkpoint; a crash in between would leave
+    them leased, so a resumed trainer acknowledges them first instead of training them again.
+    """
     import torch
 
     from atropos.trainer.sync import prune, save_lora, save_model
@@ -319,15 +334,18 @@ def save_state(
             os.replace(f, tmp / f.name)
         (tmp / "model").rmdir()
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "batch_ids": batch_ids or []}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     prune(final.parent, "step_", keep)
     return final
 
 
-def load_state(path: Path, model: Any, opt: Any, lora: bool) -> int:
-    """Restore what `save_state` wrote (full weights were already loaded from `path`)."""
+def load_state(path: Path, model: Any, opt: Any, lora: bool) -> tuple[int, list[str]]:
+    """Restore what `save_state` wrote (full weights were already loaded from `path`).
+
+    Returns the step and the ids of the batches the checkpoint covers.
+    """
     import torch
 
     if lora:
@@ -341,4 +359,5 @@ def load_state(path: Path, model: Any, opt: Any, lora: bool) -> int:
                 module.lora_A.data.copy_(a)
                 module.lora_B.data.copy_(b)
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    return int(json.loads((path / "state.json").read_text())["step"])
+    state = json.loads((path / "state.json").read_text())
+    return int(state["step"]), [str(b) for b in state.get("batch_ids", [])]
