@@ -26,17 +26,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         " (fsync every commit) or 'memory' (lost on exit)",
     )
     p.add_argument("--run-dir", default="runs", help="where the default store lives")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("ATROPOS_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every endpoint but / and /health"
-        " (default: $ATROPOS_API_KEY)",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow binding a non-loopback address without an API key",
-    )
+    add_access_arguments(p, "ATROPOS_API_KEY", "/ and /health")
     p.add_argument(
         "--env-timeout",
         type=float,
@@ -65,6 +55,21 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         " clients on this machine, where compressing costs more CPU than it saves",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def add_access_arguments(p: argparse.ArgumentParser, key_variable: str, open_paths: str) -> None:
+    """`--api-key` (default: the environment variable) and `--insecure`, for any server."""
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(key_variable),
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but {open_paths}"
+        f" (default: ${key_variable})",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding a non-loopback address without an API key",
+    )
 
 
 def is_loopback(host: str) -> bool:

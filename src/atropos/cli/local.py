@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from atropos.cli.api import is_loopback
+from atropos.cli.api import add_access_arguments, is_loopback
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,17 +50,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="version of the weights loaded at start (default 0); each reload adds 1",
     )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("ATROPOS_LOCAL_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health"
-        " (default: $ATROPOS_LOCAL_API_KEY)",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow binding a non-loopback address without an API key",
-    )
+    add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 

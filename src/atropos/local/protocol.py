@@ -154,7 +154,8 @@ def get_ids(value: Any, key: str, vocab_size: int) -> list[int]:
     return list(value)
 
 
-def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+def get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """`stop`: absent, a string, or a list of non-empty strings."""
     value = body.get("stop")
     if value is None:
         return ()
@@ -202,7 +203,7 @@ def _sampling(
         top_p=get_float(body, "top_p", 1.0, 1e-9, 1.0),
         top_k=max(top_k or 0, 0),
         seed=get_int(body, "seed", None, -(1 << 63), (1 << 64) - 1),
-        stop=_stop(body),
+        stop=get_stop(body),
         stop_token_ids=tuple(get_ids(stop_ids, "stop_token_ids", codec.vocab_size))
         if stop_ids
         else (),

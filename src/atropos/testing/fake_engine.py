@@ -18,17 +18,12 @@ from typing import Any
 
 from atropos.inference.tokenizer import import_transformers_quietly
 
+# Request fields are read as `atropos local serve` reads them (one set of rules, one error type).
+from atropos.local.protocol import RequestError as BadRequest
+from atropos.local.protocol import get_bool, get_float, get_int, get_stop
+
 #: `responder(prompt_text)` returns the completion text, or None for the random default.
 Responder = Callable[[str], "str | None | Awaitable[str | None]"]
-
-
-class BadRequest(Exception):
-    """A request the fake server refuses, answered as a 4xx JSON error."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
-        """Keep the message, the offending field and the HTTP status."""
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
 
 
 def load_tokenizer(path: str | None = None) -> Any:
@@ -37,65 +32,6 @@ def load_tokenizer(path: str | None = None) -> Any:
 
     transformers = import_transformers_quietly()
     return transformers.AutoTokenizer.from_pretrained(path or tiny_tokenizer_path())
-
-
-# --- request fields -------------------------------------------------------------------------
-
-
-def get_int(body: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
-    """An optional integer field within [lo, hi]; `default` when absent or null."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{key} must be an integer, got {value!r}", key)
-    if not lo <= value <= hi:
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {value}", key)
-    return value
-
-
-def get_float(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    """An optional number field within [lo, hi]; `default` when absent or null."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"{key} must be a number, got {value!r}", key)
-    if not lo <= value <= hi:
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {value}", key)
-    return float(value)
-
-
-def get_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    """An optional boolean field; `default` when absent or null."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"{key} must be a boolean, got {value!r}", key)
-    return value
-
-
-def get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    """`stop`: absent, a string, or a list of strings."""
-    value = body.get("stop")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-        raise BadRequest("stop must be a non-empty string or a list of them", "stop")
-    return tuple(value)
-
-
-def get_ids(value: Any, key: str, vocab_size: int) -> list[int]:
-    """A non-empty list of token ids, each inside the vocabulary."""
-    if not isinstance(value, list) or not value:
-        raise BadRequest(f"{key} must be a non-empty list of token ids", key)
-    for i in value:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
-            raise BadRequest(f"{key} holds {i!r}, not a token id below {vocab_size}", key)
-    return list(value)
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from atropos.local.protocol import RequestError as BadRequest
 from atropos.testing import free_port, serve_in_thread
 from atropos.testing.fake_engine import (
-    BadRequest,
     Engine,
     Output,
     Responder,

@@ -20,14 +20,12 @@ from typing import Any
 
 from starlette.responses import Response
 
+from atropos.local.protocol import RequestError as BadRequest
+from atropos.local.protocol import get_bool, get_ids, get_int
 from atropos.testing.fake_engine import (
-    BadRequest,
     Engine,
     Output,
     Sampling,
-    get_bool,
-    get_ids,
-    get_int,
     sampling_from,
 )
 

@@ -320,7 +320,7 @@ def save_state(
     """
     import torch
 
-    from atropos.trainer.sync import prune, save_lora, save_model
+    from atropos.trainer.sync import prune, save_lora
 
     final = out / "checkpoints" / f"step_{step}"
     tmp = final.with_name(final.name + ".partial")
@@ -328,11 +328,9 @@ def save_state(
     tmp.mkdir(parents=True)
     if lora:
         save_lora(model, tmp / "adapter", **lora)
-    else:
-        save_model(model, tokenizer, tmp / "model")
-        for f in (tmp / "model").iterdir():
-            os.replace(f, tmp / f.name)
-        (tmp / "model").rmdir()
+    else:  # the directory itself is renamed into place below
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, "batch_ids": batch_ids or []}))
     shutil.rmtree(final, ignore_errors=True)
