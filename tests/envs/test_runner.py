@@ -207,7 +207,7 @@ def test_process_writes_jsonl_html_metrics_and_survives_a_bad_item(tmp_path):
     metrics = json.loads(out.with_suffix(".metrics.json").read_text())
     assert metrics["groups"] == 12 and metrics["failed"]["RuntimeError"] >= 2
     page = out.with_suffix(".html").read_text()
-    assert "&lt;b&gt;" in page and "<b>1</b>" not in page  # model text is escaped
+    assert "\\u003cb\\u003e1\\u003c/b\\u003e" in page and "<b>1</b>" not in page  # escaped
     saved = out.with_suffix(".config.yaml").read_text()
     assert "total_steps: 12" in saved and "s3" not in saved  # secrets never reach the disk
 

@@ -1,0 +1,84 @@
+"""The rollout viewer: one self-contained HTML page of scored groups.
+
+`atropos view FILE.jsonl ...` and `view-run` (groups read from a running API) both come here,
+and so does process mode's page beside its JSONL. The page carries its data as escaped JSON
+and builds everything with `textContent`: model text is always shown as text (fixes
+atroposlib's W-UTIL-4, where completions were rendered as unsanitised markdown). Search,
+filters and sorting run in the page's own script; nothing is fetched.
+
+Modules: `read` (JSONL and API records into a `Collection`, bad lines counted), `data` (each
+group reduced to what the page shows), `tokens` (token pieces and mask runs for the
+trained-token highlighting), `page` (the HTML), `live` (the API's read-only `/rollouts`).
+
+>>> import json, tempfile
+>>> from pathlib import Path
+>>> d = Path(tempfile.mkdtemp())
+>>> group = {"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0],
+...          "messages": [[{"role": "assistant", "content": "<b>hi</b>"}]]}
+>>> _ = (d / "run.jsonl").write_text(json.dumps(group) + "\\nnot json\\n")
+>>> out = write_page([d / "run.jsonl"], d / "run.html")
+>>> text = out.read_text()
+>>> "<b>hi</b>" in text, "\\\\u003cb\\\\u003ehi" in text
+(False, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from atropos.view.data import Budget, page_data
+from atropos.view.page import render
+from atropos.view.read import Collection
+
+__all__ = ["DEFAULT_LIMIT", "Collection", "build_page", "read_files", "write_page"]
+
+DEFAULT_LIMIT = 2000
+"""Groups on one page unless `--limit` says otherwise."""
+
+
+def read_files(paths: Sequence[Path], limit: int = DEFAULT_LIMIT) -> Collection:
+    """The first `limit` groups of these JSONL files (bad lines counted)."""
+    found = Collection(limit=limit)
+    for path in paths:
+        found.add_file(Path(path))
+    return found
+
+
+def build_page(
+    found: Collection,
+    title: str,
+    tokenizer: Any = None,
+    tokenizer_name: str | None = None,
+    budget: Budget | None = None,
+) -> str:
+    """The HTML page of `found`. With a tokenizer the trained tokens are highlighted."""
+    name = tokenizer_name or (getattr(tokenizer, "name_or_path", None) if tokenizer else None)
+    return render(page_data(found, title, tokenizer, name, budget))
+
+
+def write_page(
+    paths: Sequence[Path],
+    out: Path,
+    *,
+    title: str | None = None,
+    tokenizer: Any = None,
+    tokenizer_name: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> Path:
+    """Write the page of these JSONL files to `out` (parents created); return `out`."""
+    found = read_files(paths, limit)
+    title = title or ", ".join(Path(p).name for p in paths) or "rollouts"
+    text = build_page(found, title, tokenizer, tokenizer_name)
+    return write_text(out, text)
+
+
+def write_text(out: Path, text: str) -> Path:
+    """Write `text` to `out` through a temporary file, so a reader never sees half a page."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+    return out
