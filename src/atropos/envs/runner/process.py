@@ -170,7 +170,10 @@ class ProcessRunner:
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()
         written = 0
-        for group in as_groups(result):
+        groups = as_groups(result)
+        if not groups:  # the env's own rules kept nothing (all wrong, too easy, ...)
+            self.drops["by_env"] += 1
+        for group in groups:
             ready = prepare(
                 group,
                 group_size=cfg.group_size,

@@ -299,7 +299,10 @@ class ServeRunner:
             log.exception("rollout failed: %s", err)
             return
         self.durations["succeeded"].append(time.monotonic() - started)
-        for group in as_groups(result):
+        groups = as_groups(result)
+        if not groups:  # the env's own rules kept nothing (all wrong, too easy, ...)
+            self.drops["by_env"] += 1
+        for group in groups:
             ready = prepare(
                 group,
                 group_size=cfg.group_size,
