@@ -29,7 +29,7 @@ from atropos.environments.rlaif import (
 from atropos.envs import registry
 from atropos.envs.check import check_env
 from atropos.envs.cli import parse
-from atropos.envs.config import ConfigError, ResolvedConfig
+from atropos.envs.config import BaseEnvConfig, ConfigError, ResolvedConfig
 from atropos.envs.judge import JudgeConfig
 from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.types import Message
@@ -197,6 +197,15 @@ def test_defaults_and_flags() -> None:
         parse(RLAIF, "process", ["--env.injection_rate", "1.5"])
     with pytest.raises(ValueError, match="group_size must be 2"):
         RLAIFConfig(group_size=3)
+
+
+def test_a_plain_config_takes_the_pair_default_but_a_group_size_set_to_more_is_refused() -> None:
+    _, servers = RLAIF.config_init()
+    env = RLAIF(BaseEnvConfig(tokenizer_name="tiny", use_wandb=False), servers)
+    assert isinstance(env.config, RLAIFConfig) and env.config.group_size == 2
+    assert env.config.tokenizer_name == "tiny" and env.config.preference == DEFAULT_PREFERENCE
+    with pytest.raises(ValueError, match="group_size must be 2"):
+        RLAIF(BaseEnvConfig(group_size=4), servers)
 
 
 def test_is_registered_under_its_name() -> None:

@@ -1,4 +1,5 @@
-"""BaseEnv pieces: default group collection, checkpoints, and the serve runner's step logic."""
+"""BaseEnv pieces: default group collection, checkpoints, the serve runner's step logic, and
+the conversion of a plain config into the env's config class."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import Field, ValidationError
+
+from atropos.envs.config import BaseEnvConfig
 from atropos.envs.runner.serve import ServeRunner
 from atropos.envs.types import EvalHandlingEnum
 
@@ -106,3 +111,30 @@ def test_capacity_follows_eval_handling_and_offpolicy_budget(tmp_path: Path):
     assert asyncio.run(with_eval(EvalHandlingEnum.NONE)) == 10
     runner.last_status = 0.0  # no word from the API for a long time
     assert runner.capacity() == 0
+
+
+class WithOwnConfig(SynthEnv):
+    """An env with its own config class: a rule on a base field and a field of its own."""
+
+    class Config(BaseEnvConfig):
+        group_size: int = Field(default=2, le=2)
+        extra: str = "own default"
+
+    env_config_cls = Config
+    config: Config
+
+
+def test_a_plain_config_becomes_the_env_config_keeping_what_the_caller_set():
+    given = BaseEnvConfig(use_wandb=False, tokenizer_name="tiny", max_token_length=64)
+    env = WithOwnConfig(given, [])
+    assert type(env.config) is WithOwnConfig.Config
+    assert (env.config.use_wandb, env.config.tokenizer_name, env.config.max_token_length) == (
+        False,
+        "tiny",
+        64,
+    )
+    assert (env.config.group_size, env.config.extra) == (2, "own default")  # the env's defaults
+    assert given.max_num_workers == env.config.max_num_workers == 8  # resolved in both
+    assert WithOwnConfig(env.config, []).config is env.config  # already one: kept as it is
+    with pytest.raises(ValidationError, match="group_size"):  # a value the caller set, refused
+        WithOwnConfig(BaseEnvConfig(group_size=4), [])

@@ -127,3 +127,40 @@ def test_items_are_shuffled_passes_over_the_data(fake):
     assert len(set(seen[:25])) == 25  # one full pass before any repeat
     assert seen[:25] != [it["question"] for it in env.items]  # shuffled
     random.seed(0)
+
+
+def test_sequence_overrides_and_concurrent_async_scores_shape_the_group(fake):
+    class Overriding(Addition):
+        score_concurrently = True
+        running = peak = 0
+
+        async def score(self, item, completion):  # type: ignore[override]
+            Overriding.running += 1
+            Overriding.peak = max(Overriding.peak, Overriding.running)
+            await asyncio.sleep(0.01)
+            Overriding.running -= 1
+            return Addition.score(self, item, completion)
+
+        def sequence_overrides(self, item, rollouts, scores):
+            return [{"set_advantage_to_zero": True} if s < 0 else {} for s in scores]
+
+    async def groups() -> tuple[dict, dict]:
+        plain, _ = make(fake.base_url)
+        env, _ = make(fake.base_url)
+        env.__class__ = Overriding
+        await env.setup()
+        item = {"question": "What is 3 + 4?", "answer": 7}
+        group, _ = await env.collect_trajectories(item)
+        await plain.setup()
+        without, _ = await plain.collect_trajectories(item)
+        await env.server.aclose()
+        await plain.server.aclose()
+        return group, without
+
+    group, without = asyncio.run(groups())
+    assert Overriding.peak == 4  # the group's four scores were awaited together
+    expected = [{"set_advantage_to_zero": True} if s < 0 else {} for s in group["scores"]]
+    assert group["overrides"] == expected
+    keys = ["tokens", "masks", "scores", "messages", "overrides", "token_source"]
+    assert list(group)[:6] == keys  # the order code_execution wrote before it used the hook
+    assert "overrides" not in without  # the default hook sends none

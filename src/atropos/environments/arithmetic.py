@@ -85,6 +85,7 @@ class Arithmetic(Env):
 
     name = "arithmetic"
     env_config_cls = ArithmeticConfig
+    config: ArithmeticConfig
     temperature = 1.0
     max_tokens = 8  # an answer is at most 3 tokens and <|im_end|>
 
@@ -106,8 +107,7 @@ class Arithmetic(Env):
         return sample_items("train", seed=self.seed)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        n = getattr(self.config, "eval_items", ArithmeticConfig().eval_items)
-        return sample_items("eval", n, seed=self.seed)
+        return sample_items("eval", self.config.eval_items, seed=self.seed)
 
     def score(self, item: dict[str, Any], completion: str) -> float:
         return score_answer(item, completion)

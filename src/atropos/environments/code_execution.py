@@ -23,8 +23,8 @@ from pydantic import Field
 from atropos.environments.code.problems import Verdict, acheck_solution, load_problems
 from atropos.environments.code.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import Env, Rollout
+from atropos.envs.types import Item, Message
 from atropos.inference.config import APIServerConfig
 from atropos.rewards.passk import mean_pass_at_k
 
@@ -78,7 +78,9 @@ class CodeExecution(Env):
 
     name = "code_execution"
     env_config_cls = CodeExecutionConfig
+    config: CodeExecutionConfig
     system_prompt = SYSTEM_PROMPT
+    score_concurrently = True  # a group's sandbox runs overlap, bounded by max_concurrency
 
     @classmethod
     def config_init(cls) -> tuple[CodeExecutionConfig, list[APIServerConfig]]:
@@ -91,26 +93,11 @@ class CodeExecution(Env):
         return env, [server]
 
     @property
-    def settings(self) -> CodeExecutionConfig:
-        """The config (with this env's defaults when it was built with a plain `BaseEnvConfig`)."""
-        config = self.config
-        if isinstance(config, CodeExecutionConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            fields = CodeExecutionConfig.model_fields
-            known = {k: getattr(config, k) for k in fields if hasattr(config, k)}
-            defaults = {k: f.default for k, f in fields.items() if k not in known}
-            cached = CodeExecutionConfig.model_construct(**defaults, **known)
-            self.__dict__["_settings"] = cached
-        return cached
-
-    @property
     def sandbox(self) -> Sandbox:
         """The sandbox (created on first use, closed by `aclose`)."""
         box = self.__dict__.get("_sandbox")
         if box is None:
-            s = self.settings
+            s = self.config
             limits = SandboxLimits(
                 wall_seconds=s.timeout_seconds,
                 cpu_seconds=s.cpu_seconds,
@@ -141,11 +128,11 @@ class CodeExecution(Env):
     # ----- data and prompt ----------------------------------------------------------------------
 
     def load(self) -> list[dict[str, Any]]:
-        s = self.settings
+        s = self.config
         return load_problems(s.train_split, s.dataset_name, s.dataset_config)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        s = self.settings
+        s = self.config
         name = s.eval_dataset_name or s.dataset_name
         config = s.dataset_config if name == s.dataset_name else None
         items = load_problems(s.eval_split if name else "test", name, config)
@@ -174,26 +161,16 @@ class CodeExecution(Env):
     async def score(self, item: Item, completion: str) -> float:  # type: ignore[override]
         return 1.0 if (await self.check(item, completion)).passed else -1.0
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        messages = self.prompt(item)
-        rollouts = await self.generate(messages, n=self.config.group_size)
-        verdicts = await asyncio.gather(*(self.check(item, r.text) for r in rollouts))
-        scores = [1.0 if v.passed else -1.0 for v in verdicts]
+    def score_group(
+        self, item: Item, rollouts: list[Rollout], scores: list[float]
+    ) -> list[float] | None:
         self._correct.extend(max(s, 0.0) for s in scores)
-        group: dict[str, Any] = {
-            "tokens": [r.tokens for r in rollouts],
-            "masks": [r.masks for r in rollouts],
-            "scores": scores,
-            "messages": [[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-            "overrides": [dict(ZERO) if r.finish_reason == "length" else {} for r in rollouts],
-            "token_source": rollouts[0].token_source if rollouts else None,
-        }
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group, []  # type: ignore[return-value]
+        return scores  # none dropped here (the runner applies ensure_scores_are_not_same)
+
+    def sequence_overrides(
+        self, item: Item, rollouts: list[Rollout], scores: list[float]
+    ) -> list[dict[str, Any]]:
+        return [dict(ZERO) if r.finish_reason == "length" else {} for r in rollouts]
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         metrics = dict(metrics or {})
@@ -211,7 +188,7 @@ class CodeExecution(Env):
         items = self.load_eval()
         if not items:
             return {}
-        s, start = self.settings, time.time()
+        s, start = self.config, time.time()
         n = s.eval_samples
         k = min(s.eval_k or n, n)
         params = {"temperature": s.eval_temperature}

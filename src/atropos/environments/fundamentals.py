@@ -32,7 +32,6 @@ from typing import Any
 from pydantic import Field
 
 from atropos.environments.hub import data_path, load_hub, read_jsonl, split_rows
-from atropos.environments.mcqa import normalise_think
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
@@ -95,7 +94,7 @@ def _sentence(metric: str) -> re.Pattern[str]:
 def parse_prediction(completion: str, metric: str) -> tuple[str, float] | None:
     """(direction, magnitude) from the one final sentence after the one think pair; None for
     a missing or repeated think pair, or zero or several final sentences."""
-    answer = split_think(normalise_think(completion))
+    answer = split_think(completion, ignore_case=True)  # upstream matched tags in any case
     if answer is None:
         return None
     found = _sentence(metric).findall(answer)
@@ -170,6 +169,7 @@ class Fundamentals(Env):
 
     name = "fundamentals"
     env_config_cls = FundamentalsConfig
+    config: FundamentalsConfig
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
     seed = 42
@@ -181,22 +181,15 @@ class Fundamentals(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> FundamentalsConfig:
-        """The config, typed."""
-        if not isinstance(self.config, FundamentalsConfig):
-            raise TypeError(f"fundamentals needs a FundamentalsConfig, got {type(self.config)}")
-        return self.config
-
-    @property
     def stats(self) -> dict[str, list[float]]:
         """Direction and magnitude accuracy since the last `wandb_log`."""
         return self.__dict__.setdefault("_stats", {"direction": [], "magnitude": []})  # type: ignore[no-any-return]
 
     def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.settings.dataset_name, self.settings.test_fraction)
+        return load_split("train", self.config.dataset_name, self.config.test_fraction)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.settings.dataset_name, self.settings.test_fraction)
+        return load_split("test", self.config.dataset_name, self.config.test_fraction)
 
     def prompt(self, item: Any) -> list[Message]:
         return [
@@ -220,7 +213,7 @@ class Fundamentals(Env):
             if raw >= 1.0:
                 self.stats["magnitude"].append(raw - 1.0)
         final = [raw - length_term(n, limit) for raw, n in zip(scores, lengths, strict=True)]
-        if self.settings.binary_reward:
+        if self.config.binary_reward:
             final = [1.0 if x > 0 else -1.0 for x in final]
         return None if self.config.ensure_scores_are_not_same and all_equal(final) else final
 
@@ -238,7 +231,7 @@ class Fundamentals(Env):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out item -> eval/{direction_accuracy, magnitude_accuracy
         (over right directions), combined_score (mean raw score without the length term)}."""
-        params = {"temperature": self.settings.eval_temperature}
+        params = {"temperature": self.config.eval_temperature}
 
         async def one(item: dict[str, Any]) -> dict[str, Any]:
             [r] = await self.generate(self.prompt(item), 1, "eval", **params)

@@ -139,6 +139,7 @@ class InstructionFollowing(Env):
 
     name = "instruction_following"
     env_config_cls = InstructionFollowingConfig
+    config: InstructionFollowingConfig
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
 
@@ -148,13 +149,9 @@ class InstructionFollowing(Env):
         url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
-    @property
-    def settings(self) -> InstructionFollowingConfig:
-        return cast(InstructionFollowingConfig, self.config)
-
     @functools.cached_property
     def _splits(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        s = self.settings
+        s = self.config
         if not s.dataset_name:
             train, test = (
                 data_path("instruction_following", f"{x}.jsonl") for x in ("train", "test")
@@ -205,7 +202,7 @@ class InstructionFollowing(Env):
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        s = self.settings
+        s = self.config
         self.queue.record(item, scores, s.max_group_average_for_training, s.solve_on_single_correct)
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
             return None
@@ -235,7 +232,7 @@ class InstructionFollowing(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per held-out item at `eval_temperature`; `eval/percent_correct`."""
-        start, params = time.time(), {"temperature": self.settings.eval_temperature}
+        start, params = time.time(), {"temperature": self.config.eval_temperature}
         samples = []
         for item in self.load_eval():
             [r] = await self.generate(self.prompt(item), 1, "eval", **params)

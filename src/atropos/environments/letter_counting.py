@@ -69,6 +69,7 @@ class LetterCounting(Env):
 
     name = "letter_counting"
     env_config_cls = LetterCountingConfig
+    config: LetterCountingConfig
 
     @classmethod
     def config_init(cls) -> tuple[LetterCountingConfig, list[APIServerConfig]]:
@@ -77,14 +78,10 @@ class LetterCounting(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> LetterCountingConfig:
-        return cast(LetterCountingConfig, self.config)
-
-    @property
     def curriculum(self) -> Curriculum:
         """The curriculum state (created at the starting tier on first use)."""
         if "_curriculum" not in self.__dict__:
-            s = self.settings
+            s = self.config
             self.__dict__["_curriculum"] = Curriculum(
                 s.starting_difficulty_level,
                 s.difficulty_window_size,
@@ -100,10 +97,10 @@ class LetterCounting(Env):
 
     def load(self) -> list[str]:
         """The training words (items are generated from them)."""
-        return split_words(read_words(self.settings.word_list), self.settings.seed)[0]
+        return split_words(read_words(self.config.word_list), self.config.seed)[0]
 
     def load_eval(self) -> list[dict[str, Any]]:
-        name = self.settings.eval_dataset_name
+        name = self.config.eval_dataset_name
         where = name or str(data_path("letter_counting", "eval.jsonl"))
         rows = load_hub(name, "train") if name else read_jsonl(where)
         items = []
@@ -120,7 +117,7 @@ class LetterCounting(Env):
         self.words = self.load()
         if not self.words:
             raise ValueError("letter_counting: the word list is empty")
-        self._rng = random.Random(self.settings.seed)
+        self._rng = random.Random(self.config.seed)
         self.iter = getattr(self, "iter", 0)
 
     async def get_next_item(self) -> dict[str, Any]:
@@ -150,7 +147,7 @@ class LetterCounting(Env):
         self._counter("_correct").extend(kept)
         mean = sum(kept) / len(kept)
         self.curriculum.record(mean, item["level"])  # before any skip: every group counts
-        s = self.settings
+        s = self.config
         if len(kept) < len(scores):  # a near-empty completion drops the group
             return None
         if mean > s.difficulty_increase_threshold or mean < s.difficulty_decrease_threshold:
@@ -189,7 +186,7 @@ class LetterCounting(Env):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per eval item at `eval_temperature`: overall and per-tier accuracy."""
         items, start = self.load_eval(), time.time()
-        params = {"temperature": self.settings.eval_temperature}
+        params = {"temperature": self.config.eval_temperature}
 
         async def one(item: dict[str, Any]) -> dict[str, Any]:
             [r] = await self.generate(self.prompt(item), 1, "eval", **params)

@@ -44,7 +44,6 @@ __all__ = [
     "demo_responder",
     "extract_answers",
     "load_split",
-    "normalise_think",
     "score_text",
 ]
 
@@ -60,12 +59,6 @@ _PHRASE = (
     r"(?i:the\s+(?:correct\s+|best\s+)?answer\s+is|thus,?\s+(?:the\s+)?final\s+answer(?:\s+is)?)"
 )
 _LEAD = r"\s*:?\s*(?:\*\*)?\s*(?:\\boxed\{\s*)?(?i:option\s+)?\(?"
-_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
-
-
-def normalise_think(text: str) -> str:
-    """Think tags in any case (`<THINK>`) as `<think>`, as upstream matched them."""
-    return _THINK_TAG.sub(r"<\1think>", text)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -97,7 +90,7 @@ def extract_answers(answer_text: str, gold_letter: str, gold_text: str = "") -> 
 
 def score_text(item: Mapping[str, Any], completion: str) -> float:
     """+1 for exactly one think pair then exactly one stated answer, the gold one; else -1."""
-    answer = split_think(normalise_think(completion))
+    answer = split_think(completion, ignore_case=True)  # upstream matched tags in any case
     if answer is None:
         return -1.0
     gold = str(item["ground_truth"]).strip().upper()
@@ -145,6 +138,7 @@ class MCQA(Env):
 
     name = "mcqa"
     env_config_cls = MCQAConfig
+    config: MCQAConfig
     system_prompt = THINKING_SYSTEM_PROMPT
     seed = 42
 
@@ -155,22 +149,15 @@ class MCQA(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> MCQAConfig:
-        """The config, typed."""
-        if not isinstance(self.config, MCQAConfig):
-            raise TypeError(f"mcqa needs an MCQAConfig, got {type(self.config).__name__}")
-        return self.config
-
-    @property
     def correct(self) -> list[float]:
         """1.0/0.0 per scored completion since the last `wandb_log` (train/percent_correct)."""
         return self.__dict__.setdefault("_correct", [])  # type: ignore[no-any-return]
 
     def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.settings.dataset_name, self.settings.test_fraction)
+        return load_split("train", self.config.dataset_name, self.config.test_fraction)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.settings.dataset_name, self.settings.test_fraction)
+        return load_split("test", self.config.dataset_name, self.config.test_fraction)
 
     def prompt(self, item: Any) -> list[Message]:
         return [
@@ -202,7 +189,7 @@ class MCQA(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out question at `eval_temperature` -> eval/percent_correct."""
-        params = {"temperature": self.settings.eval_temperature}
+        params = {"temperature": self.config.eval_temperature}
 
         async def one(item: dict[str, Any]) -> dict[str, Any]:
             [r] = await self.generate(self.prompt(item), 1, "eval", **params)

@@ -165,6 +165,7 @@ class RLAIF(Env):
 
     name = "rlaif"
     env_config_cls = RLAIFConfig
+    config: RLAIFConfig
     temperature = 1.0
 
     @classmethod
@@ -174,17 +175,10 @@ class RLAIF(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> RLAIFConfig:
-        """The config, typed."""
-        if not isinstance(self.config, RLAIFConfig):
-            raise TypeError(f"rlaif needs an RLAIFConfig, got {type(self.config).__name__}")
-        return self.config
-
-    @property
     def judge(self) -> Judge:
         """The judge (`--judge.*`); `await env.judge.aclose()` closes its own server, if any."""
         if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.settings.judge, self)
+            self.__dict__["_judge"] = Judge(self.config.judge, self)
         return self.__dict__["_judge"]  # type: ignore[no-any-return]
 
     @property
@@ -202,7 +196,7 @@ class RLAIF(Env):
         await super().wandb_log({**(metrics or {}), **self.judge_metrics()})
 
     def load(self) -> list[dict[str, Any]]:
-        name = self.settings.dataset_name
+        name = self.config.dataset_name
         if not name:
             path = data_path("rlaif", "train.jsonl")
             found = [to_item(r, f"{path} row {n}") for n, r in enumerate(read_jsonl(path), 1)]
@@ -226,7 +220,7 @@ class RLAIF(Env):
         raise NotImplementedError("rlaif scores pairs, not completions: see RLAIF.score_pair")
 
     async def collect_trajectories(self, item: Any) -> tuple[ScoredDataGroup | None, list[Any]]:
-        s, plain = self.settings, self.prompt(item)
+        s, plain = self.config, self.prompt(item)
         steered = self._inject_rng.random() < s.injection_rate
         prompts: list[list[Message]] = [plain, plain]
         if steered:  # the preference replaces any system turn; the plain reply sees none either
@@ -267,7 +261,7 @@ class RLAIF(Env):
         if decided is not None:
             self.counts["truncation_decided"] += 1
             return decided
-        preference = self.settings.preference
+        preference = self.config.preference
         verdict = await compare(  # --judge.votes answers in each order
             self.judge, lambda x, y: judge_messages(conversation, x, y, preference), a.text, b.text
         )

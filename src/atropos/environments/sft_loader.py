@@ -193,6 +193,7 @@ class SFTLoader(BaseEnv):
 
     name = "sft_loader"
     env_config_cls: ClassVar[type[BaseEnvConfig]] = SFTLoaderConfig
+    config: SFTLoaderConfig
     seed: ClassVar[int] = 0
 
     @classmethod
@@ -207,22 +208,8 @@ class SFTLoader(BaseEnv):
         )
         return env, ServerBaseline()
 
-    @property
-    def settings(self) -> SFTLoaderConfig:
-        """The config (with this env's defaults when it was built with a plain `BaseEnvConfig`)."""
-        config = self.config
-        if isinstance(config, SFTLoaderConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            known = {
-                k: getattr(config, k) for k in SFTLoaderConfig.model_fields if hasattr(config, k)
-            }
-            cached = self.__dict__["_settings"] = SFTLoaderConfig(**known)
-        return cached
-
     async def setup(self) -> None:
-        s = self.settings
+        s = self.config
         self.examples = load_examples(s.dataset_format, s.dataset_name, s.dataset_split)
         self.sft_epoch, self.sft_index = 0, 0  # the position, checkpointed
         self.allowance = 0  # sequences this step may still add (serve mode)
@@ -237,7 +224,7 @@ class SFTLoader(BaseEnv):
         """At the first status and whenever the trainer step crosses a multiple of
         `add_every_n_steps`, allow `step_budget(...)` sequences (the queue counted in
         sequences: `queue_size` is in this env's `group_size` units)."""
-        status, s = self.status_dict, self.settings
+        status, s = self.status_dict, self.config
         step = int(status.get("current_step", self.curr_step))
         period = step // s.add_every_n_steps
         if period == self._period:
@@ -260,7 +247,7 @@ class SFTLoader(BaseEnv):
             self.allowance -= 1
         if self._order is None or self._order[0] != self.sft_epoch:
             order = list(range(len(self.examples)))
-            if self.settings.shuffle:
+            if self.config.shuffle:
                 random.Random(self.seed * 1_000_003 + self.sft_epoch).shuffle(order)
             self._order = (self.sft_epoch, order)
         example = self.examples[self._order[1][self.sft_index]]
@@ -271,7 +258,7 @@ class SFTLoader(BaseEnv):
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         example: SFTExample = item
-        tokens, masks = tokenize_example(self.tokenizer, example, self.settings.train_on)
+        tokens, masks = tokenize_example(self.tokenizer, example, self.config.train_on)
         trained = sum(1 for m in masks if m != MASKED)
         if not trained or len(tokens) > self.config.max_token_length:
             self.counts["skipped"] += 1

@@ -22,7 +22,7 @@ import itertools
 import re
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import Field
 
@@ -112,6 +112,7 @@ class TextReversal(Env):
 
     name = "text_reversal"
     env_config_cls = TextReversalConfig
+    config: TextReversalConfig
     seed = 42  # upstream's shuffle seed
 
     @classmethod
@@ -122,28 +123,24 @@ class TextReversal(Env):
         url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
-    @property
-    def settings(self) -> TextReversalConfig:
-        return cast(TextReversalConfig, self.config)
-
     def _counter(self, name: str) -> list[float]:
         return self.__dict__.setdefault(name, [])  # type: ignore[no-any-return]
 
     def load(self) -> list[dict[str, str]]:
-        return load_texts(self.settings.train_dataset, self.settings.train_split)
+        return load_texts(self.config.train_dataset, self.config.train_split)
 
     def load_eval(self) -> list[dict[str, str]]:
-        return load_texts(self.settings.eval_dataset, self.settings.eval_split)
+        return load_texts(self.config.eval_dataset, self.config.eval_split)
 
     def prompt(self, item: Any) -> list[Message]:
-        s = self.settings
+        s = self.config
         parts = [s.custom_thinking_prompt or THINKING_PROMPT] if s.thinking_mode else []
         parts += [s.custom_base_system_prompt] if s.custom_base_system_prompt else []
         system: list[Message] = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         return [*system, {"role": "user", "content": instruction(item["text"])}]
 
     def score(self, item: Any, completion: str) -> float:
-        return score_reversal(completion, item["text"], self.settings.thinking_mode)
+        return score_reversal(completion, item["text"], self.config.thinking_mode)
 
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
@@ -151,7 +148,7 @@ class TextReversal(Env):
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
             return None
         self._counter("_correct").extend(scores)
-        thinking = self.settings.thinking_mode
+        thinking = self.config.thinking_mode
         formatted = [extract_reversal(r.text, thinking) is not None for r in rollouts]
         self._counter("_formatted").extend(float(ok) for ok in formatted)
         return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
@@ -167,7 +164,7 @@ class TextReversal(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per eval text: accuracy, format compliance and mean answer length."""
-        s, start = self.settings, time.time()
+        s, start = self.config, time.time()
         params: dict[str, Any] = {"temperature": s.eval_temperature}
         if s.eval_max_tokens:
             params["max_tokens"] = s.eval_max_tokens

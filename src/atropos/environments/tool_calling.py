@@ -140,6 +140,7 @@ class ToolCalling(Env):
 
     name = "tool_calling"
     env_config_cls = ToolCallingConfig
+    config: ToolCallingConfig
     temperature = 0.8
 
     @classmethod
@@ -153,29 +154,15 @@ class ToolCalling(Env):
         return env, [server]
 
     @property
-    def settings(self) -> ToolCallingConfig:
-        """The config (with this env's defaults when it was built with a plain `BaseEnvConfig`)."""
-        config = self.config
-        if isinstance(config, ToolCallingConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            known = {
-                k: getattr(config, k) for k in ToolCallingConfig.model_fields if hasattr(config, k)
-            }
-            cached = self.__dict__["_settings"] = ToolCallingConfig.model_construct(**known)
-        return cached
-
-    @property
     def _correct(self) -> list[float]:
         """1.0 or 0.0 per scored rollout since the last `wandb_log` (train/percent_correct)."""
         return self.__dict__.setdefault("_correct_rollouts", [])  # type: ignore[no-any-return]
 
     def load(self) -> list[dict[str, Any]]:
-        return load_rows("train", self.settings.dataset_name, self.settings.test_size)
+        return load_rows("train", self.config.dataset_name, self.config.test_size)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        items = load_rows("test", self.settings.dataset_name, self.settings.test_size)
+        items = load_rows("test", self.config.dataset_name, self.config.test_size)
         return [i for i in items if i["expected"]]  # nothing to call: nothing to measure
 
     def prompt(self, item: Any) -> list[Message]:
@@ -183,7 +170,7 @@ class ToolCalling(Env):
         return [{"role": "system", "content": system}, {"role": "user", "content": item["request"]}]
 
     def score(self, item: Any, completion: str) -> float:
-        s = self.settings
+        s = self.config
         return score_item(item, completion, s.partial_credit, s.lenient_types)
 
     def score_group(
@@ -215,7 +202,7 @@ class ToolCalling(Env):
         for item in items:
             messages = self.prompt(item)
             [rollout] = await self.generate(
-                messages, n=1, split="eval", temperature=self.settings.eval_temperature
+                messages, n=1, split="eval", temperature=self.config.eval_temperature
             )
             score = self.score(item, rollout.text)
             samples.append(
@@ -233,7 +220,7 @@ class ToolCalling(Env):
             "eval/percent_correct": sum(s["score"] >= 1.0 for s in samples) / len(samples),
             "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
         }
-        params = {"temperature": self.settings.eval_temperature}
+        params = {"temperature": self.config.eval_temperature}
         self.evaluate_log(
             metrics,
             start_time=start,

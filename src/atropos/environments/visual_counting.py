@@ -234,6 +234,7 @@ class VisualCounting(Env):
 
     name = "visual_counting"
     env_config_cls = VisualCountingConfig
+    config: VisualCountingConfig
     system_prompt = SYSTEM_PROMPT
 
     @classmethod
@@ -243,28 +244,12 @@ class VisualCounting(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> VisualCountingConfig:
-        """The config (with this env's defaults when it was built with a plain `BaseEnvConfig`)."""
-        config = self.config
-        if isinstance(config, VisualCountingConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            known = {
-                k: getattr(config, k)
-                for k in VisualCountingConfig.model_fields
-                if hasattr(config, k)
-            }
-            cached = self.__dict__["_settings"] = VisualCountingConfig.model_construct(**known)
-        return cached
-
-    @property
     def _correct(self) -> list[float]:
         """1.0 or 0.0 per scored rollout since the last `wandb_log` (train/percent_correct)."""
         return self.__dict__.setdefault("_correct_rollouts", [])  # type: ignore[no-any-return]
 
     def _items(self, split: str) -> list[dict[str, Any]]:
-        s = self.settings
+        s = self.config
         if s.dataset_name:
             fields = (s.image_field, s.question_field, s.answer_field)
             name, config = s.dataset_name, s.dataset_config
@@ -362,7 +347,7 @@ class VisualCounting(Env):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per held-out item; `eval/percent_correct` is the share exactly right."""
         items, start = self.load_eval(), time.time()
-        params = {"temperature": self.settings.eval_temperature}
+        params = {"temperature": self.config.eval_temperature}
 
         async def one(item: dict[str, Any]) -> dict[str, Any]:
             messages = self.prompt(item)

@@ -59,7 +59,14 @@ _OPTIONAL_ROW_FIELDS = (
 
 
 class BaseEnv(ABC):
-    """An environment: produces items, rolls out groups through the policy, scores them."""
+    """An environment: produces items, rolls out groups through the policy, scores them.
+
+    `config` is always an instance of the class's `env_config_cls`: an unmodified
+    upstream-style caller may pass a plain `BaseEnvConfig` (or any other `BaseEnvConfig`), and
+    `__init__` converts it once into `env_config_cls`, validated, keeping every value the caller
+    set (the other fields take `env_config_cls`'s defaults). A subclass declares the narrowed
+    type with a class-level annotation (`config: MyConfig`) and reads `self.config.my_field`.
+    """
 
     name: ClassVar[str | None] = None
     env_config_cls: ClassVar[type[BaseEnvConfig]] = BaseEnvConfig
@@ -73,7 +80,6 @@ class BaseEnv(ABC):
         testing: bool = False,
         manager: ServerManagerConfig | None = None,
     ) -> None:
-        self.config = config
         manager = manager or ServerManagerConfig(slurm=slurm, testing=testing)
         if isinstance(server_configs, APIServerConfig):
             server_configs = [server_configs]
@@ -81,9 +87,10 @@ class BaseEnv(ABC):
         self.manager_config = manager
         self._server: ServerManager | None = None
         self._tokenizer: Any = None
-        if config.max_num_workers == -1:
+        if config.max_num_workers == -1:  # resolved in the caller's config, as upstream did
             servers = len(server_configs) if isinstance(server_configs, list) else 4
             config.max_num_workers = config.max_num_workers_per_node * max(1, servers)
+        self.config = as_env_config(config, type(self).env_config_cls)
         # state the runners keep up to date (upstream's attribute names)
         self.curr_step = 0
         self.status_dict: dict[str, Any] = {}
@@ -316,6 +323,29 @@ class BaseEnv(ABC):
                 setattr(self, key, value)
             else:
                 log.warning("checkpoint key %r is not an attribute of %s", key, type(self).__name__)
+
+
+def as_env_config(config: BaseEnvConfig, cls: type[BaseEnvConfig]) -> BaseEnvConfig:
+    """`config` as an instance of `cls`: itself when it is one, else a `cls` built from the
+    fields `config` was given (by its constructor or assigned since) that `cls` has.
+
+    >>> class Mine(BaseEnvConfig):
+    ...     group_size: int = 2
+    ...     extra: str = "default"
+    >>> mine = as_env_config(BaseEnvConfig(use_wandb=False), Mine)
+    >>> type(mine).__name__, mine.group_size, mine.use_wandb, mine.extra
+    ('Mine', 2, False, 'default')
+    """
+    if isinstance(config, cls):
+        return config
+    # Validated, not `model_construct`: `cls`'s own rules (ranges, cross-field checks) and
+    # normalisations run, so the env never sees a config its class would have refused. Only the
+    # fields the caller set are passed: they already passed the same base rules in
+    # BaseEnvConfig's constructor, so only `cls`'s own rules can reject them; a base default the
+    # caller never chose (group_size=4) is not passed, so it cannot trip a rule of `cls` (rlaif's
+    # pairs) that its own default (2) satisfies; a field `cls` lacks is left out.
+    given = {k: getattr(config, k) for k in config.model_fields_set if k in cls.model_fields}
+    return cls.model_validate(given)
 
 
 def group_from_items(items: list[ScoredDataItem]) -> ScoredDataGroup:

@@ -97,6 +97,16 @@ def run_mode(env_cls: type, mode: Mode, argv: Sequence[str], *, prog: str | None
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    if mode != "evaluate" and getattr(env_cls, "evaluation_only", False):
+        # refused before anything is written or any server is asked: a test set is never
+        # trained on by accident
+        name = env_name(env_cls)
+        print(
+            f"{prog}: error: {name} is an evaluation-only environment;"
+            f" use `atropos env evaluate {name}`",
+            file=sys.stderr,
+        )
+        return 2
     show(env_cls, resolved)
     from atropos.envs import runner  # looked up now, so tests can replace runner.run
 

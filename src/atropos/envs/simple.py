@@ -30,6 +30,7 @@ the rollout started.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
 from abc import abstractmethod
@@ -59,12 +60,21 @@ class Rollout:
 
 
 class Env(BaseEnv):
-    """A dataset environment: `load()` and `score()` are all it needs."""
+    """A dataset environment: `load()` and `score()` are all it needs.
+
+    A group is built in `collect_trajectories`: `score()` of each rollout (one at a time; all
+    of the group's at once when `score_concurrently` is set and `score` is async, e.g. a
+    sandbox run), then `score_group()` on the whole group (None drops it), then
+    `sequence_overrides()`: one dict per rollout for the trainer (e.g.
+    `{"set_advantage_to_zero": True}` for a truncated one), sent as the group's `overrides`;
+    None (the default) sends none.
+    """
 
     system_prompt: ClassVar[str | None] = None
     temperature: ClassVar[float] = 1.0
     max_tokens: ClassVar[int | None] = None  # default: the env's max_token_length
     seed: ClassVar[int] = 0
+    score_concurrently: ClassVar[bool] = False  # await an async `score` for a group at once
 
     @abstractmethod
     def load(self) -> Iterable[Item]:
@@ -84,6 +94,13 @@ class Env(BaseEnv):
         """Adjust a whole group's scores after `score()` (e.g. `atropos.rewards.length_penalty`);
         None drops the group. Default: the scores unchanged."""
         return scores
+
+    def sequence_overrides(
+        self, item: Item, rollouts: list[Rollout], scores: list[float]
+    ) -> list[dict[str, Any]] | None:
+        """Per-sequence overrides for the trainer, one dict per rollout (`{}` for none), given
+        the final scores; None (the default) leaves them out of the group."""
+        return None
 
     def prompt(self, item: Item) -> list[Message]:
         """The conversation to complete for `item`."""
@@ -117,10 +134,13 @@ class Env(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         messages = self.prompt(item)
         rollouts = await self.generate(messages, n=self.config.group_size)
-        scores = []
-        for r in rollouts:  # one at a time, as before; a float needs no coroutine around it
-            value = self.score(item, r.text)
-            scores.append(value if type(value) is float else await self._resolve(value))
+        if self.score_concurrently:
+            scores = list(await asyncio.gather(*(self._score(item, r.text) for r in rollouts)))
+        else:
+            scores = []
+            for r in rollouts:  # one at a time, as before; a float needs no coroutine around it
+                value = self.score(item, r.text)
+                scores.append(value if type(value) is float else await self._resolve(value))
         adjusted = self.score_group(item, rollouts, scores)
         if adjusted is None:
             return None, []
@@ -135,8 +155,16 @@ class Env(BaseEnv):
             "masks": [r.masks for r in rollouts],
             "scores": scores,
             "messages": [[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-            "token_source": rollouts[0].token_source if rollouts else None,
         }
+        overrides = self.sequence_overrides(item, rollouts, scores)
+        if overrides is not None:
+            if len(overrides) != len(rollouts):
+                raise ValueError(
+                    f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
+                    f" for {len(rollouts)} rollouts"
+                )
+            group["overrides"] = overrides
+        group["token_source"] = rollouts[0].token_source if rollouts else None
         if all(r.logprobs is not None for r in rollouts):
             group["inference_logprobs"] = [r.logprobs for r in rollouts]
         versions = [r.policy_version for r in rollouts if r.policy_version is not None]

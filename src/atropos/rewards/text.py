@@ -3,7 +3,8 @@ tagged answers.
 
 Upstream's letter counting, instruction following, MCQA and fundamentals environments accept a
 completion only with exactly one well-ordered `<think>...</think>` pair and nothing think-like
-after it; the answer is read from what follows. `split_think` returns that part or None.
+after it; the answer is read from what follows. `split_think` returns that part or None (MCQA
+and fundamentals matched the tags in any case: `ignore_case=True`).
 
 >>> split_think("<think>2+2</think> The answer is 4.")
 ' The answer is 4.'
@@ -11,6 +12,8 @@ after it; the answer is read from what follows. `split_think` returns that part 
 (True, True)
 >>> split_think("plain answer", required=False)
 'plain answer'
+>>> split_think("<THINK>a</Think> 4") is None, split_think("<THINK>a</Think> 4", ignore_case=True)
+(True, ' 4')
 >>> tagged("<answer>3</answer> and <answer>4</answer>", "answer")
 ['3', '4']
 """
@@ -19,13 +22,22 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["split_think", "tagged"]
+__all__ = ["normalise_think", "split_think", "tagged"]
+
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 
 
-def split_think(text: str, required: bool = True) -> str | None:
+def normalise_think(text: str) -> str:
+    """Think tags in any case (`<THINK>`, `</Think>`) as `<think>` and `</think>`."""
+    return _THINK_TAG.sub(r"<\1think>", text)
+
+
+def split_think(text: str, required: bool = True, ignore_case: bool = False) -> str | None:
     """The text after a single `<think>...</think>` block, or None when the block is missing
     (and `required`), repeated, unclosed or out of order. Without a block and not `required`,
-    the whole text."""
+    the whole text. With `ignore_case`, tags in any case count (`<THINK>`)."""
+    if ignore_case:
+        text = normalise_think(text)
     opens, closes = text.count("<think>"), text.count("</think>")
     if opens == 0 and closes == 0:
         return None if required else text

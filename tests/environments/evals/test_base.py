@@ -21,7 +21,10 @@ from atropos.environments.evals import (
     summarize,
 )
 from atropos.environments.evals.base import THINKING_PROMPT, answer_text, boxed_contents
+from atropos.environments.evals.mmlu import MMLUConfig
 from atropos.envs import registry
+from atropos.envs.cli import main as env_main
+from atropos.envs.config import BaseEnvConfig
 from atropos.rewards.passk import mean_pass_at_k, pass_at_k
 
 from .helpers import make
@@ -102,6 +105,19 @@ def test_defaults_sample_once_at_temperature_0_6_against_the_local_server():
     assert (server.base_url, server.server_type) == ("http://127.0.0.1:9001/v1", "openai")
 
 
+def test_a_plain_config_becomes_the_eval_config_and_a_non_eval_config_class_is_refused():
+    _, servers = MMLUEval.config_init()
+    env = MMLUEval(BaseEnvConfig(tokenizer_name="tiny", use_wandb=False), servers)
+    assert isinstance(env.config, MMLUConfig) and env.config.tokenizer_name == "tiny"
+    assert (env.config.eval_k, env.config.few_shot) == ([1], 0)  # the env's defaults
+
+    class Misconfigured(GSM8KEval):
+        env_config_cls = BaseEnvConfig
+
+    with pytest.raises(TypeError, match="needs an EvalConfig, got BaseEnvConfig"):
+        Misconfigured(BaseEnvConfig(), servers)
+
+
 # ----- prompts ---------------------------------------------------------------------------------
 
 
@@ -153,6 +169,17 @@ def test_training_hooks_say_to_use_evaluate(name):
         asyncio.run(env.get_next_item())
     with pytest.raises(EvaluationOnly, match="evaluation-only"):
         asyncio.run(env.collect_trajectories({}))
+
+
+@pytest.mark.parametrize("mode", ["serve", "process"])
+def test_the_cli_refuses_training_modes_before_writing_anything(mode, tmp_path, capsys):
+    out = tmp_path / "groups.jsonl"
+    argv = [mode, "--env.data_path_to_save_groups", str(out), "--env.use_wandb", "false"]
+    assert env_main(ENVS["eval_gsm8k"], argv) == 2
+    assert "eval_gsm8k is an evaluation-only environment; use `atropos env evaluate" in (
+        capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", sorted(ENVS))

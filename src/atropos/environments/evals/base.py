@@ -15,8 +15,10 @@ and writes `metrics.json` and `samples.jsonl` into `data_dir_to_save_evals` via 
 A subclass gives `problem(row, index)` (a row in its field layout to a `Problem`) and
 `grade(problem, answer_text)` (one completion, think block removed, to a `Graded`).
 
-These environments only evaluate: `serve` and `process` fail at once with `EvaluationOnly`
-(run `atropos env evaluate NAME`), so a test set is never trained on by accident.
+These environments only evaluate: the CLI refuses `serve` and `process` with status 2 before
+writing anything or asking any server (`evaluation_only`), and the training hooks raise
+`EvaluationOnly` for a caller that drives the env itself; either way the message says to run
+`atropos env evaluate NAME`, so a test set is never trained on by accident.
 
 >>> summarize([[True, False], [False, False]], [1, 2])
 {'eval/accuracy': 0.25, 'eval/pass@1': 0.25, 'eval/pass@2': 0.5}
@@ -40,13 +42,13 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from atropos.environments.hub import data_path, load_hub, read_jsonl
-from atropos.environments.mcqa import normalise_think
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, Message
 from atropos.inference.config import APIServerConfig
 from atropos.rewards.math import after_think
 from atropos.rewards.passk import pass_at_k
+from atropos.rewards.text import normalise_think
 
 __all__ = [
     "THINKING_PROMPT",
@@ -210,6 +212,8 @@ class EvalEnv(BaseEnv):
     (`fixture`, `hub_*`, `problem`) and the grading (`grade`)."""
 
     env_config_cls: ClassVar[type[BaseEnvConfig]] = EvalConfig
+    config: EvalConfig
+    evaluation_only: ClassVar[bool] = True  # `serve`/`process` refused by the CLI, status 2
     benchmark: ClassVar[str] = ""  # the task name in metrics.json
     fixture: ClassVar[str] = ""  # file under atropos/environments/data/evals/
     hub_dataset: ClassVar[str] = ""  # the real dataset (documentation, errors)
@@ -224,19 +228,17 @@ class EvalEnv(BaseEnv):
         url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
         return env, [APIServerConfig(base_url=url, server_type="openai", model_name=model)]
 
-    @property
-    def settings(self) -> EvalConfig:
-        """The config, typed."""
-        if not isinstance(self.config, EvalConfig):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # converts a plain config into `env_config_cls`
+        if not isinstance(self.config, EvalConfig):  # a subclass's env_config_cls is not one
             raise TypeError(f"{self.name} needs an EvalConfig, got {type(self.config).__name__}")
-        return self.config
 
     # ----- data ----------------------------------------------------------------------------------
 
     def load_rows(self) -> list[dict[str, Any]]:
         """The benchmark's rows: `data_file`, else the hub dataset `dataset_name` (its
         `dataset_config` and `dataset_split`, or the benchmark's), else the shipped fixture."""
-        s = self.settings
+        s = self.config
         if s.data_file:
             return read_jsonl(s.data_file)
         if s.dataset_name:
@@ -255,7 +257,7 @@ class EvalEnv(BaseEnv):
     def load_problems(self) -> list[Problem]:
         """The problems to evaluate, in order (the first `max_eval_items` when set)."""
         rows = [(i, row) for i, row in enumerate(self.load_rows()) if self.keep(row)]
-        limit = self.settings.max_eval_items
+        limit = self.config.max_eval_items
         return [self.problem(row, i) for i, row in rows[:limit]]
 
     # ----- prompting and grading -----------------------------------------------------------------
@@ -264,7 +266,7 @@ class EvalEnv(BaseEnv):
         """The conversation to complete: the thinking prompt (`thinking_mode`, or
         `custom_thinking_prompt`), then `custom_system_prompt` or the benchmark's own, then the
         problem as the user's turn."""
-        s = self.settings
+        s = self.config
         parts = [s.custom_thinking_prompt or THINKING_PROMPT] if s.thinking_mode else []
         own = s.custom_system_prompt if s.custom_system_prompt is not None else self.system_prompt
         parts += [own] if own else []
@@ -309,7 +311,7 @@ class EvalEnv(BaseEnv):
         raise self._refuse()
 
     async def _sample(self, problem: Problem, gate: asyncio.Semaphore) -> list[tuple[str, str]]:
-        s = self.settings
+        s = self.config
         async with gate:
             reply = await self.server.chat_completion(
                 messages=self.messages(problem),
@@ -322,7 +324,7 @@ class EvalEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Sample, grade and log every problem; returns the metrics."""
-        s = self.settings
+        s = self.config
         problems = getattr(self, "problems", None) or self._problems()
         start = time.time()
         gate = asyncio.Semaphore(s.max_eval_workers)

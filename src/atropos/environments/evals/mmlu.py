@@ -74,20 +74,21 @@ class MMLUEval(EvalEnv):
 
     name = "eval_mmlu"
     env_config_cls = MMLUConfig
+    config: MMLUConfig
     benchmark = "mmlu"
     fixture = "mmlu.jsonl"
     hub_dataset, hub_config, hub_split = "cais/mmlu", "all", "test"
 
     def keep(self, row: Mapping[str, Any]) -> bool:
-        subjects = getattr(self.config, "subjects", None)
+        subjects = self.config.subjects
         return not subjects or str(row.get("subject")) in subjects
 
     @functools.cached_property
     def examples(self) -> dict[str, list[Mapping[str, Any]]]:
         """The few-shot pool: `dev` rows by subject (the hub's, or the fixture's)."""
-        if not getattr(self.config, "few_shot", 0):
+        if not self.config.few_shot:
             return {}
-        s = self.settings
+        s = self.config
         if s.dataset_name:
             rows = load_hub(s.dataset_name, "dev", s.dataset_config or self.hub_config)
         else:
@@ -100,7 +101,7 @@ class MMLUEval(EvalEnv):
     def problem(self, row: Mapping[str, Any], index: int) -> Problem:
         subject, choices = str(row.get("subject") or ""), [str(c) for c in row["choices"]]
         letter = gold_letter(row["answer"])
-        shots = self.examples.get(subject, [])[: getattr(self.config, "few_shot", 0)]
+        shots = self.examples.get(subject, [])[: self.config.few_shot]
         parts = [f"The following is a multiple choice question about {subject.replace('_', ' ')}."]
         parts += [
             f"{ex['question']}\n\n{choice_block(ex['choices'])}\n\nThe best answer is:"

@@ -229,6 +229,7 @@ class BlackjackThinking(Blackjack):
 
     name = "blackjack_thinking"
     env_config_cls = BlackjackThinkingConfig
+    config: BlackjackThinkingConfig
     rules: ClassVar[str] = THINKING_RULES
 
     def alternative(self, game: BlackjackGame, reply: str, tokens: int) -> tuple[Any, float]:
@@ -241,18 +242,18 @@ class BlackjackThinking(Blackjack):
             valid=not after.invalid,
             thought=think_content(reply),
             tokens=tokens,
-            limit=self.settings.reply_tokens,
+            limit=self.config.reply_tokens,
         )
         return after, combined + after.value() - before
 
     async def collect_trajectories(
         self, item: Item
     ) -> tuple[list[ScoredDataGroup | None], list[Item]]:
-        s = self.settings
+        s = self.config
         game = BlackjackGame(int(item["seed"]))
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.rules}]
         groups: list[ScoredDataGroup | None] = []
-        sampling = {"temperature": s.temperature, "top_p": getattr(s, "top_p", 0.9)}
+        sampling = {"temperature": s.temperature, "top_p": s.top_p}
         tokenizer = self.tokenizer  # before the servers, so they share it
         async with self.server.managed_server(tokenizer=tokenizer) as session:
             held = None

@@ -25,7 +25,7 @@ import asyncio
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Protocol
 
 from pydantic import Field
 
@@ -184,6 +184,7 @@ class GameEnv(BaseEnv):
     (the same deal, so the episodes differ only by the policy's moves)."""
 
     env_config_cls: ClassVar[type[BaseEnvConfig]] = GameConfig
+    config: GameConfig
     rules: ClassVar[str] = ""  # the system turn
 
     @classmethod
@@ -195,18 +196,6 @@ class GameEnv(BaseEnv):
             base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
         )
         return env, [server]
-
-    @property
-    def settings(self) -> GameConfig:
-        """The config as this env's config class (a plain `BaseEnvConfig` gets its defaults)."""
-        config, cls = self.config, self.env_config_cls
-        if isinstance(config, cls) and isinstance(config, GameConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            known = {k: getattr(config, k) for k in cls.model_fields if hasattr(config, k)}
-            cached = self.__dict__["_settings"] = cls.model_construct(**known)
-        return cast(GameConfig, cached)
 
     @abstractmethod
     def new_game(self, seed: int) -> Any:
@@ -225,16 +214,16 @@ class GameEnv(BaseEnv):
 
     async def setup(self) -> None:
         require_gymnasium()
-        self._next_seed = self.settings.first_seed
+        self._next_seed = self.config.first_seed
 
     async def get_next_item(self) -> Item:
-        seed = self.__dict__.setdefault("_next_seed", self.settings.first_seed)
+        seed = self.__dict__.setdefault("_next_seed", self.config.first_seed)
         self._next_seed = seed + 1
         return {"seed": seed}
 
     async def play_one(self, seed: int, split: str = "train", **sampling: Any) -> Episode:
         """One episode of the game dealt from `seed`, in its own token-exact session."""
-        s = self.settings
+        s = self.config
         tokenizer = self.tokenizer  # before the servers, so they share it
         async with self.server.managed_server(tokenizer=tokenizer) as session:
             return await play(
@@ -261,7 +250,7 @@ class GameEnv(BaseEnv):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples
         go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`)."""
-        s, start = self.settings, time.time()
+        s, start = self.config, time.time()
         seeds = range(s.eval_seed, s.eval_seed + s.eval_episodes)
         limit = asyncio.Semaphore(self.config.max_eval_workers)
 

@@ -90,6 +90,7 @@ class MathEnv(Env):
 
     name = "math"
     env_config_cls = MathConfig
+    config: MathConfig
     system_prompt = SYSTEM_PROMPT
     seed = 42  # upstream's shuffle seed
 
@@ -100,17 +101,10 @@ class MathEnv(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> MathConfig:
-        """The config, typed."""
-        if not isinstance(self.config, MathConfig):
-            raise TypeError(f"math needs a MathConfig, got {type(self.config).__name__}")
-        return self.config
-
-    @property
     def judge(self) -> Judge:
         """The rlaif preference judge (`--judge.*`; the policy's servers by default)."""
         if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.settings.judge, self)
+            self.__dict__["_judge"] = Judge(self.config.judge, self)
         return self.__dict__["_judge"]  # type: ignore[no-any-return]
 
     @property
@@ -126,17 +120,17 @@ class MathEnv(Env):
     # ----- data -----------------------------------------------------------------------------
 
     def load(self) -> list[dict[str, Any]]:
-        return data.train_items(self.settings.dataset_name)
+        return data.train_items(self.config.dataset_name)
 
     def load_eval(self) -> list[dict[str, Any]]:
-        return data.eval_items(self.settings.eval_from_hub)
+        return data.eval_items(self.config.eval_from_hub)
 
     def score(self, item: Any, completion: str) -> float:
         return 1.0 if verify(item["answer"], completion) else -1.0
 
     async def setup(self) -> None:
         await super().setup()
-        self.draws = random.Random(self.settings.random_seed)
+        self.draws = random.Random(self.config.random_seed)
         self.iter = 0
 
     # ----- modes ----------------------------------------------------------------------------
@@ -153,7 +147,7 @@ class MathEnv(Env):
 
     async def collect_normal(self, item: dict[str, Any]) -> Result:
         """Solve; score; route all-correct groups to rlaif and mixed ones to judge."""
-        s, messages = self.settings, self.prompt(item)
+        s, messages = self.config, self.prompt(item)
         budget = self._budget(messages, s.min_completion_tokens)
         if budget is None:
             self.counts["skipped_long_prompts"] += 1
@@ -205,7 +199,7 @@ class MathEnv(Env):
     async def collect_judge(self, item: dict[str, Any]) -> Result:
         """The policy verifies a solution; right verdicts on wrong solutions earn the share of
         retries (solving again with the verification as a hint) that are right."""
-        s, expected = self.settings, item["expected"]
+        s, expected = self.config, item["expected"]
         messages = judge_messages(item["question"], item["solution"])
         budget = self._budget(messages, 1)
         if budget is None:
@@ -243,7 +237,7 @@ class MathEnv(Env):
     async def collect_selfcorrect(self, item: dict[str, Any]) -> Result:
         """Replay a stored retry group exactly (truncated answers: advantage zeroed)."""
         seqs, scores = item["sequences"], item["scores"]
-        mask = self.settings.mask_too_long_completions
+        mask = self.config.mask_too_long_completions
         overrides = [
             dict(ZERO) if mask and seq["finish_reason"] == "length" else {} for seq in seqs
         ]
@@ -272,7 +266,7 @@ class MathEnv(Env):
     def _rlaif_item(self, item: dict[str, Any], seqs: list[dict[str, Any]]) -> Any:
         texts = [after_think(seq["messages"][-1]["content"]) for seq in seqs]
         i, j, ratio = most_dissimilar(texts)
-        if ratio >= self.settings.rlaif_max_similarity:
+        if ratio >= self.config.rlaif_max_similarity:
             return None
         return {**_about(item), "mode": "rlaif", "pair": [seqs[i], seqs[j]], "similarity": ratio}
 
@@ -296,7 +290,7 @@ class MathEnv(Env):
         ]
 
     def _length_penalty(self, seqs: list[dict[str, Any]]) -> list[float] | None:
-        if self.draws.random() >= self.settings.percent_length_penalty:
+        if self.draws.random() >= self.config.percent_length_penalty:
             return None
         return cosine_length_scores([len(seq["tokens"]) for seq in seqs])
 
@@ -307,7 +301,7 @@ class MathEnv(Env):
         return left if left >= minimum else None
 
     async def _sample(self, messages: list[Message], budget: int) -> list[Rollout]:
-        s = self.settings
+        s = self.config
         return await self.generate(
             messages, s.group_size, max_tokens=budget, temperature=1.0, top_p=s.top_p
         )
@@ -337,7 +331,7 @@ class MathEnv(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Greedy answers to every eval item -> eval/{subset}_percent_correct and overall."""
-        s = self.settings
+        s = self.config
         items = self.load_eval() if s.run_evaluation else []
         if not items:
             return {}

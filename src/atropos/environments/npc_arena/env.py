@@ -47,6 +47,7 @@ class NPCArena(Env):
 
     name = "npc_arena"
     env_config_cls = NPCArenaConfig
+    config: NPCArenaConfig
     temperature = 1.0
 
     @classmethod
@@ -61,22 +62,10 @@ class NPCArena(Env):
         return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
 
     @property
-    def settings(self) -> NPCArenaConfig:
-        """The config (this env's defaults for fields a plain `BaseEnvConfig` lacks)."""
-        if isinstance(self.config, NPCArenaConfig):
-            return self.config
-        if "_settings" not in self.__dict__:
-            fields = NPCArenaConfig.model_fields
-            known = {k: v for k, v in self.config.model_dump().items() if k in fields}
-            self.__dict__["_settings"] = NPCArenaConfig.model_validate(known)
-        settings: NPCArenaConfig = self.__dict__["_settings"]
-        return settings
-
-    @property
     def judge(self) -> Judge:
         """The judge (`--judge.*`); `await env.aclose()` closes its own server, if any."""
         if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.settings.judge, self)
+            self.__dict__["_judge"] = Judge(self.config.judge, self)
         judge: Judge = self.__dict__["_judge"]
         return judge
 
@@ -110,7 +99,7 @@ class NPCArena(Env):
     # ----- data -----------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        s = self.settings
+        s = self.config
         self.characters: dict[str, CharacterSheet] = load_characters(
             s.characters_dir or data_path("npc_arena", "characters")
         )
@@ -120,7 +109,7 @@ class NPCArena(Env):
         await super().setup()
 
     def load(self) -> list[dict[str, str]]:
-        s = self.settings
+        s = self.config
         rows, where = lines.load_rows(
             s.player_lines_path, s.player_lines_dataset, s.player_lines_split
         )
@@ -130,7 +119,7 @@ class NPCArena(Env):
         """The lore for `item`: the best documents for the line and the character's name, and
         the latest events."""
         query = f"{item['line']} {self.characters[item['character']].name}"
-        return self.lore.lookup(query, self.settings.lore_k, self.settings.recent_events)
+        return self.lore.lookup(query, self.config.lore_k, self.config.recent_events)
 
     def prompt(self, item: Any) -> list[Message]:
         return prompts.policy_messages(
@@ -140,8 +129,8 @@ class NPCArena(Env):
     def fit(self, item: dict[str, str], lore: list[LoreDoc]) -> tuple[list[Message], int] | None:
         """The prompt with as much of `lore` as leaves `response_tokens` of room in
         max_token_length (least relevant dropped first), and how many documents it kept."""
-        sheet, room = self.characters[item["character"]], self.settings.max_token_length
-        room -= self.settings.response_tokens
+        sheet, room = self.characters[item["character"]], self.config.max_token_length
+        room -= self.config.response_tokens
         for kept in range(len(lore), -1, -1):
             messages = prompts.policy_messages(sheet, lore[:kept], item["line"])
             if len(template_ids(self.tokenizer, messages, add_generation_prompt=True)) <= room:
@@ -161,7 +150,7 @@ class NPCArena(Env):
             return None, []
         messages, kept = fitted
         self.counts["lore_trimmed"] += kept < len(lore)
-        s = self.settings
+        s = self.config
         rollouts = await self.generate(messages, s.group_size, max_tokens=s.response_tokens)
         scores = await self.judge_group(item, lore[:kept], rollouts)
         if scores is None:
@@ -177,7 +166,7 @@ class NPCArena(Env):
             self.counts["dropped_all_truncated"] += 1
             return None
         sheet = self.characters[item["character"]]
-        if self.settings.judge_mode == "pairwise":
+        if self.config.judge_mode == "pairwise":
             decided = cut_scores(reasons)
             if decided is not None:
                 self.counts["truncation_decided"] += 1

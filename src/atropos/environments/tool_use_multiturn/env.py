@@ -108,6 +108,7 @@ class ToolUseMultiTurn(BaseEnv):
 
     name = "tool_use_multiturn"
     env_config_cls: ClassVar[type[BaseEnvConfig]] = ToolUseMultiTurnConfig
+    config: ToolUseMultiTurnConfig
     seed: ClassVar[int] = 0
 
     @classmethod
@@ -119,19 +120,6 @@ class ToolUseMultiTurn(BaseEnv):
             base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
         )
         return env, [server]
-
-    @property
-    def settings(self) -> ToolUseMultiTurnConfig:
-        """The config (with this env's defaults when it was built with a plain `BaseEnvConfig`)."""
-        config = self.config
-        if isinstance(config, ToolUseMultiTurnConfig):
-            return config
-        cached = self.__dict__.get("_settings")
-        if cached is None:
-            fields = ToolUseMultiTurnConfig.model_fields
-            known = {k: getattr(config, k) for k in fields if hasattr(config, k)}
-            cached = self.__dict__["_settings"] = ToolUseMultiTurnConfig(**known)
-        return cached
 
     @property
     def _stats(self) -> dict[str, float]:
@@ -147,7 +135,7 @@ class ToolUseMultiTurn(BaseEnv):
 
     def load(self, split: str = "train") -> list[ToolEpisode]:
         """The episodes of `split` ("train" or "test") under the current settings."""
-        s = self.settings
+        s = self.config
         return load_episodes(
             split, s.dataset_name, s.test_fraction, s.scenario_hints, tuple(s.scenarios)
         )
@@ -159,7 +147,7 @@ class ToolUseMultiTurn(BaseEnv):
                     "tool_use_multiturn extends each conversation by token ids and needs a"
                     " token server (server_type vllm, sglang or trl), not an openai one"
                 )
-        unknown = set(self.settings.scenarios) - set(SCENARIOS)
+        unknown = set(self.config.scenarios) - set(SCENARIOS)
         if unknown:
             raise ValueError(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
         self.episodes = self.load("train")
@@ -179,7 +167,7 @@ class ToolUseMultiTurn(BaseEnv):
 
     def judge(self, episode: ToolEpisode, trajectory: Trajectory, turn: int, reply: str) -> None:
         """Record `reply` to turn `turn`; a failed reply stops the rollout."""
-        s, expected = self.settings, episode.turns[turn]
+        s, expected = self.config, episode.turns[turn]
         trajectory.turns += 1
         if not expected.calls:
             trajectory.relevance = relevance_reward(reply, s.require_think)
@@ -202,7 +190,7 @@ class ToolUseMultiTurn(BaseEnv):
         self, episode: ToolEpisode, n: int, split: str = "train", temperature: float | None = None
     ) -> list[Trajectory] | None:
         """`n` rollouts of `episode`, token-exact; None when its context alone does not fit."""
-        s, tokenizer = self.settings, self.tokenizer  # the tokenizer before the servers
+        s, tokenizer = self.config, self.tokenizer  # the tokenizer before the servers
         context = list(episode.context)
         room = s.max_token_length - len(
             template_ids(tokenizer, context, add_generation_prompt=True)
@@ -242,7 +230,7 @@ class ToolUseMultiTurn(BaseEnv):
         """Replay turn `t`'s messages after the rollout's last reply and sample its reply."""
         expected: ExpectedTurn = episode.turns[t]
         messages = [*trajectory.messages, *expected.replay]
-        s, tokenizer = self.settings, session.tokenizer
+        s, tokenizer = self.config, session.tokenizer
         room = s.max_token_length - len(
             template_ids(tokenizer, messages, add_generation_prompt=True)
         )
@@ -311,7 +299,7 @@ class ToolUseMultiTurn(BaseEnv):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One rollout per held-out episode at `eval_temperature` (0: greedy); logs
         `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0)."""
-        s, start = self.settings, time.time()
+        s, start = self.config, time.time()
         episodes = self.test_episodes[: s.eval_limit or None]
         limit = asyncio.Semaphore(self.config.max_eval_workers)
 
