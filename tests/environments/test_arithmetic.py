@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
-import subprocess
-import sys
+from functools import partial
 
 import pytest
 
@@ -21,11 +18,10 @@ from atropos.environments.arithmetic import (
     score_answer,
 )
 from atropos.envs import registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.inference.config import ServerManagerConfig
 from atropos.inference.tokenizer import load_tokenizer
 from atropos.testing import FakeInferenceServer
+
+from .helpers import check_against, collect, evaluate_against, make_env, modules_loaded_by
 
 
 def _operands(prompt: str) -> tuple[int, int]:
@@ -45,12 +41,8 @@ def half_right(prompt: str) -> str:
     return str(a + b + (a + b) % 2)
 
 
-def make(url: str, mode: str = "process", **env: object) -> Arithmetic:
-    defaults, [server] = Arithmetic.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return Arithmetic(config, servers, manager=resolved.manager)
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, Arithmetic)
 
 
 def test_splits_are_disjoint_fixed_and_cover_every_pair():
@@ -86,38 +78,19 @@ def test_answers_and_prompts_tokenize_short():
 
 
 def test_groups_from_a_vllm_server_carry_its_ids_and_mixed_rewards():
+    report = check_against(make, half_right)
+    assert report.groups == 3 and report.token_sources == {"server"}
     with FakeInferenceServer(responder=half_right) as fake:
-        report = check_env(make(fake.base_url), items=3)
-        assert report.groups == 3 and report.token_sources == {"server"}
-
-        env = make(fake.base_url)
-
-        async def one() -> dict:
-            await env.setup()
-            groups = [await env.collect_trajectories(make_item(a, 3)) for a in (4, 5)]
-            await env.server.aclose()
-            return {"scores": [g["scores"] for g, _ in groups], "group": groups[0][0]}
-
-        out = asyncio.run(one())
-    assert out["scores"] == [[0.0] * 4, [1.0] * 4]
-    assert len(out["group"]["inference_logprobs"]) == 4
+        groups = [g for g, _ in collect(make(fake.base_url), make_item(4, 3), make_item(5, 3))]
+    assert [g["scores"] for g in groups] == [[0.0] * 4, [1.0] * 4]
+    assert len(groups[0]["inference_logprobs"]) == 4
 
 
 @pytest.mark.parametrize(("responder", "accuracy"), [(right, 1.0), (half_right, None)])
 def test_evaluate_is_greedy_on_held_out_items_and_writes_metrics(tmp_path, responder, accuracy):
-    with FakeInferenceServer(responder=responder) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path), eval_items=20)
-
-        async def main() -> dict:
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
-    doc = json.loads((tmp_path / "metrics.json").read_text())
+    run = evaluate_against(make, responder, tmp_path, setup=True, eval_items=20)
+    metrics, doc, samples = run.metrics, run.doc, run.samples
     assert doc["results"]["atropos|arithmetic_eval|0"] == metrics == doc["results"]["all"]
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     held_out = {i["question"] for i in sample_items("eval")}
     assert len(samples) == 20 and all(s["messages"][-1]["content"] in held_out for s in samples)
     if accuracy is not None:
@@ -139,9 +112,5 @@ def test_is_registered_under_its_name():
 
 
 def test_importing_the_environment_pulls_in_no_torch():
-    code = (
-        "import sys, atropos.environments, atropos.environments.arithmetic; "
-        "print(sorted({'torch', 'transformers', 'numpy'} & set(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    imports = "atropos.environments, atropos.environments.arithmetic"
+    assert modules_loaded_by(imports, {"torch", "transformers", "numpy"}) == []

@@ -5,24 +5,29 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sys
-import types
 
 import pytest
 
 from atropos.environments.dataset import DatasetEnv, DatasetEnvConfig, read_dataset_file
 from atropos.environments.hub import data_path, read_jsonl
 from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ConfigError, ResolvedConfig
+from atropos.envs.config import ConfigError
 from atropos.envs.simple import Env, Rollout
-from atropos.inference.config import ServerManagerConfig
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    OFFLINE,
+    check_against,
+    collect,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+)
 
 TRAIN = read_jsonl(data_path("dataset", "train.jsonl"))
 TEST = read_jsonl(data_path("dataset", "test.jsonl"))
 GOLD = {row["prompt"]: row["answer"] for row in TRAIN + TEST}
-OFFLINE = "http://127.0.0.1:9"  # nothing listens; for tests that never generate
 
 
 def prompt_of(text: str) -> str:
@@ -42,23 +47,9 @@ def alternating(think: bool = False) -> object:
 
 
 def make(url: str, mode: str = "process", server_type: str = "vllm", **env: object) -> DatasetEnv:
-    defaults, [server] = DatasetEnv.config_init()
-    config = DatasetEnvConfig.model_validate(
-        {**defaults.model_dump(), "group_size": 4, "ensure_scores_are_not_same": False, **env}
-    )
-    servers = [server.model_copy(update={"base_url": url, "server_type": server_type})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return DatasetEnv(config, servers, manager=resolved.manager)
-
-
-def collect(env: DatasetEnv, item: dict) -> dict:
-    async def one() -> dict:
-        await env.setup()
-        group, _ = await env.collect_trajectories(item)
-        await env.server.aclose()
-        return group
-
-    return asyncio.run(one())
+    """Validated settings (rewards are normalised); groups of 4, equal scores kept."""
+    env = {"ensure_scores_are_not_same": False, **env}
+    return make_env(DatasetEnv, url, mode, server_type=server_type, validate=True, **env)
 
 
 # ----- configuration and YAML files ---------------------------------------------------------------
@@ -170,13 +161,10 @@ def test_a_missing_field_names_the_setting_and_suggests_one(tmp_path):
 
 
 def test_the_hub_dataset_and_its_eval_split(monkeypatch):
-    calls = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        return [{"question": f"{split} {i}", "answer": str(i)} for i in range(150)]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(
+        monkeypatch,
+        lambda name, split: [{"question": f"{split} {i}", "answer": str(i)} for i in range(150)],
+    )
     env = make(OFFLINE, dataset_name="org/math", dataset_config="easy", prompt_field="question")
     assert len(env.load()) == 150 and env.load_eval() == []  # no eval_split: no eval
     env = make(
@@ -214,7 +202,7 @@ def test_sampling_settings_reach_the_server(monkeypatch):
 
     monkeypatch.setattr(Env, "generate", fake_generate)
     env = make(OFFLINE, temperature=0.7, top_p=0.9, group_size=2)
-    group = collect(env, {"prompt": "What is 6 * 7?", "answer": "42"})
+    [(group, _)] = collect(env, {"prompt": "What is 6 * 7?", "answer": "42"})
     assert group["scores"] == [1.0, 1.0]
     assert seen == [("train", {"temperature": 0.7, "top_p": 0.9})]
 
@@ -227,14 +215,13 @@ def test_groups_are_scored_in_every_mode(mode):
     # upstream's serve path never called score(); ours scores every group
     with FakeInferenceServer(responder=alternating(think=True)) as fake:
         rewards = [{"name": "accuracy"}, {"name": "format", "weight": 0.5}]
-        group = collect(make(fake.base_url, mode, rewards=rewards), TRAIN[0])
+        [(group, _)] = collect(make(fake.base_url, mode, rewards=rewards), TRAIN[0])
     assert sorted(group["scores"]) == [0.5, 0.5, 1.5, 1.5]
     assert len(group["tokens"]) == len(group["inference_logprobs"]) == 4
 
 
 def test_check_env_passes():
-    with FakeInferenceServer(responder=alternating()) as fake:
-        report = check_env(make(fake.base_url, system_prompt="Answer in \\boxed{}."), items=3)
+    report = check_against(make, alternating(), system_prompt="Answer in \\boxed{}.")
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
@@ -247,7 +234,7 @@ def test_prefill_starts_the_answer_and_is_not_trained():
 
     with FakeInferenceServer(responder=respond) as fake:
         env = make(fake.base_url, prefill="<think>", group_size=2, rewards=["accuracy", "format"])
-        group = collect(env, TRAIN[0])
+        [(group, _)] = collect(env, TRAIN[0])
         tokenizer = fake.tokenizer
     assert prompts and all(p.endswith("<think>") for p in prompts)
     assert group["scores"] == [2.0, 2.0]  # format sees the prefilled <think>
@@ -270,36 +257,17 @@ def test_evaluate_reports_mean_max_and_min_over_the_first_items(tmp_path):
         seen.append(prompt_of(text))
         return "\\boxed{" + GOLD[prompt_of(text)] + ("" if len(seen) % 2 else "9") + "}"
 
-    with FakeInferenceServer(responder=respond) as fake:
-        env = make(fake.base_url, "evaluate", eval_limit=6, data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, respond, tmp_path, eval_limit=6)
     assert sorted(seen) == sorted(row["prompt"] for row in TEST[:6])
-    assert metrics == {"eval/mean_score": 0.5, "eval/max_score": 1.0, "eval/min_score": 0.0}
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.0
-    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 6
+    assert run.metrics == {"eval/mean_score": 0.5, "eval/max_score": 1.0, "eval/min_score": 0.0}
+    assert run.temperature == 0.0
+    assert len(run.samples) == 6
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
-    out = tmp_path / "dataset.jsonl"
-    with FakeInferenceServer(responder=alternating()) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(DatasetEnv, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in groups)
-    assert "boxed" in out.with_suffix(".html").read_text()
+    run = process_through_cli(DatasetEnv, alternating(), tmp_path / "dataset.jsonl")
+    assert len(run.groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in run.groups)
+    assert "boxed" in run.page
 
 
 def test_is_registered_under_its_name():

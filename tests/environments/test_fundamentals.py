@@ -4,9 +4,7 @@ binarisation, data, evaluation, and runs against the fake inference server."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-import types
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +23,10 @@ from atropos.environments.fundamentals import (
     raw_score,
     user_message,
 )
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
+from atropos.envs import registry
 from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
-from atropos.testing import FakeInferenceServer
+
+from .helpers import check_against, evaluate_against, fake_hub, make_env, process_through_cli
 
 TRAIN, TEST = load_split("train"), load_split("test")
 ITEM = {"context": "Revenue up 12%.", "fundamental_metric": "dividend per share",
@@ -42,12 +38,8 @@ def said(direction: str, magnitude: str, metric: str = "dividend per share") -> 
     return f"<think>Cash flow is strong.</think> {sentence}"
 
 
-def make(url: str, mode: str = "process", **env: Any) -> Fundamentals:
-    defaults, [server] = Fundamentals.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return Fundamentals(config, servers, manager=resolved.manager)
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, Fundamentals)
 
 
 def rollout(trained: int = 20) -> Rollout:
@@ -147,14 +139,7 @@ def test_the_prompt_ends_the_instructions_with_the_exact_sentence() -> None:
 
 
 def test_the_hub_dataset_gets_a_seeded_five_percent_test_split(monkeypatch: Any) -> None:
-    rows = [{**ITEM, "context": f"c{i}"} for i in range(50)]
-    calls = []
-
-    def load_dataset(name: str, config: Any = None, split: Any = None, **kw: Any) -> Any:
-        calls.append((name, config, split))
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(monkeypatch, [{**ITEM, "context": f"c{i}"} for i in range(50)])
     env = make(
         "http://127.0.0.1:9", dataset_name="NousResearch/company-fundamentals-prediction-lite"
     )
@@ -173,24 +158,14 @@ def test_evaluate_reports_direction_magnitude_and_combined(tmp_path: Path) -> No
             return said("raised", "5", row["fundamental_metric"])
         return said(row["answer"], str(float(row["magnitude"]) + 3), row["fundamental_metric"])
 
-    with FakeInferenceServer(responder=respond) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict[str, float]:
-            try:
-                return await env.evaluate()
-            finally:
-                await env.aclose()
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, respond, tmp_path)
     right = sum(r["answer"] != "reduced" for r in TEST)
-    assert metrics == pytest.approx({
+    assert run.metrics == pytest.approx({
         "eval/direction_accuracy": right / 10,
         "eval/magnitude_accuracy": 0.7,  # off by 3 points
         "eval/combined_score": right * 1.7 / 10,
     })  # fmt: skip
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.2
+    assert run.temperature == 0.2
 
 
 def test_defaults_and_registration() -> None:
@@ -209,24 +184,12 @@ def test_demo_responder_mixes_right_and_wrong_directions() -> None:
 
 
 def test_check_env_passes() -> None:
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, demo_responder)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path: Path) -> None:
-    out = tmp_path / "fundamentals.jsonl"
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(Fundamentals, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in groups)
-    assert "the magnitude will be" in out.with_suffix(".html").read_text()
-    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
-    assert metrics["env"]["train/direction_accuracy"] == 0.5
+    run = process_through_cli(Fundamentals, demo_responder, tmp_path / "fundamentals.jsonl")
+    assert len(run.groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in run.groups)
+    assert "the magnitude will be" in run.page
+    assert run.metrics["env"]["train/direction_accuracy"] == 0.5

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import itertools
-import json
 import sys
-import types
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,13 +13,19 @@ import pytest
 import atropos.environments.gsm8k as gsm8k_module
 from atropos.environments.gsm8k import GSM8K, GSM8KConfig
 from atropos.environments.hub import HubUnavailable, data_path, read_jsonl
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
+from atropos.envs import registry
 from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
 from atropos.rewards.math import gsm8k_gold, parse_gold
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    check_against,
+    collect,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+)
 
 TRAIN = read_jsonl(data_path("gsm8k", "train.jsonl"))
 TEST = read_jsonl(data_path("gsm8k", "test.jsonl"))
@@ -49,12 +53,8 @@ def alternating() -> object:
     return lambda prompt: right(prompt) if next(turn) % 2 == 0 else wrong(prompt)
 
 
-def make(url: str, mode: str = "process", **env: object) -> GSM8K:
-    defaults, [server] = GSM8K.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return GSM8K(config, servers, manager=resolved.manager)
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, GSM8K)
 
 
 def rollout(n_tokens: int, trained: int = 20) -> Rollout:
@@ -139,13 +139,10 @@ def test_is_registered_under_its_name():
 
 
 def test_the_hub_dataset_is_loaded_when_named(monkeypatch):
-    calls = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        return [{"question": f"hub {split} question", "answer": "1 + 1 = 2\n#### 2"}]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(
+        monkeypatch,
+        lambda name, split: [{"question": f"hub {split} question", "answer": "1 + 1 = 2\n#### 2"}],
+    )
     env = make("http://127.0.0.1:9", dataset_name="gsm8k")
     assert env.load()[0]["question"] == "hub train question"
     assert env.load_eval()[0]["question"] == "hub test question"
@@ -163,19 +160,10 @@ def test_a_missing_datasets_package_says_how_to_install_it(monkeypatch):
 
 
 def test_check_env_and_groups_with_mixed_scores():
+    report = check_against(make, alternating())
+    assert report.groups == 3 and report.token_sources == {"server"}
     with FakeInferenceServer(responder=alternating()) as fake:
-        report = check_env(make(fake.base_url), items=3)
-        assert report.groups == 3 and report.token_sources == {"server"}
-
-        env = make(fake.base_url)
-
-        async def one() -> dict:
-            await env.setup()
-            group, _ = await env.collect_trajectories(TRAIN[0])
-            await env.server.aclose()
-            return group
-
-        group = asyncio.run(one())
+        [(group, _)] = collect(make(fake.base_url), TRAIN[0])
     assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
     assert group["messages"][0][0] == {"role": "system", "content": GSM8K.system_prompt}
     assert len(group["inference_logprobs"]) == 4
@@ -183,15 +171,8 @@ def test_check_env_and_groups_with_mixed_scores():
 
 def test_groups_that_are_all_right_or_all_wrong_are_dropped_when_configured():
     with FakeInferenceServer(responder=right) as fake:
-        env = make(fake.base_url, ensure_scores_are_not_same=True)
-
-        async def one() -> object:
-            await env.setup()
-            group, _ = await env.collect_trajectories(TRAIN[1])
-            await env.server.aclose()
-            return group
-
-        assert asyncio.run(one()) is None
+        [(group, _)] = collect(make(fake.base_url, ensure_scores_are_not_same=True), TRAIN[1])
+    assert group is None
 
 
 def test_evaluate_samples_the_test_split_at_temperature_0_6(tmp_path):
@@ -201,37 +182,18 @@ def test_evaluate_samples_the_test_split_at_temperature_0_6(tmp_path):
         seen.append(question_of(prompt))
         return right(prompt) if len(seen) % 4 else wrong(prompt)
 
-    with FakeInferenceServer(responder=responder) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, responder, tmp_path)
     assert sorted(seen) == sorted(r["question"] for r in TEST)  # the test split, n=1
-    assert metrics == {"eval/percent_correct": 0.75}
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.6
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert run.metrics == {"eval/percent_correct": 0.75}
+    assert run.temperature == 0.6
+    samples = run.samples
     assert len(samples) == 20 and {"gold", "completion", "finish_reason", "score"} <= set(
         samples[0]
     )
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
-    out = tmp_path / "gsm8k.jsonl"
-    with FakeInferenceServer(responder=alternating()) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(GSM8K, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in groups)
-    assert "boxed" in out.with_suffix(".html").read_text()
-    assert json.loads(out.with_suffix(".metrics.json").read_text())["groups"] == 3
+    run = process_through_cli(GSM8K, alternating(), tmp_path / "gsm8k.jsonl")
+    assert len(run.groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in run.groups)
+    assert "boxed" in run.page
+    assert run.metrics["groups"] == 3

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
-import types
+from functools import partial
 
 import pytest
 
@@ -25,12 +24,16 @@ from atropos.environments.instruction_following import (
     split_items,
     to_item,
 )
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
-from atropos.testing import FakeInferenceServer
+from atropos.envs import registry
+
+from .helpers import (
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+    rollout,
+)
 
 # (check, args, a response that follows it, one that does not)
 CASES = [
@@ -324,16 +327,8 @@ def test_text_after_thinking_is_stripped_before_checking():
     assert score_response('<think>x</think>\n  "quoted"  \n', "validate_quotation", {}) == 1.0
 
 
-def make(url: str = "http://127.0.0.1:9/v1", mode: str = "process", **env: object):
-    defaults, [server] = InstructionFollowing.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return InstructionFollowing(config, servers, manager=resolved.manager)
-
-
-def rollout(trained: int = 20) -> Rollout:
-    return Rollout("x", [1] * (5 + trained), [-100] * 5 + [1] * trained, None, "stop", "server")
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, InstructionFollowing)
 
 
 def test_group_rules():
@@ -443,15 +438,9 @@ def test_a_failed_rollout_puts_its_item_back(monkeypatch):
 
 
 def test_the_hub_dataset_is_split_and_filtered(monkeypatch, caplog):
-    calls = []
     rows = [rlvr(f"prompt {k}", func_name="validate_no_commas") for k in range(40)]
     rows.append(rlvr("broken", func_name="no_such_check"))
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(monkeypatch, rows)
     env = make(dataset_name="allenai/RLVR-IFeval")
     with caplog.at_level(logging.WARNING, logger="atropos.env"):
         train, test = env.load(), env.load_eval()
@@ -465,8 +454,7 @@ def test_the_hub_dataset_is_split_and_filtered(monkeypatch, caplog):
 
 
 def test_check_env_passes_with_the_demo_responder():
-    with FakeInferenceServer(responder=instruction_following.demo_responder) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, instruction_following.demo_responder)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
@@ -482,36 +470,20 @@ def test_evaluate_scores_the_held_out_items(tmp_path):
         example = next(v for k, v in examples.items() if k in prompt)
         return f"<think>ok</think>{example}" if len(count) % 2 else example
 
-    with FakeInferenceServer(responder=responder) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
-    assert metrics == {"eval/percent_correct": 0.5} and len(count) == 10
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.2
+    run = evaluate_against(make, responder, tmp_path)
+    assert run.metrics == {"eval/percent_correct": 0.5} and len(count) == 10
+    assert run.temperature == 0.2
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
-    out = tmp_path / "if.jsonl"
-    with FakeInferenceServer(responder=instruction_following.demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(InstructionFollowing, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    run = process_through_cli(
+        InstructionFollowing, instruction_following.demo_responder, tmp_path / "if.jsonl"
+    )
+    groups = run.groups
     assert len(groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in groups)
     assert groups[0]["messages"][0][0] == {"role": "system", "content": SYSTEM_PROMPT}
-    assert "think" in out.with_suffix(".html").read_text()
-    env_metrics = json.loads(out.with_suffix(".metrics.json").read_text())["env"]
+    assert "think" in run.page
+    env_metrics = run.metrics["env"]
     assert env_metrics["train/percent_correct"] == 0.5
     assert env_metrics["curriculum/solved_items"] == 0
 

@@ -8,8 +8,7 @@ import json
 import random
 import re
 import string
-import sys
-import types
+from functools import partial
 
 import pytest
 
@@ -27,26 +26,22 @@ from atropos.environments.letters import (
     score_answer,
     split_words,
 )
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
-from atropos.testing import FakeInferenceServer
+from atropos.envs import registry
+
+from .helpers import (
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+    rollout,
+)
 
 THINK = "<think>Counting letter by letter.</think>\n"
 
 
-def make(url: str = "http://127.0.0.1:9/v1", mode: str = "process", **env: object):
-    defaults, [server] = LetterCounting.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return LetterCounting(config, servers, manager=resolved.manager)
-
-
-def rollout(trained: int = 20, finish: str = "stop") -> Rollout:
-    return Rollout("x", [1] * (5 + trained), [-100] * 5 + [1] * trained, None, finish, "server")
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, LetterCounting)
 
 
 _SINGLE = re.compile(r"How many ([a-z])s are in the string ([a-z]+)\?")
@@ -296,26 +291,19 @@ def test_the_eval_fixture_answers_are_right():
 
 
 def test_the_hub_eval_set_is_read_when_named(monkeypatch):
-    calls = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, split))
-        return [
-            {"Prompt": "How many as are in the string aa?", "Answer": "2", "DifficultyLevel": 1},
-            {"Prompt": "p", "Answer": '{"a": 1, "b": 0}', "DifficultyLevel": 2},
-        ]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    rows = [
+        {"Prompt": "How many as are in the string aa?", "Answer": "2", "DifficultyLevel": 1},
+        {"Prompt": "p", "Answer": '{"a": 1, "b": 0}', "DifficultyLevel": 2},
+    ]
+    calls = fake_hub(monkeypatch, rows)
     items = make(eval_dataset_name="NousResearch/Letter-Counting-Eval").load_eval()
-    assert calls == [("NousResearch/Letter-Counting-Eval", "train")]
+    assert [(c.name, c.split) for c in calls] == [("NousResearch/Letter-Counting-Eval", "train")]
     assert [i["expected"] for i in items] == [2, {"a": 1, "b": 0}]
     assert [i["level"] for i in items] == [1, 2]
 
 
 def test_an_unreadable_eval_answer_names_its_row(monkeypatch):
-    rows = [{"Prompt": "p", "Answer": "3"}, {"Prompt": "q", "Answer": "many"}]
-    fake = types.SimpleNamespace(load_dataset=lambda *a, **k: rows)
-    monkeypatch.setitem(sys.modules, "datasets", fake)
+    fake_hub(monkeypatch, [{"Prompt": "p", "Answer": "3"}, {"Prompt": "q", "Answer": "many"}])
     with pytest.raises(ValueError, match="Letter-Counting-Eval row 2: Answer 'many' is neither"):
         make(eval_dataset_name="NousResearch/Letter-Counting-Eval").load_eval()
 
@@ -324,8 +312,7 @@ def test_an_unreadable_eval_answer_names_its_row(monkeypatch):
 
 
 def test_check_env_passes_with_the_demo_responder():
-    with FakeInferenceServer(responder=letter_counting.demo_responder) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, letter_counting.demo_responder)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
@@ -333,38 +320,23 @@ def test_evaluate_reports_overall_and_per_tier_accuracy(tmp_path):
     def responder(prompt: str) -> str:  # right on words, wrong on random strings
         return answer(prompt, right=len(truth(prompt)[0]) < 40)
 
-    with FakeInferenceServer(responder=responder) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, responder, tmp_path)
+    metrics = run.metrics
     assert metrics["eval/percent_correct"] == 0.5
     assert [metrics[f"eval/percent_correct_L{n}"] for n in range(1, 11)] == [1.0] * 5 + [0.0] * 5
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.6
-    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 30
+    assert run.temperature == 0.6
+    assert len(run.samples) == 30
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
-    out = tmp_path / "letters.jsonl"
-    with FakeInferenceServer(responder=letter_counting.demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(LetterCounting, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    run = process_through_cli(
+        LetterCounting, letter_counting.demo_responder, tmp_path / "letters.jsonl"
+    )
+    groups = run.groups
     assert len(groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in groups)
     assert all(g["messages"][0][0]["role"] == "user" for g in groups)  # no system prompt
-    assert "answer" in out.with_suffix(".html").read_text()
-    env_metrics = json.loads(out.with_suffix(".metrics.json").read_text())["env"]
+    assert "answer" in run.page
+    env_metrics = run.metrics["env"]
     assert env_metrics["curriculum/difficulty_level"] == 3
     assert env_metrics["train/percent_correct"] == 0.5
 

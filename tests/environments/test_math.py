@@ -4,10 +4,7 @@ evaluation, and runs against the fake inference server."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import sys
-import types
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +26,18 @@ from atropos.environments.math.scoring import (
     verify,
 )
 from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ConfigError, ResolvedConfig
+from atropos.envs.config import ConfigError
 from atropos.envs.judge import JudgeConfig
-from atropos.inference.config import ServerManagerConfig
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    check_against,
+    collect,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+)
 
 TRAIN = train_items()
 GOLD: dict[str, str] = {i["question"]: i["answer"] for i in TRAIN + eval_items()}
@@ -98,29 +102,17 @@ def alternate(prompt: str, n: int) -> str:
 
 
 def make(url: str, mode: str = "process", **env: Any) -> MathEnv:
-    defaults, [server] = MathEnv.config_init()
-    update = {"group_size": 4, "percent_to_judge": 0.0, "percent_length_penalty": 0.0, **env}
-    config = defaults.model_copy(update=update)
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return MathEnv(config, servers, manager=resolved.manager)
+    """Groups of 4; no judging and no length penalty unless `env` asks for them."""
+    env = {"percent_to_judge": 0.0, "percent_length_penalty": 0.0, **env}
+    return make_env(MathEnv, url, mode, **env)
 
 
 def run(policy: Callable[[str], str], items: list[dict[str, Any]], **env: Any) -> list[Any]:
-    """(group, backlog) per item, collected in order by one env against a fake server."""
+    """(group, backlog) per item, collected in order by one env (then `run.env`) against a fake
+    server."""
     with FakeInferenceServer(responder=policy) as fake:
-        math_env = make(fake.base_url, **env)
-
-        async def main() -> list[Any]:
-            await math_env.setup()
-            try:
-                return [await math_env.collect_trajectories(item) for item in items]
-            finally:
-                await math_env.aclose()
-
-        results = asyncio.run(main())
-    run.env = math_env  # type: ignore[attr-defined]
-    return results
+        run.env = make(fake.base_url, **env)  # type: ignore[attr-defined]
+        return collect(run.env, *items)  # type: ignore[attr-defined]
 
 
 # ----- scoring rules ------------------------------------------------------------------------------
@@ -219,17 +211,14 @@ def test_rows_without_an_answer_are_skipped() -> None:
 
 
 def test_hub_datasets_are_loaded_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def load_dataset(name: str, config: Any = None, split: Any = None, **kw: Any) -> list[Any]:
-        calls.append((name, split))
+    def rows(name: str, split: str | None) -> list[Any]:
         if name == "zwhe99/DeepMath-103K":
             return [{"question": "hub q", "final_answer": "\\frac{1}{2}", "difficulty": 3.0},
                     {"question": "bad", "final_answer": None}]  # fmt: skip
         key = "question" if name == "math-ai/amc23" else "problem"
         return [{key: f"{name} problem", "answer": 12.0 if key == "question" else "12"}]
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(monkeypatch, rows)
     env = make("http://127.0.0.1:9", dataset_name="zwhe99/DeepMath-103K", eval_from_hub=True)
     assert env.load() == [
         {"mode": "normal", "question": "hub q", "answer": "\\boxed{\\frac{1}{2}}"}
@@ -238,7 +227,8 @@ def test_hub_datasets_are_loaded_by_name(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [i["subset"] for i in evals] == list(HUB_EVAL_SETS)
     assert evals[2] == {"question": "math-ai/amc23 problem", "answer": "\\boxed{12.0}",
                         "subset": "amc23"}  # fmt: skip
-    assert calls == [("zwhe99/DeepMath-103K", "train"), *HUB_EVAL_SETS.values()]
+    splits = [(c.name, c.split) for c in calls]
+    assert splits == [("zwhe99/DeepMath-103K", "train"), *HUB_EVAL_SETS.values()]
 
 
 # ----- normal mode --------------------------------------------------------------------------------
@@ -466,26 +456,16 @@ def test_evaluate_reports_each_subset_and_overall(tmp_path: Path) -> None:
     def answer(prompt: str) -> str:
         return solution(prompt, right=not any(q in prompt for q in aime))  # aime: all wrong
 
-    with FakeInferenceServer(responder=answer) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict[str, float]:
-            try:
-                return await env.evaluate()
-            finally:
-                await env.aclose()
-
-        metrics = asyncio.run(main())
-    assert metrics == {
+    evaluation = evaluate_against(make, answer, tmp_path)
+    assert evaluation.metrics == {
         "eval/aime24_percent_correct": 0.0,
         "eval/math500_percent_correct": 1.0,
         "eval/amc23_percent_correct": 1.0,
         "eval/overall_percent_correct": 14 / 21,
     }
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.0
-    samples = (tmp_path / "samples.jsonl").read_text().splitlines()
-    assert len(samples) == 21 and {"subset", "completion", "score"} <= set(json.loads(samples[0]))
+    assert evaluation.temperature == 0.0
+    samples = evaluation.samples
+    assert len(samples) == 21 and {"subset", "completion", "score"} <= set(samples[0])
     assert asyncio.run(make("http://127.0.0.1:9", run_evaluation=False).evaluate()) == {}
 
 
@@ -515,25 +495,15 @@ def test_demo_responder_mixes_answers_and_verdicts() -> None:
 
 
 def test_check_env_passes_with_the_demo_policy() -> None:
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(fake.base_url, percent_to_judge=1.0), items=3)
+    report = check_against(make, demo_responder, percent_to_judge=1.0)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path: Path) -> None:
-    out = tmp_path / "math.jsonl"
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=4",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(MathEnv, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    written = process_through_cli(MathEnv, demo_responder, tmp_path / "math.jsonl", group_size=4)
+    groups = written.groups
     assert len(groups) == 3 and all(sorted(g["scores"]) == [-1, -1, 1, 1] for g in groups)
     assert all(g["overrides"] == [{}] * 4 for g in groups)
-    assert "boxed" in out.with_suffix(".html").read_text()
-    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
+    assert "boxed" in written.page
+    metrics = written.metrics
     assert metrics["groups"] == 3 and metrics["env"]["train/percent_correct"] == 0.5

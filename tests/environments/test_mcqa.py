@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import sys
-import types
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +21,26 @@ from atropos.environments.mcqa import (
     load_split,
     score_text,
 )
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
+from atropos.envs import registry
 from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    check_against,
+    collect,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+)
 
 TRAIN, TEST = load_split("train"), load_split("test")
 ITEM = {"prompt": "Capital of France?", "options": ["Rome", "Paris", "Berlin", "Madrid"],
         "answer": 1, "ground_truth": "B"}  # fmt: skip
 
 
-def make(url: str, mode: str = "process", **env: Any) -> MCQA:
-    defaults, [server] = MCQA.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return MCQA(config, servers, manager=resolved.manager)
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, MCQA)
 
 
 def rollout(trained: int = 20, finish: str = "stop") -> Rollout:
@@ -152,15 +152,9 @@ def test_the_fixture_has_four_options_and_consistent_gold() -> None:
 
 
 def test_the_hub_dataset_gets_a_seeded_two_percent_test_split(monkeypatch: Any) -> None:
-    calls = []
     rows = [{"prompt": f"q{i}", "options": ["a", "b"], "answer": 0, "ground_truth": "A"}
             for i in range(120)]  # fmt: skip
-
-    def load_dataset(name: str, config: Any = None, split: Any = None, **kw: Any) -> Any:
-        calls.append((name, config, split))
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(monkeypatch, rows)
     env = make("http://127.0.0.1:9", dataset_name="NousResearch/AcademicMCQA")
     train, test = env.load(), env.load_eval()
     assert (len(train), len(test)) == (117, 3)  # ceil(2% of 120)
@@ -172,9 +166,7 @@ def test_the_hub_dataset_gets_a_seeded_two_percent_test_split(monkeypatch: Any) 
 
 
 def test_malformed_rows_are_errors_naming_the_row(monkeypatch: Any) -> None:
-    bad = [{"prompt": None, "ground_truth": "A"}] * 60
-    fake = types.SimpleNamespace(load_dataset=lambda *a, **k: bad)
-    monkeypatch.setitem(sys.modules, "datasets", fake)
+    fake_hub(monkeypatch, [{"prompt": None, "ground_truth": "A"}] * 60)
     with pytest.raises(ValueError, match="train row 0: expected a string 'prompt'"):
         load_split("train", "x/y")
 
@@ -184,16 +176,7 @@ def test_malformed_rows_are_errors_naming_the_row(monkeypatch: Any) -> None:
 
 def test_prompt_and_mixed_groups() -> None:
     with FakeInferenceServer(responder=alternating()) as fake:
-        env = make(fake.base_url)
-
-        async def one() -> Any:
-            await env.setup()
-            try:
-                return await env.collect_trajectories(TRAIN[0])
-            finally:
-                await env.aclose()
-
-        group, backlog = asyncio.run(one())
+        [(group, backlog)] = collect(make(fake.base_url), TRAIN[0])
     assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0] and backlog == []
     system, user = group["messages"][0][:2]
     assert system == {"role": "system", "content": THINKING_SYSTEM_PROMPT}
@@ -202,20 +185,10 @@ def test_prompt_and_mixed_groups() -> None:
 
 
 def test_evaluate_reports_percent_correct(tmp_path: Path) -> None:
-    with FakeInferenceServer(responder=alternating()) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict[str, float]:
-            try:
-                return await env.evaluate()
-            finally:
-                await env.aclose()
-
-        metrics = asyncio.run(main())
-    assert metrics == {"eval/percent_correct": 0.5}
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.5
-    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 10
+    run = evaluate_against(make, alternating(), tmp_path)
+    assert run.metrics == {"eval/percent_correct": 0.5}
+    assert run.temperature == 0.5
+    assert len(run.samples) == 10
 
 
 def test_defaults_and_registration() -> None:
@@ -234,24 +207,12 @@ def test_demo_responder_mixes_right_and_wrong_letters() -> None:
 
 
 def test_check_env_passes() -> None:
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, demo_responder)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path: Path) -> None:
-    out = tmp_path / "mcqa.jsonl"
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(MCQA, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in groups)
-    assert "The best answer is" in out.with_suffix(".html").read_text()
-    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
-    assert metrics["env"]["train/percent_correct"] == 0.5
+    run = process_through_cli(MCQA, demo_responder, tmp_path / "mcqa.jsonl")
+    assert len(run.groups) == 3 and all(sorted(g["scores"]) == [-1.0, 1.0] for g in run.groups)
+    assert "The best answer is" in run.page
+    assert run.metrics["env"]["train/percent_correct"] == 0.5

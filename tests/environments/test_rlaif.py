@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import html
 import itertools
-import json
-import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,15 +24,14 @@ from atropos.environments.rlaif import (
     truncation_scores,
 )
 from atropos.envs import registry
-from atropos.envs.check import check_env
 from atropos.envs.cli import parse
-from atropos.envs.config import BaseEnvConfig, ConfigError, ResolvedConfig
+from atropos.envs.config import BaseEnvConfig, ConfigError
 from atropos.envs.judge import JudgeConfig
-from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.types import Message
-from atropos.inference.config import ServerManagerConfig
 from atropos.inference.tokenize import template_ids
 from atropos.testing import FakeInferenceServer
+
+from .helpers import check_against, collect, fake_hub, make_env, process_with_runner
 
 SYSTEM: Message = {"role": "system", "content": "You are a terse dataset assistant."}
 USER: Message = {"role": "user", "content": "Describe the sea at night."}
@@ -78,24 +74,14 @@ def policy(judge: Callable[[str], str] = foggy_judge, long: bool = False) -> Any
     return respond
 
 
-def make(url: str, mode: str = "process", **env: object) -> RLAIF:
-    defaults, [server] = RLAIF.config_init()
-    config = defaults.model_copy(update=env)
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return RLAIF(config, servers, manager=resolved.manager)
+def make(url: str, mode: str = "process", group_size: int | None = None, **env: object) -> RLAIF:
+    """The env with its defaults (groups are pairs) and `env` on top."""
+    return make_env(RLAIF, url, mode, group_size=group_size, **env)
 
 
 def run(env: RLAIF, items: list[dict[str, Any]]) -> list[Any]:
-    async def main() -> list[Any]:
-        await env.setup()
-        try:
-            return [(await env.collect_trajectories(item))[0] for item in items]
-        finally:
-            await env.judge.aclose()
-            await env.server.aclose()
-
-    return asyncio.run(main())
+    """The group of each item (set up first; the env and its judge closed after)."""
+    return [group for group, _ in collect(env, *items)]
 
 
 # ----- data -------------------------------------------------------------------------------------
@@ -153,27 +139,20 @@ def test_the_fixture_has_every_shape_of_conversation() -> None:
 
 
 def test_hub_rows_keep_role_and_content_and_skip_bad_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def load_dataset(
-        name: str, config: str | None = None, split: str | None = None, **kwargs: Any
-    ) -> list[dict[str, Any]]:
-        calls.append((name, config, split))
-        turn = {"role": "user", "content": "hola", "language": "Spanish", "toxic": False}
-        return [
-            {
-                "conversation_id": "a",
-                "model": "gpt-4",
-                "conversation": [turn, {"role": "assistant", "content": "¡Hola!"}],
-            },
-            {"conversation_id": "b", "conversation": None},  # malformed: skipped
-            {
-                "conversation_id": "c",
-                "conversation": [{"role": "assistant", "content": "?"}],
-            },  # nothing to answer
-        ]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    turn = {"role": "user", "content": "hola", "language": "Spanish", "toxic": False}
+    rows = [
+        {
+            "conversation_id": "a",
+            "model": "gpt-4",
+            "conversation": [turn, {"role": "assistant", "content": "¡Hola!"}],
+        },
+        {"conversation_id": "b", "conversation": None},  # malformed: skipped
+        {
+            "conversation_id": "c",
+            "conversation": [{"role": "assistant", "content": "?"}],
+        },  # nothing to answer
+    ]
+    calls = fake_hub(monkeypatch, rows)
     resolved = parse(RLAIF, "process", ["--env.dataset_name", "allenai/WildChat"])
     env = RLAIF(resolved.env, resolved.servers, manager=resolved.manager)
     assert env.load() == [{"messages": [{"role": "user", "content": "hola"}]}]
@@ -356,8 +335,7 @@ def test_demo_responder_answers_judge_prompts_only() -> None:
 
 
 def test_check_env_passes() -> None:
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(fake.base_url, injection_rate=0.5), items=3)
+    report = check_against(make, demo_responder, injection_rate=0.5)
     assert report.groups >= 1 and report.token_sources == {"server"}
 
 
@@ -367,13 +345,11 @@ def test_process_writes_jsonl_and_html_with_both_conversations(tmp_path: Path) -
         env = make(
             fake.base_url, total_steps=3, data_path_to_save_groups=str(out), injection_rate=0.5
         )
-        resolved = ResolvedConfig(env.config, env.server_configs, env.manager_config, "process")
-        assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+        written = process_with_runner(env)
+    groups = written.groups
     assert len(groups) == 3
     for group in groups:
         assert len(group["tokens"]) == len(group["messages"]) == 2
         assert sorted(group["scores"]) == [-0.5, 0.5]
         assert all(m[-1]["role"] == "assistant" for m in group["messages"])
-    page = out.with_suffix(".html").read_text()
-    assert html.escape(groups[0]["messages"][1][-2]["content"]) in page
+    assert html.escape(groups[0]["messages"][1][-2]["content"]) in written.page

@@ -4,11 +4,8 @@ hub loading and a process run; no inference server anywhere."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import threading
 import time
-import types
 
 import httpx
 import pytest
@@ -28,11 +25,12 @@ from atropos.environments.sft_loader import (
 from atropos.envs import registry
 from atropos.envs.check import check_env
 from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.runner.serve import ServeRunner
 from atropos.inference.config import ServerManagerConfig
 from atropos.testing import serve_in_thread
 from atropos.testing.fake_engine import load_tokenizer
+
+from .helpers import fake_hub, process_with_runner
 
 TOK = load_tokenizer()
 CHAT = (
@@ -305,34 +303,21 @@ def test_check_env_passes_without_any_server():
 def test_process_writes_jsonl_and_html(tmp_path):
     out = tmp_path / "sft.jsonl"
     env = make(total_steps=5, data_path_to_save_groups=str(out), dataset_format="oai_format")
-    resolved = ResolvedConfig(env.config, env.server_configs, ServerManagerConfig(), "process")
-    assert run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 5
-    assert all(g["scores"] == [1.0] and g["group_overrides"]["sft"] for g in groups)
-    assert "assistant" in out.with_suffix(".html").read_text()
+    written = process_with_runner(env)
+    assert len(written.groups) == 5
+    assert all(g["scores"] == [1.0] and g["group_overrides"]["sft"] for g in written.groups)
+    assert "assistant" in written.page
     assert env.metrics["train/sft_sequences"] == 5.0
 
 
 @pytest.fixture
 def fake_datasets(monkeypatch):
-    calls = []
     rows = [
         {"conversations": [{"from": "human", "value": f"Q{i}"}, {"from": "gpt", "value": f"A{i}"}]}
         for i in range(12)
     ]
     rows.append({"conversations": [{"from": "human", "value": "no answer"}]})  # skipped
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        if name != "AlignmentLab-AI/open-instruct-sharegpt":
-            raise FileNotFoundError(name)
-        return list(rows)
-
-    module = types.ModuleType("datasets")
-    module.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    return calls
+    return fake_hub(monkeypatch, rows, only="AlignmentLab-AI/open-instruct-sharegpt")
 
 
 def test_the_hub_dataset_is_loaded_by_name(fake_datasets):

@@ -4,10 +4,8 @@ fake inference server."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import sys
-import types
+from functools import partial
 
 import pytest
 
@@ -22,26 +20,22 @@ from atropos.environments.text_reversal import (
     load_texts,
     score_reversal,
 )
-from atropos.envs import cli, registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
-from atropos.testing import FakeInferenceServer
+from atropos.envs import registry
+
+from .helpers import (
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+    rollout,
+)
 
 THINK = "<think>Reading from the end.</think>\n"
 
 
-def make(url: str = "http://127.0.0.1:9/v1", mode: str = "process", **env: object):
-    defaults, [server] = TextReversal.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return TextReversal(config, servers, manager=resolved.manager)
-
-
-def rollout(trained: int = 20, text: str = "x") -> Rollout:
-    return Rollout(text, [1] * (5 + trained), [-100] * 5 + [1] * trained, None, "stop", "server")
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, TextReversal)
 
 
 def block(text: str) -> str:
@@ -139,25 +133,18 @@ def test_a_local_jsonl_file_is_read(tmp_path):
 
 
 def test_a_hub_dataset_is_read_by_name(monkeypatch):
-    calls = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, split))
-        return [{"text": f"{split} text"}]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    calls = fake_hub(monkeypatch, lambda name, split: [{"text": f"{split} text"}])
     name = "NousResearch/TextReversalDataset"
     env = make(train_dataset=name, eval_dataset=name)
     assert env.load() == [{"text": "train text"}] and env.load_eval() == [{"text": "test text"}]
-    assert calls == [(name, "train"), (name, "test")]
+    assert [(c.name, c.split) for c in calls] == [(name, "train"), (name, "test")]
 
 
 # ----- against a fake inference server ------------------------------------------------------
 
 
 def test_check_env_passes_with_the_demo_responder():
-    with FakeInferenceServer(responder=text_reversal.demo_responder) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, text_reversal.demo_responder)
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
@@ -174,39 +161,24 @@ def test_evaluate_reports_accuracy_and_format_compliance(tmp_path):
             return "I will not use the tags: " + text[::-1]  # unformatted
         return THINK + block(text[::-1] if len(seen) % 3 == 1 else text)  # right, then wrong
 
-    with FakeInferenceServer(responder=responder) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, responder, tmp_path)
+    metrics = run.metrics
     assert sorted(seen) == sorted(i["text"] for i in load_texts(None, "test"))
     assert metrics["eval/percent_correct"] == pytest.approx(4 / 12)
     assert metrics["eval/format_compliance"] == pytest.approx(8 / 12)
     assert metrics["eval/avg_response_chars"] > 0
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.6
+    assert run.temperature == 0.6
 
 
 def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
-    out = tmp_path / "reversal.jsonl"
-    with FakeInferenceServer(responder=text_reversal.demo_responder) as fake:
-        argv = [
-            "process",
-            f"--openai.base_url={fake.base_url}",
-            "--env.total_steps=3",
-            "--env.group_size=2",
-            f"--env.data_path_to_save_groups={out}",
-        ]
-        assert cli.main(TextReversal, argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    run = process_through_cli(
+        TextReversal, text_reversal.demo_responder, tmp_path / "reversal.jsonl"
+    )
+    groups = run.groups
     assert len(groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in groups)
     assert groups[0]["messages"][0][0] == {"role": "system", "content": THINKING_PROMPT}
-    assert "reversed_text" in out.with_suffix(".html").read_text()
-    assert json.loads(out.with_suffix(".metrics.json").read_text())["env"] == {
+    assert "reversed_text" in run.page
+    assert run.metrics["env"] == {
         "train/percent_correct": 0.5,
         "train/format_compliance": 1.0,
     }

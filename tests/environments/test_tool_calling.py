@@ -7,8 +7,7 @@ import asyncio
 import itertools
 import json
 import re
-import sys
-import types
+from functools import partial
 
 import pytest
 
@@ -34,12 +33,16 @@ from atropos.environments.tool_calls import (
     score_calls,
 )
 from atropos.envs import registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner.process import ProcessRunner
-from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_with_runner,
+    rollout,
+)
 
 
 def block(name: str, **arguments: object) -> str:
@@ -265,19 +268,8 @@ def test_split_rows_is_deterministic_and_disjoint():
 
 @pytest.fixture
 def fake_datasets(monkeypatch):
-    calls = []
     rows = [row("<tools>[]</tools>", f"Request {i}", block("f", i=i)) for i in range(130)]
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        if name != "NousResearch/XLAM-Atropos":
-            raise FileNotFoundError(name)
-        return list(rows)
-
-    module = types.ModuleType("datasets")
-    module.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    return calls
+    return fake_hub(monkeypatch, rows, only="NousResearch/XLAM-Atropos")
 
 
 def test_the_hub_dataset_is_split_like_upstream(fake_datasets):
@@ -300,16 +292,8 @@ def test_the_hub_dataset_is_split_like_upstream(fake_datasets):
 # ----- the environment -------------------------------------------------------------------------
 
 
-def make(url: str, mode: str = "process", **env: object) -> ToolCalling:
-    defaults, [server] = ToolCalling.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return ToolCalling(config, servers, manager=resolved.manager)
-
-
-def rollout(trained: int) -> Rollout:
-    return Rollout("x", [1] * (5 + trained), [-100] * 5 + [1] * trained, None, "stop", "server")
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, ToolCalling)
 
 
 def test_prompt_is_the_preamble_then_the_tools_then_the_request():
@@ -372,42 +356,29 @@ class Responder:
 
 
 def test_check_env_passes_against_a_vllm_server():
-    with FakeInferenceServer(responder=Responder()) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, Responder())
     assert report.groups == 3 and report.token_sources == {"server"}
 
 
 def test_process_writes_jsonl_and_html(tmp_path):
     out = tmp_path / "tool_calling.jsonl"
     with FakeInferenceServer(responder=Responder()) as fake:
-        env = make(fake.base_url, total_steps=4, data_path_to_save_groups=str(out))
-        resolved = ResolvedConfig(env.config, env.server_configs, ServerManagerConfig(), "process")
-        assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 4
-    for group in groups:
+        run = process_with_runner(
+            make(fake.base_url, total_steps=4, data_path_to_save_groups=str(out))
+        )
+    assert len(run.groups) == 4
+    for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
         assert group["messages"][0][0]["content"].startswith(SYSTEM_PREAMBLE)
         assert "<tool_call>" in group["messages"][0][-1]["content"]
-    page = out.with_suffix(".html").read_text()
-    assert "tool_call" in page
+    assert "tool_call" in run.page
 
 
 def test_evaluate_reports_percent_correct_on_the_held_out_split(tmp_path):
-    with FakeInferenceServer(responder=Responder(always_right=True)) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
-    assert metrics == {"eval/percent_correct": 1.0, "eval/mean_score": 1.0}
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["results"]["all"] == metrics
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    run = evaluate_against(make, Responder(always_right=True), tmp_path, setup=True)
+    assert run.metrics == {"eval/percent_correct": 1.0, "eval/mean_score": 1.0}
+    assert run.doc["results"]["all"] == run.metrics
+    samples = run.samples
     held_out = {i["request"] for i in load_rows("test")}
     assert len(samples) == 15 and {s["messages"][-1]["content"] for s in samples} == held_out
 

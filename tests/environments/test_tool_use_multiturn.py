@@ -7,8 +7,7 @@ import asyncio
 import collections
 import json
 import re
-import sys
-import types
+from functools import partial
 
 import pytest
 
@@ -31,11 +30,15 @@ from atropos.environments.tool_use_multiturn.scoring import (
     split_think,
 )
 from atropos.envs import registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner.process import ProcessRunner
-from atropos.inference.config import ServerManagerConfig
 from atropos.testing import FakeInferenceServer
+
+from .helpers import (
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_with_runner,
+)
 
 # ----- hand-made episodes -------------------------------------------------------------------------
 
@@ -144,12 +147,8 @@ class Scripted:
         return self.script[i][t]
 
 
-def make(url: str, mode: str = "process", **env: object) -> ToolUseMultiTurn:
-    defaults, [server] = ToolUseMultiTurn.config_init()
-    config = defaults.model_copy(update={"group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return ToolUseMultiTurn(config, servers, manager=resolved.manager)
+# make(url=OFFLINE, mode="process", **env): groups of 4, `env` settings on top
+make = partial(make_env, ToolUseMultiTurn)
 
 
 def run_group(ep: ToolEpisode, script: list[list[str]], **env: object):
@@ -237,7 +236,6 @@ def test_the_fixture_covers_every_scenario_with_disjoint_splits():
 
 @pytest.fixture
 def fake_datasets(monkeypatch):
-    calls = []
     rows = [
         {
             "id": f"row-{i}",
@@ -252,17 +250,7 @@ def fake_datasets(monkeypatch):
         for i in range(39)
     ]
     rows.append({"conversations": "broken"})  # skipped, not fatal
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        if name != "interstellarninja/toolace_hermes_sequential_tool_use":
-            raise FileNotFoundError(name)
-        return list(rows)
-
-    module = types.ModuleType("datasets")
-    module.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    return calls
+    return fake_hub(monkeypatch, rows, only="interstellarninja/toolace_hermes_sequential_tool_use")
 
 
 def test_the_hub_dataset_gets_a_seeded_five_percent_split(fake_datasets):
@@ -484,8 +472,7 @@ def test_identical_groups_are_dropped_except_relevance():
 
 
 def test_check_env_passes_with_the_demo_responder():
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(fake.base_url, group_size=6), items=4)
+    report = check_against(make, demo_responder, items=4, group_size=6)
     assert report.groups >= 1 and report.token_sources == {"server"}
 
 
@@ -493,15 +480,13 @@ def test_process_writes_jsonl_and_html(tmp_path):
     out = tmp_path / "tool_use_multiturn.jsonl"
     with FakeInferenceServer(responder=demo_responder) as fake:
         env = make(fake.base_url, group_size=6, total_steps=3, data_path_to_save_groups=str(out))
-        resolved = ResolvedConfig(env.config, env.server_configs, ServerManagerConfig(), "process")
-        assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3
-    for group in groups:
+        run = process_with_runner(env)
+    assert len(run.groups) == 3
+    for group in run.groups:
         assert len(set(group["scores"])) > 1 and len(group["tokens"]) == 6
         assert group["messages"][0][0]["content"].startswith(SYSTEM_PREAMBLE)
-    assert "tool_response" in out.with_suffix(".html").read_text()
-    assert json.loads(out.with_suffix(".metrics.json").read_text())["groups"] == 3
+    assert "tool_response" in run.page
+    assert run.metrics["groups"] == 3
 
 
 def test_evaluate_reports_avg_reward_and_percent_correct(tmp_path):
@@ -512,21 +497,12 @@ def test_evaluate_reports_avg_reward_and_percent_correct(tmp_path):
                 return reply_for(ep, turn_of(ep, prompt), right=True)
         return None
 
-    with FakeInferenceServer(responder=always_right) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
-    assert metrics["eval/percent_correct"] == 1.0
-    assert metrics["eval/avg_reward"] == pytest.approx((5 * 1.5 + 1.2) / 6)
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    run = evaluate_against(make, always_right, tmp_path, setup=True)
+    assert run.metrics["eval/percent_correct"] == 1.0
+    assert run.metrics["eval/avg_reward"] == pytest.approx((5 * 1.5 + 1.2) / 6)
+    samples = run.samples
     assert len(samples) == 6 and {s["scenario"] for s in samples} >= {"relevance", "multiturn"}
-    assert json.loads((tmp_path / "metrics.json").read_text())["results"]["all"] == metrics
+    assert run.doc["results"]["all"] == run.metrics
 
 
 def test_demo_responder_mixes_right_and_wrong_replies():

@@ -8,10 +8,8 @@ import base64
 import collections
 import io
 import itertools
-import json
 import re
 import sys
-import types
 
 import pytest
 
@@ -49,12 +47,16 @@ from atropos.environments.visual_counting import (  # noqa: E402
     to_png_base64,
 )
 from atropos.envs import registry  # noqa: E402
-from atropos.envs.check import check_env  # noqa: E402
-from atropos.envs.config import ResolvedConfig  # noqa: E402
-from atropos.envs.runner.process import ProcessRunner  # noqa: E402
 from atropos.envs.simple import Rollout  # noqa: E402
-from atropos.inference.config import ServerManagerConfig  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
+
+from .helpers import (  # noqa: E402
+    check_against,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_with_runner,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -239,7 +241,6 @@ def test_images_of_every_form_become_base64_pngs():
 
 @pytest.fixture
 def fake_datasets(monkeypatch):
-    calls = []
     jpeg = png_of((0, 0, 255), "JPEG")
 
     def rows(split):
@@ -258,18 +259,12 @@ def fake_datasets(monkeypatch):
         out.append({"image": jpeg, "questions": [], "answers": [], "title": "no question"})
         return out
 
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        if name != "howard-hou/OCR-VQA":
-            raise FileNotFoundError(name)
+    def split_rows(name, split):
         base, _, limit = split.partition("[:")
         got = rows(base)
         return got[: int(limit.rstrip("]"))] if limit else got
 
-    module = types.ModuleType("datasets")
-    module.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    return calls
+    return fake_hub(monkeypatch, split_rows, only="howard-hou/OCR-VQA")
 
 
 def test_hub_rows_map_image_question_and_answer(fake_datasets):
@@ -313,12 +308,9 @@ def test_no_datasets_package_names_the_hub_extra(monkeypatch):
 
 
 def make(url: str, mode: str = "process", server_type: str = "vllm", **env: object):
-    defaults, [server] = VisualCounting.config_init()
-    update = {"group_size": 4, "train_size": 50, "eval_size": 6, **env}
-    config = defaults.model_copy(update=update)
-    servers = [server.model_copy(update={"base_url": url, "server_type": server_type})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return VisualCounting(config, servers, manager=resolved.manager)
+    """Groups of 4, 50 generated training pictures and 6 held out, unless `env` says otherwise."""
+    env = {"train_size": 50, "eval_size": 6, **env}
+    return make_env(VisualCounting, url, mode, server_type=server_type, **env)
 
 
 def test_defaults_and_registration():
@@ -369,8 +361,7 @@ class Responder:
 
 
 def test_check_env_passes_and_tokens_are_the_text_only_conversation():
-    with FakeInferenceServer(responder=Responder()) as fake:
-        report = check_env(make(fake.base_url), items=3)
+    report = check_against(make, Responder())
     assert report.groups == 3 and report.token_sources == {"retokenized"}
 
 
@@ -443,35 +434,23 @@ def test_group_rules_and_train_percent_correct():
 def test_process_writes_jsonl_with_images_and_html(tmp_path):
     out = tmp_path / "visual_counting.jsonl"
     with FakeInferenceServer(responder=visual_counting.demo_responder) as fake:
-        env = make(fake.base_url, total_steps=3, data_path_to_save_groups=str(out))
-        resolved = ResolvedConfig(env.config, env.server_configs, ServerManagerConfig(), "process")
-        assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3
-    for group in groups:
+        run = process_with_runner(
+            make(fake.base_url, total_steps=3, data_path_to_save_groups=str(out))
+        )
+    assert len(run.groups) == 3
+    for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
         assert len(group["images"]) == 4 and len(set(group["images"])) == 1
         assert decode(group["images"][0]).format == "PNG"
         assert "<answer>" in group["messages"][0][-1]["content"]
-    page = out.with_suffix(".html").read_text()
-    assert "answer" in page  # the page shows the rollouts (escaped); images: see docs/view.md
+    assert "answer" in run.page  # the page shows the rollouts (escaped); images: see docs/view.md
 
 
 def test_evaluate_reports_percent_correct_on_held_out_seeds(tmp_path):
-    with FakeInferenceServer(responder=Responder(always_right=True)) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path))
-
-        async def main() -> dict:
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.server.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
-    assert metrics == {"eval/percent_correct": 1.0, "eval/mean_score": 1.0}
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["results"]["all"] == metrics
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    run = evaluate_against(make, Responder(always_right=True), tmp_path, setup=True)
+    assert run.metrics == {"eval/percent_correct": 1.0, "eval/mean_score": 1.0}
+    assert run.doc["results"]["all"] == run.metrics
+    samples = run.samples
     assert sorted(int(s["id"]) for s in samples) == list(range(EVAL_SEEDS, EVAL_SEEDS + 6))
     assert all(s["gold"] == make_task(int(s["id"])).answer for s in samples)
 

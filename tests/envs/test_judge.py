@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from pydantic import Field
 
+from atropos.envs import registry
 from atropos.envs.cli import parse
 from atropos.envs.config import BaseEnvConfig, ConfigError, ResolvedConfig
 from atropos.envs.judge import (
@@ -227,3 +228,21 @@ def test_the_env_closes_its_judges_own_server():
 
         judge = asyncio.run(main())
     assert judge._own is None
+
+
+@pytest.mark.parametrize("name", ["math", "rlaif", "npc_arena"])
+def test_judged_envs_close_the_judges_server_and_their_own(name):
+    cls = registry.get(name)
+    config, _ = cls.config_init()
+    config.judge = JudgeConfig(base_url="http://127.0.0.1:9/v1")
+    env = cls(config, [APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m")])
+    closed: list[str] = []
+
+    async def main():
+        own = env.judge._manager()  # the judge's own server manager, made on first use
+        for label, manager in (("judge", own), ("policy", env.server)):
+            manager.aclose = lambda label=label: closed.append(label) or asyncio.sleep(0)
+        await env.aclose()
+
+    asyncio.run(main())
+    assert closed == ["judge", "policy"] and env.judge._own is None

@@ -1,4 +1,4 @@
-"""Fixtures: W&B in offline mode inside tmp_path, and a tiny model for the trainer."""
+"""Fixtures: W&B in offline mode inside tmp_path (the tiny model: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -32,24 +32,3 @@ def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     import wandb
 
     wandb.teardown()  # stop this process's wandb-core service
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch = pytest.importorskip("torch")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from atropos.inference.tokenizer import load_tokenizer
-    from atropos.testing import tiny_tokenizer_path
-
-    torch.manual_seed(0)
-    tok = load_tokenizer(tiny_tokenizer_path())
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("tiny-model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path

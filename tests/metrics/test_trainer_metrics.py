@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import random
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,38 +14,8 @@ from atropos.metrics import MetricsError  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
 from atropos.trainer.train import WANDB_NAMES, TrainConfig, open_metrics, train  # noqa: E402
 
+from ..trainer.helpers import config, metrics, push_groups  # noqa: E402
 from .offline_wandb import read_offline_runs  # noqa: E402
-
-
-def push_groups(url: str, n: int) -> None:
-    rng = random.Random(0)
-    groups = []
-    for _ in range(n):
-        prompt = [rng.randrange(10, 500) for _ in range(4)]
-        tokens, masks, logprobs = [], [], []
-        for _ in range(4):
-            out = [rng.randrange(10, 500) for _ in range(3)]
-            tokens.append(prompt + out)
-            masks.append([-100] * len(prompt) + out)
-            logprobs.append([1.0] * len(prompt) + [-rng.uniform(3, 9) for _ in out])
-        groups.append(
-            {"tokens": tokens, "masks": masks, "scores": [1.0, 0.0, 1.0, 0.0],
-             "inference_logprobs": logprobs}
-        )  # fmt: skip
-    assert httpx.post(f"{url}/scored_data_list", json=groups).status_code == 200
-
-
-def config(model: Path, url: str, out: Path, **kw: object) -> TrainConfig:
-    base = dict(
-        model=str(model), api_url=url, out_dir=out, batch_size=8, micro_batch_size=8,
-        seq_len=64, lr=1e-3, sync="none", patience=10.0,
-    )  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_trainer_logs_jsonl_and_an_offline_wandb_run(tiny_model_dir, tmp_path, offline_wandb):
@@ -56,13 +23,13 @@ def test_trainer_logs_jsonl_and_an_offline_wandb_run(tiny_model_dir, tmp_path, o
     with serve_in_thread(create_app()) as url:
         push_groups(url, 4)  # 2 batches of 8 sequences
         cfg = config(
-            tiny_model_dir, url, out, steps=2, wandb=True, wandb_project="atropos-test",
-            wandb_group="exp1", wandb_name="trainer-test",
+            tiny_model_dir, url, out, steps=2, micro_batch_size=8, wandb=True,
+            wandb_project="atropos-test", wandb_group="exp1", wandb_name="trainer-test",
         )  # fmt: skip
         last = train(cfg)
         info = httpx.get(f"{url}/wandb_info").json()
     assert info == {"group": "exp1", "project": "atropos-test"}  # what envs will join
-    lines = rows(out)
+    lines = metrics(out)
     assert [r["step"] for r in lines] == [1, 2] and last["step"] == 2
     for r in lines:  # the short names, as before, plus the record's time and source
         assert r["source"] == "trainer" and r["time"] > 0
@@ -93,5 +60,5 @@ def test_every_trainer_metric_has_a_wandb_name(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     with serve_in_thread(create_app()) as url:
         push_groups(url, 2)
-        last = train(config(tiny_model_dir, url, out, steps=1))
+        last = train(config(tiny_model_dir, url, out, steps=1, micro_batch_size=8))
     assert set(last) - {"step"} == set(WANDB_NAMES)

@@ -16,7 +16,7 @@ from atropos.demo.procs import wait_until_up  # noqa: E402
 from atropos.testing import FakeInferenceServer, free_port, serve_in_thread  # noqa: E402
 from atropos.trainer.train import train  # noqa: E402
 
-from .test_train import config, metrics, push_groups  # noqa: E402
+from .helpers import config, metrics, push_groups  # noqa: E402
 
 
 def served_version(base: str) -> int:

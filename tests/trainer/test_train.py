@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -18,44 +16,13 @@ pytest.importorskip("torch")
 
 from atropos.api.app import create_app  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
-from atropos.trainer.train import TrainConfig, train  # noqa: E402
+from atropos.trainer.train import train  # noqa: E402
 
-
-def push_groups(url: str, n: int, seed: int = 0, size: int = 4) -> None:
-    rng = random.Random(seed)
-    groups = []
-    for _ in range(n):
-        prompt = [rng.randrange(10, 500) for _ in range(4)]
-        tokens, masks, logprobs = [], [], []
-        for _ in range(size):
-            out = [rng.randrange(10, 500) for _ in range(rng.randrange(2, 6))]
-            tokens.append(prompt + out)
-            masks.append([-100] * len(prompt) + out)
-            logprobs.append([1.0] * len(prompt) + [-rng.uniform(3, 9) for _ in out])
-        scores = [float(rng.random() < 0.5) for _ in range(size)]
-        scores[0] = 1.0 - scores[1]  # never all equal
-        groups.append(
-            {"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": logprobs}
-        )
-    r = httpx.post(f"{url}/scored_data_list", json=groups)
-    assert r.status_code == 200, r.text
+from .helpers import config, metrics, push_groups  # noqa: E402
 
 
 def status(url: str) -> dict:
     return httpx.get(f"{url}/status").json()
-
-
-def config(model: Path, url: str, out: Path, **kw: object) -> TrainConfig:
-    base = dict(
-        model=str(model), api_url=url, out_dir=out, batch_size=8, micro_batch_size=4,
-        seq_len=64, lr=1e-3, sync="none", patience=10.0,
-    )  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_trains_checkpoints_acks_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:

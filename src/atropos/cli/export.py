@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from atropos.cli.argtypes import non_negative_float, non_negative_int, positive_int
 from atropos.export.run import ExportConfig, Kind, export
 from atropos.export.source import ApiSource, FileSource, SourceError
 from atropos.export.summary import Summary
@@ -80,7 +81,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
     if kind == "sft":
         sel.add_argument(
             "--save-top-n-per-group",
-            type=_positive,
+            type=positive_int,
             default=3,
             metavar="N",
             help="the most sequences saved per group, best first (default 3)",
@@ -88,7 +89,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
     else:
         sel.add_argument(
             "--save-n-pairs-per-group",
-            type=_positive,
+            type=positive_int,
             default=3,
             metavar="N",
             help="the most pairs made per group (default 3)",
@@ -98,7 +99,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
         )
     sel.add_argument(
         "--num-seqs-to-save",
-        type=_non_negative,
+        type=non_negative_int,
         default=None,
         metavar="N",
         help="stop after N lines; 0: no limit (default: 100 from an API, all from files)",
@@ -111,7 +112,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
     diff = 0.5 if kind == "dpo" else 0.0
     sel.add_argument(
         "--minimum-score-diff-max-min",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=diff,
         metavar="X",
         help=(
@@ -122,7 +123,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
     )
     sel.add_argument(
         "--max-token-len",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="leave out sequences longer than N tokens (default: no limit)",
@@ -168,27 +169,6 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
     old.add_argument(
         "--tasks-per-step", type=int, default=None, help="not needed: nothing registers"
     )
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
 
 
 def build_parser(kind: Kind, prog: str, compat: bool = False) -> argparse.ArgumentParser:

@@ -31,27 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_serve_arguments(local_serve_p)
     local_serve_p.set_defaults(run=local.serve)
 
-    train_p = nouns.add_parser(
-        "train", help="the reference GRPO trainer (atropos train --help)", add_help=False
-    )
-    train_p.add_argument("flags", nargs=argparse.REMAINDER)
-    train_p.set_defaults(run=_train)
-
-    export_p = nouns.add_parser(
-        "export",
-        help="SFT or DPO data from rollouts (atropos export sft|dpo --help)",
-        add_help=False,
-    )
-    export_p.add_argument("flags", nargs=argparse.REMAINDER)
-    export_p.set_defaults(run=_delegate("atropos.cli.export"))
-
-    view_p = nouns.add_parser(
-        "view",
-        help="one self-contained HTML page of rollouts (atropos view --help)",
-        add_help=False,
-    )
-    view_p.add_argument("flags", nargs=argparse.REMAINDER)
-    view_p.set_defaults(run=_delegate("atropos.cli.view"))
+    for noun, text in _DELEGATED.items():  # commands with their own parser (`atropos.cli.NOUN`)
+        noun_p = nouns.add_parser(noun, help=text, add_help=False)
+        noun_p.add_argument("flags", nargs=argparse.REMAINDER)
+        noun_p.set_defaults(run=_delegate(f"atropos.cli.{noun}"))
 
     demo_p = nouns.add_parser(
         "demo", help="a tiny model learning by RL on this machine (API, server, env, trainer)"
@@ -64,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.set_defaults(run=_demo)
     return p
 
+
+_DELEGATED = {  # nouns with their own parser (train's: TrainConfig, read by pydantic-settings)
+    "train": "the reference GRPO trainer (atropos train --help)",
+    "export": "SFT or DPO data from rollouts (atropos export sft|dpo --help)",
+    "view": "one self-contained HTML page of rollouts (atropos view --help)",
+}
 
 # (atropos.envs.cli.MODE_HELP says the same; not imported here, to keep `atropos api` fast)
 _ENV_VERBS = {
@@ -129,12 +118,6 @@ def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _train(args: argparse.Namespace) -> int:
-    from atropos.cli.train import main as train_main
-
-    return train_main(args.flags)
-
-
 def _demo(args: argparse.Namespace) -> int:
     if args.smoke:
         from atropos.demo.smoke import run as smoke
@@ -158,9 +141,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # its flags come from TrainConfig (pydantic-settings parses them)
-        return _train(argparse.Namespace(flags=argv[1:]))
-    if argv[:1] in (["export"], ["view"]):  # their own parsers, --help included
+    if argv[:1] and argv[0] in _DELEGATED:  # their own parsers, --help included
         return _delegate(f"atropos.cli.{argv[0]}")(argparse.Namespace(flags=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.run(args))

@@ -17,26 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from atropos.cli.argtypes import positive_int, positive_seconds
 from atropos.view import DEFAULT_LIMIT, build_page, read_files, write_text
 from atropos.view.live import ApiError, Follower
 
 DEFAULT_API = "http://localhost:8000"
 VIEW_RUN_OUT = "runs/view-run.html"
 _sleep = time.sleep  # (tests replace it)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
-    return value
 
 
 def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
@@ -48,14 +35,14 @@ def _add_common(p: argparse.ArgumentParser, out_help: str) -> None:
     )
     p.add_argument(
         "--limit",
-        type=_positive,
+        type=positive_int,
         default=None,
         help=f"groups on the page at most (default {DEFAULT_LIMIT})",
     )
     p.add_argument("--title", default=None, help="the page's title")
     p.add_argument(
         "--watch",
-        type=_seconds,
+        type=positive_seconds,
         default=None,
         metavar="SECONDS",
         help="rewrite the page every SECONDS until interrupted",

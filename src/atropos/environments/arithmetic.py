@@ -21,7 +21,7 @@ from pydantic import Field
 
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 
 __all__ = [
     "Arithmetic",
@@ -98,10 +98,7 @@ class Arithmetic(Env):
             use_wandb=False,
             steps_per_eval=20,
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
+        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return sample_items("train", seed=self.seed)

@@ -25,7 +25,7 @@ from atropos.environments.code.sandbox import DEFAULT_UID_BASE, Sandbox, Sandbox
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.passk import mean_pass_at_k
 
 __all__ = ["SYSTEM_PROMPT", "CodeExecution", "CodeExecutionConfig", "demo_responder"]
@@ -87,10 +87,7 @@ class CodeExecution(Env):
         env = CodeExecutionConfig(
             group_size=8, max_token_length=2048, tokenizer_name="tiny", use_wandb=False
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
+        return env, [local_server_config()]
 
     @property
     def sandbox(self) -> Sandbox:
@@ -119,11 +116,6 @@ class CodeExecution(Env):
 
             self.on_close(close)
         return box
-
-    @property
-    def _correct(self) -> list[float]:
-        """1.0 or 0.0 per scored rollout since the last `wandb_log` (train/percent_correct)."""
-        return self.__dict__.setdefault("_correct_rollouts", [])  # type: ignore[no-any-return]
 
     # ----- data and prompt ----------------------------------------------------------------------
 
@@ -164,21 +156,13 @@ class CodeExecution(Env):
     def score_group(
         self, item: Item, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        self._correct.extend(max(s, 0.0) for s in scores)
+        self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
         return scores  # none dropped here (the runner applies ensure_scores_are_not_same)
 
     def sequence_overrides(
         self, item: Item, rollouts: list[Rollout], scores: list[float]
     ) -> list[dict[str, Any]]:
         return [dict(ZERO) if r.finish_reason == "length" else {} for r in rollouts]
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        correct = self._correct
-        if correct:
-            metrics["train/percent_correct"] = sum(correct) / len(correct)
-            correct.clear()
-        await super().wandb_log(metrics)
 
     # ----- evaluation ---------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from atropos.environments.hub import data_path, load_hub, read_jsonl, take
 from atropos.envs.config import BaseEnvConfig, ConfigError
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards import Combination, build
 
 __all__ = ["DatasetEnv", "DatasetEnvConfig", "read_dataset_file"]
@@ -163,10 +163,7 @@ class DatasetEnv(Env):
         env = DatasetEnvConfig(
             group_size=4, max_token_length=512, tokenizer_name="tiny", use_wandb=False
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
+        return env, [local_server_config()]
 
     @cached_property
     def rewards(self) -> Combination:

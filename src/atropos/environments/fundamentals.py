@@ -20,22 +20,19 @@ binarised reward: +1 when the raw score is positive, else -1. Details: docs/math
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
-import math
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl, split_rows
+from atropos.environments.hub import in_prompt, load_train_test
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.text import split_think
 
@@ -142,13 +139,7 @@ def load_split(
 ) -> list[dict[str, Any]]:
     """The rows of `split` ("train" or "test"): the fixture's files, or the hub dataset's train
     split with `ceil(test_fraction * rows)` held out by a seeded shuffle (seed 42)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if not dataset_name:
-        return read_jsonl(data_path("fundamentals", f"{split}.jsonl"))
-    rows = load_hub(dataset_name, "train", "default")
-    train, test = split_rows(rows, max(1, math.ceil(test_fraction * len(rows))))
-    return test if split == "test" else train
+    return load_train_test("fundamentals", split, dataset_name, test_fraction)
 
 
 class FundamentalsConfig(BaseEnvConfig):
@@ -177,13 +168,7 @@ class Fundamentals(Env):
     @classmethod
     def config_init(cls) -> tuple[FundamentalsConfig, list[APIServerConfig]]:
         env = FundamentalsConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def stats(self) -> dict[str, list[float]]:
-        """Direction and magnitude accuracy since the last `wandb_log`."""
-        return self.__dict__.setdefault("_stats", {"direction": [], "magnitude": []})  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_split("train", self.config.dataset_name, self.config.test_fraction)
@@ -208,50 +193,31 @@ class Fundamentals(Env):
         if too_short(lengths):
             return None
         limit = self.config.max_token_length
-        for raw in scores:
-            self.stats["direction"].append(float(raw >= 1.0))
-            if raw >= 1.0:
-                self.stats["magnitude"].append(raw - 1.0)
+        self.record_mean("train/direction_accuracy", (float(raw >= 1.0) for raw in scores))
+        self.record_mean("train/magnitude_accuracy", (raw - 1.0 for raw in scores if raw >= 1.0))
         final = [raw - length_term(n, limit) for raw, n in zip(scores, lengths, strict=True)]
         if self.config.binary_reward:
             final = [1.0 if x > 0 else -1.0 for x in final]
         return None if self.config.ensure_scores_are_not_same and all_equal(final) else final
 
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        direction, magnitude = self.stats["direction"], self.stats["magnitude"]
-        if direction:
-            metrics["train/direction_accuracy"] = sum(direction) / len(direction)
-        if magnitude:
-            metrics["train/magnitude_accuracy"] = sum(magnitude) / len(magnitude)
-        direction.clear()
-        magnitude.clear()
-        await super().wandb_log(metrics)
-
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out item -> eval/{direction_accuracy, magnitude_accuracy
         (over right directions), combined_score (mean raw score without the length term)}."""
-        params = {"temperature": self.config.eval_temperature}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
-            raw = raw_score(item, r.text)
+        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
             return {"metric": item["fundamental_metric"], "gold": item["answer"],
                     "gold_magnitude": item["magnitude"], "completion": r.text,
-                    "finish_reason": r.finish_reason, "score": raw}  # fmt: skip
+                    "finish_reason": r.finish_reason, "score": raw_score(item, r.text)}  # fmt: skip
 
-        items, start = self.load_eval(), time.time()
-        if not items:
-            return {}
-        samples = list(await asyncio.gather(*map(one, items)))
-        right = [s["score"] - 1.0 for s in samples if s["score"] >= 1.0]
-        metrics = {
-            "eval/direction_accuracy": len(right) / len(samples),
-            "eval/magnitude_accuracy": sum(right) / len(right) if right else 0.0,
-            "eval/combined_score": sum(s["score"] for s in samples) / len(samples),
-        }
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
+            right = [s["score"] - 1.0 for s in samples if s["score"] >= 1.0]
+            return {
+                "eval/direction_accuracy": len(right) / len(samples),
+                "eval/magnitude_accuracy": sum(right) / len(right) if right else 0.0,
+                "eval/combined_score": sum(s["score"] for s in samples) / len(samples),
+            }
+
+        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
 
 
 _turns = itertools.count()
@@ -266,10 +232,9 @@ def demo_responder(prompt_text: str) -> str | None:
     """A `FakeInferenceServer` responder for offline demos: for a fixture item, the right
     direction and magnitude on every other call and a wrong direction on the others; None
     (random text) for any other prompt."""
-    found = [c for c in _fixture() if c in prompt_text]
-    if not found:
+    row = in_prompt(_fixture(), prompt_text)
+    if row is None:
         return None
-    row = _fixture()[max(found, key=len)]
     direction, magnitude = row["answer"], row["magnitude"]
     if next(_turns) % 2:
         direction = DIRECTIONS[(DIRECTIONS.index(direction) + 1) % 3]

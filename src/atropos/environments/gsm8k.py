@@ -18,7 +18,7 @@ from pydantic import Field
 from atropos.environments.hub import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards import all_equal, length_penalty, too_short
 from atropos.rewards.math import gsm8k_correct, gsm8k_gold, parse_gold
 
@@ -42,8 +42,7 @@ class GSM8K(Env):
     @classmethod
     def config_init(cls) -> tuple[GSM8KConfig, list[APIServerConfig]]:  # `atropos local serve`
         env = GSM8KConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
+        return env, [local_server_config()]
 
     def load(self, split: str = "train") -> list[dict[str, Any]]:
         if name := getattr(self.config, "dataset_name", None):

@@ -15,21 +15,26 @@ then and not before. A name that is a local path is read without `datasets`: a `
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "SPLIT_SEED",
     "HubUnavailable",
     "data_path",
+    "in_prompt",
     "load_hub",
+    "load_train_test",
     "read_jsonl",
     "split_rows",
     "take",
 ]
+
+T = TypeVar("T")
 
 SPLIT_SEED = 42  # upstream's shuffle and train_test_split seed
 
@@ -118,3 +123,42 @@ def split_rows(
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     return [rows[i] for i in order[test_size:]], [rows[i] for i in order[:test_size]]
+
+
+def load_train_test(
+    fixture: str,
+    split: str,
+    dataset_name: str | None,
+    test_fraction: float,
+    check: Callable[[dict[str, Any], str], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of `split` ("train" or "test"): the fixture's `data/<fixture>/<split>.jsonl`, or
+    the hub dataset's train split (config "default") with `ceil(test_fraction * rows)` (at least
+    one) held out by a seeded shuffle (`split_rows`, seed 42).
+
+    `check(row, where)` returns each row as the env keeps it, or raises naming `where`: the
+    fixture file and row number (from 1), or the dataset, split and row index (from 0).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not dataset_name:
+        path = data_path(fixture, f"{split}.jsonl")
+        rows, where, first = read_jsonl(path), str(path), 1
+    else:
+        found = load_hub(dataset_name, "train", "default")
+        train, test = split_rows(found, max(1, math.ceil(test_fraction * len(found))))
+        rows, where, first = (test if split == "test" else train), f"{dataset_name} {split}", 0
+    if check is None:
+        return rows
+    return [check(row, f"{where} row {n}") for n, row in enumerate(rows, first)]
+
+
+def in_prompt(rows: Mapping[str, T], prompt_text: str) -> T | None:
+    """The row whose key is the longest one `prompt_text` contains (None: it contains none);
+    how the offline demo responders find the fixture item a prompt asks about.
+
+    >>> in_prompt({"2+2": 4, "12+2": 14}, "What is 12+2?"), in_prompt({"2+2": 4}, "Hi")
+    (14, None)
+    """
+    found = [key for key in rows if key in prompt_text]
+    return rows[max(found, key=len)] if found else None

@@ -32,11 +32,11 @@ from pydantic import Field
 
 from atropos.environments import ifeval
 from atropos.environments.active_queue import ActiveQueue, item_id
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.hub import data_path, in_prompt, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal, length_penalty, too_short
 from atropos.rewards.text import split_think
 
@@ -146,8 +146,7 @@ class InstructionFollowing(Env):
     @classmethod
     def config_init(cls) -> tuple[InstructionFollowingConfig, list[APIServerConfig]]:
         env = InstructionFollowingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
+        return env, [local_server_config()]
 
     @functools.cached_property
     def _splits(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -177,9 +176,6 @@ class InstructionFollowing(Env):
             self.__dict__["_queue"] = ActiveQueue(self.load())
         return cast(ActiveQueue, self.__dict__["_queue"])
 
-    def _counter(self) -> list[float]:
-        return self.__dict__.setdefault("_correct", [])  # type: ignore[no-any-return]
-
     async def setup(self) -> None:
         if not self.queue.total:
             raise ValueError("instruction_following: no usable items")
@@ -206,7 +202,7 @@ class InstructionFollowing(Env):
         self.queue.record(item, scores, s.max_group_average_for_training, s.solve_on_single_correct)
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
             return None
-        self._counter().extend(scores)
+        self.record_mean("train/percent_correct", scores)
         if sum(scores) / len(scores) > s.max_group_average_for_training:
             return None  # too easy to learn from
         lengths = [len(r.tokens) for r in rollouts]  # upstream: the whole sequence
@@ -216,12 +212,7 @@ class InstructionFollowing(Env):
         return None if s.ensure_scores_are_not_same and all_equal(scores) else scores
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = {**(metrics or {}), **self.queue.metrics()}
-        correct = self._counter()
-        if correct:
-            metrics["train/percent_correct"] = sum(correct) / len(correct)
-            correct.clear()
-        await super().wandb_log(metrics)
+        await super().wandb_log({**(metrics or {}), **self.queue.metrics()})
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"iter": getattr(self, "iter", 0), **self.queue.state()}
@@ -262,10 +253,9 @@ def demo_responder(prompt_text: str) -> str | None:
     after a think block on every other call, and without one (so scored 0) on the others;
     None (random text) for other prompts. `python -m atropos.testing.fake_server --port 9001
     --responder atropos.environments.instruction_following:demo_responder`."""
-    found = [p for p in _examples() if p in prompt_text]
-    if not found:
+    example = in_prompt(_examples(), prompt_text)
+    if example is None:
         return None
-    example = _examples()[max(found, key=len)]
     if next(_demo_turns) % 2:
         return example
     return f"<think>Let me check each part of the instruction before I answer.</think>\n{example}"

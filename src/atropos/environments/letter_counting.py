@@ -13,12 +13,10 @@ Details: docs/text_tasks.md.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import random
 import re
-import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -37,7 +35,7 @@ from atropos.environments.letters import (
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import MIN_TRAINED_TOKENS, all_equal
 
 __all__ = ["LetterCounting", "LetterCountingConfig", "demo_responder"]
@@ -74,8 +72,7 @@ class LetterCounting(Env):
     @classmethod
     def config_init(cls) -> tuple[LetterCountingConfig, list[APIServerConfig]]:
         env = LetterCountingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
+        return env, [local_server_config()]
 
     @property
     def curriculum(self) -> Curriculum:
@@ -91,9 +88,6 @@ class LetterCounting(Env):
                 s.max_difficulty_level,
             )
         return cast(Curriculum, self.__dict__["_curriculum"])
-
-    def _counter(self, name: str) -> list[float]:
-        return self.__dict__.setdefault(name, [])  # type: ignore[no-any-return]
 
     def load(self) -> list[str]:
         """The training words (items are generated from them)."""
@@ -139,12 +133,13 @@ class LetterCounting(Env):
         trained = [sum(1 for m in r.masks if m != -100) for r in rollouts]
         kept = [s for s, n in zip(scores, trained, strict=True) if n >= MIN_TRAINED_TOKENS]
         multiple = isinstance(item["expected"], Mapping)
-        self._counter("_formats").extend(
-            float(parse_answer(r.text, multiple) is None) for r in rollouts
+        self.record_mean(
+            "errors/format_error_rate",
+            (float(parse_answer(r.text, multiple) is None) for r in rollouts),
         )
         if not kept:
             return None
-        self._counter("_correct").extend(kept)
+        self.record_mean("train/percent_correct", kept)
         mean = sum(kept) / len(kept)
         self.curriculum.record(mean, item["level"])  # before any skip: every group counts
         s = self.config
@@ -161,14 +156,6 @@ class LetterCounting(Env):
         metrics["curriculum/samples_in_window"] = len(c.scores)
         if c.success_rate is not None:
             metrics["curriculum/recent_success_rate"] = c.success_rate
-        for name, key in (
-            ("_correct", "train/percent_correct"),
-            ("_formats", "errors/format_error_rate"),
-        ):
-            values = self._counter(name)
-            if values:
-                metrics[key] = sum(values) / len(values)
-                values.clear()
         await super().wandb_log(metrics)
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -185,23 +172,19 @@ class LetterCounting(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per eval item at `eval_temperature`: overall and per-tier accuracy."""
-        items, start = self.load_eval(), time.time()
-        params = {"temperature": self.config.eval_temperature}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
+        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
             score = score_answer(r.text, item["expected"])
             return {**item, "completion": r.text, "finish_reason": r.finish_reason, "score": score}
 
-        samples = list(await asyncio.gather(*map(one, items)))
-        if not samples:
-            return {}
-        metrics = {"eval/percent_correct": sum(s["score"] for s in samples) / len(samples)}
-        for level in sorted({s["level"] for s in samples}):
-            at = [s["score"] for s in samples if s["level"] == level]
-            metrics[f"eval/percent_correct_L{level}"] = sum(at) / len(at)
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
+            found = {"eval/percent_correct": sum(s["score"] for s in samples) / len(samples)}
+            for level in sorted({s["level"] for s in samples}):
+                at = [s["score"] for s in samples if s["level"] == level]
+                found[f"eval/percent_correct_L{level}"] = sum(at) / len(at)
+            return found
+
+        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
 
 
 _demo_turns = itertools.count()

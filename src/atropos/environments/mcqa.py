@@ -18,22 +18,19 @@ fixture, or `NousResearch/AcademicMCQA` with a seeded 2% test split. Details: do
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
-import math
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl, split_rows
+from atropos.environments.hub import in_prompt, load_train_test
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.text import split_think
 
@@ -112,15 +109,7 @@ def load_split(
 ) -> list[dict[str, Any]]:
     """The rows of `split` ("train" or "test"): the fixture's files, or the hub dataset's train
     split with `ceil(test_fraction * rows)` held out by a seeded shuffle (seed 42)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if not dataset_name:
-        path = data_path("mcqa", f"{split}.jsonl")
-        return [_check(r, f"{path} row {n}") for n, r in enumerate(read_jsonl(path), 1)]
-    rows = load_hub(dataset_name, "train", "default")
-    train, test = split_rows(rows, max(1, math.ceil(test_fraction * len(rows))))
-    chosen = test if split == "test" else train
-    return [_check(r, f"{dataset_name} {split} row {n}") for n, r in enumerate(chosen)]
+    return load_train_test("mcqa", split, dataset_name, test_fraction, _check)
 
 
 class MCQAConfig(BaseEnvConfig):
@@ -145,13 +134,7 @@ class MCQA(Env):
     @classmethod
     def config_init(cls) -> tuple[MCQAConfig, list[APIServerConfig]]:
         env = MCQAConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def correct(self) -> list[float]:
-        """1.0/0.0 per scored completion since the last `wandb_log` (train/percent_correct)."""
-        return self.__dict__.setdefault("_correct", [])  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_split("train", self.config.dataset_name, self.config.test_fraction)
@@ -177,33 +160,21 @@ class MCQA(Env):
         ]
         if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
             return None
-        self.correct.extend(max(s, 0.0) for s in scores)
+        self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
         return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        if self.correct:
-            metrics["train/percent_correct"] = sum(self.correct) / len(self.correct)
-            self.correct.clear()
-        await super().wandb_log(metrics)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out question at `eval_temperature` -> eval/percent_correct."""
-        params = {"temperature": self.config.eval_temperature}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
+        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
             score = -1.0 if r.finish_reason == "length" else self.score(item, r.text)
             return {"prompt": item["prompt"], "gold": item["ground_truth"], "completion": r.text,
                     "finish_reason": r.finish_reason, "score": score}  # fmt: skip
 
-        items, start = self.load_eval(), time.time()
-        if not items:
-            return {}
-        samples = list(await asyncio.gather(*map(one, items)))
-        metrics = {"eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples)}
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
+            return {"eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples)}
+
+        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
 
 
 _turns = itertools.count()
@@ -217,10 +188,9 @@ def _fixture() -> dict[str, dict[str, Any]]:
 def demo_responder(prompt_text: str) -> str | None:
     """A `FakeInferenceServer` responder for offline demos: for a fixture question, the right
     letter on every other call and the next letter on the others; None (random text) else."""
-    found = [p for p in _fixture() if p in prompt_text]
-    if not found:
+    row = in_prompt(_fixture(), prompt_text)
+    if row is None:
         return None
-    row = _fixture()[max(found, key=len)]
     letter = row["ground_truth"]
     if next(_turns) % 2:
         letter = LETTERS[(LETTERS.index(letter) + 1) % len(row["options"])]

@@ -27,10 +27,10 @@ from pydantic import Field, field_validator
 
 from atropos.environments.hub import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.judge import Judge, JudgeConfig, compare
+from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 
 __all__ = [
@@ -160,7 +160,7 @@ class RLAIFConfig(BaseEnvConfig):
         return v
 
 
-class RLAIF(Env):
+class RLAIF(JudgedEnv, Env):
     """Pairs of completions, judged against `preference` (or decided by truncation)."""
 
     name = "rlaif"
@@ -171,15 +171,7 @@ class RLAIF(Env):
     @classmethod
     def config_init(cls) -> tuple[RLAIFConfig, list[APIServerConfig]]:
         env = RLAIFConfig(max_token_length=1024, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def judge(self) -> Judge:
-        """The judge (`--judge.*`); `await env.judge.aclose()` closes its own server, if any."""
-        if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.config.judge, self)
-        return self.__dict__["_judge"]  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:

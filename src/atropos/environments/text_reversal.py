@@ -30,7 +30,7 @@ from atropos.environments.hub import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.text import split_think, tagged
 
@@ -120,11 +120,7 @@ class TextReversal(Env):
         env = TextReversalConfig(
             group_size=8, tokenizer_name="tiny", use_wandb=False, thinking_mode=True
         )
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    def _counter(self, name: str) -> list[float]:
-        return self.__dict__.setdefault(name, [])  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, str]]:
         return load_texts(self.config.train_dataset, self.config.train_split)
@@ -147,20 +143,11 @@ class TextReversal(Env):
     ) -> list[float] | None:
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
             return None
-        self._counter("_correct").extend(scores)
+        self.record_mean("train/percent_correct", scores)
         thinking = self.config.thinking_mode
         formatted = [extract_reversal(r.text, thinking) is not None for r in rollouts]
-        self._counter("_formatted").extend(float(ok) for ok in formatted)
+        self.record_mean("train/format_compliance", (float(ok) for ok in formatted))
         return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        for name, key in (("_correct", "percent_correct"), ("_formatted", "format_compliance")):
-            values = self._counter(name)
-            if values:
-                metrics[f"train/{key}"] = sum(values) / len(values)
-                values.clear()
-        await super().wandb_log(metrics)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per eval text: accuracy, format compliance and mean answer length."""

@@ -28,12 +28,12 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl, split_rows
+from atropos.environments.hub import data_path, in_prompt, load_hub, read_jsonl, split_rows
 from atropos.environments.tool_calls import parse_completion, parse_message, parse_text, score_calls
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal, length_penalty, too_short
 
 __all__ = [
@@ -148,15 +148,7 @@ class ToolCalling(Env):
         env = ToolCallingConfig(
             group_size=8, max_token_length=2048, tokenizer_name="tiny", use_wandb=False
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
-
-    @property
-    def _correct(self) -> list[float]:
-        """1.0 or 0.0 per scored rollout since the last `wandb_log` (train/percent_correct)."""
-        return self.__dict__.setdefault("_correct_rollouts", [])  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_rows("train", self.config.dataset_name, self.config.test_size)
@@ -181,19 +173,11 @@ class ToolCalling(Env):
         lengths = [sum(1 for m in r.masks if m != -100) for r in rollouts]
         if too_short(lengths):
             return None
-        self._correct.extend(1.0 if s >= 1.0 else 0.0 for s in scores)
+        self.record_mean("train/percent_correct", (1.0 if s >= 1.0 else 0.0 for s in scores))
         scores = length_penalty(scores, lengths, self.config.max_token_length)
         if self.config.ensure_scores_are_not_same and all_equal(scores):
             return None
         return scores
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        correct = self._correct
-        if correct:
-            metrics["train/percent_correct"] = sum(correct) / len(correct)
-            correct.clear()
-        await super().wandb_log(metrics)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per held-out item; `eval/percent_correct` is the share exactly right."""
@@ -243,9 +227,8 @@ def demo_responder(prompt_text: str) -> str | None:
     """A `FakeInferenceServer` responder for offline demos: for a prompt holding a fixture
     request, its expected calls on every other call and the first call without arguments on the
     others (so groups are mixed); None (random text) for any other prompt."""
-    found = [r for r in _fixture_answers() if r in prompt_text]
-    if not found:
+    expected = in_prompt(_fixture_answers(), prompt_text)
+    if expected is None:
         return None
-    expected = _fixture_answers()[max(found, key=len)]
     calls = expected if next(_demo_turns) % 2 == 0 else [{**expected[0], "arguments": {}}]
     return "\n".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)

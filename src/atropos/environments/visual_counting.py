@@ -18,13 +18,11 @@ dataset can be used instead (`--env.dataset_name howard-hou/OCR-VQA`). Images ne
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import io
 import itertools
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +40,7 @@ from atropos.environments.shapes import (
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.group import all_equal
 
 __all__ = [
@@ -240,13 +238,7 @@ class VisualCounting(Env):
     @classmethod
     def config_init(cls) -> tuple[VisualCountingConfig, list[APIServerConfig]]:
         env = VisualCountingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def _correct(self) -> list[float]:
-        """1.0 or 0.0 per scored rollout since the last `wandb_log` (train/percent_correct)."""
-        return self.__dict__.setdefault("_correct_rollouts", [])  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     def _items(self, split: str) -> list[dict[str, Any]]:
         s = self.config
@@ -286,7 +278,7 @@ class VisualCounting(Env):
     def score_group(
         self, item: Item, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        self._correct.extend(1.0 if s > 0 else 0.0 for s in scores)
+        self.record_mean("train/percent_correct", (1.0 if s > 0 else 0.0 for s in scores))
         if self.config.ensure_scores_are_not_same and all_equal(scores):
             return None
         return scores
@@ -336,40 +328,26 @@ class VisualCounting(Env):
         group["images"] = [image] * len(group["tokens"])  # one per sequence, like the tokens
         return group, backlog
 
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        metrics = dict(metrics or {})
-        correct = self._correct
-        if correct:
-            metrics["train/percent_correct"] = sum(correct) / len(correct)
-            correct.clear()
-        await super().wandb_log(metrics)
-
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per held-out item; `eval/percent_correct` is the share exactly right."""
-        items, start = self.load_eval(), time.time()
-        params = {"temperature": self.config.eval_temperature}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            messages = self.prompt(item)
-            [r] = await self.generate(messages, 1, "eval", **params)
+        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
             return {
                 "id": item["id"],
-                "messages": text_only(messages),
+                "messages": text_only(self.prompt(item)),
                 "completion": r.text,
                 "gold": item["answer"],
                 "finish_reason": r.finish_reason,
                 "score": self.score(item, r.text),
             }
 
-        samples = list(await asyncio.gather(*map(one, items)))
-        if not samples:
-            return {}
-        metrics = {
-            "eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples),
-            "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
-        }
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
+            return {
+                "eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples),
+                "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
+            }
+
+        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
 
 
 _demo_turns = itertools.count()

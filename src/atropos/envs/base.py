@@ -18,7 +18,7 @@ import os
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -199,13 +199,24 @@ class BaseEnv(ABC):
     async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         """Run an evaluation; the runner calls it every `steps_per_eval` trainer steps."""
 
+    def record_mean(self, key: str, values: Iterable[float]) -> None:
+        """Keep `values` for the metric `key`: the next `wandb_log` logs the mean of what was
+        kept since the last one (e.g. `train/percent_correct`, 1.0 or 0.0 per rollout)."""
+        self.__dict__.setdefault("_pending_means", {}).setdefault(key, []).extend(values)
+
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Record this step's metrics: kept in `self.metrics` (the latest value of each key)
         and written as one record at `curr_step` to the run's sink (JSONL, and W&B when on).
 
         The runners call it with what they know (serve: once per trainer step; process: once
         at the end); an override adds its own keys and calls `super().wandb_log(metrics)`.
+        The means of the values `record_mean` kept since the last call are added, and the
+        values dropped (a key with none kept is left out).
         """
+        pending: dict[str, list[float]] = self.__dict__.pop("_pending_means", {})
+        means = {key: sum(values) / len(values) for key, values in pending.items() if values}
+        if means:
+            metrics = {**(metrics or {}), **means}
         if metrics:
             self.metrics.update(metrics)
             self._write_metrics(metrics)

@@ -3,7 +3,8 @@
 Environments that score by asking a model (rlaif, npc_arena) declare a `judge: JudgeConfig`
 field on their config; it is configured under its own namespace (`--judge.base_url URL`,
 `judge:` in a `--config` file, `ATROPOS_JUDGE__BASE_URL`). With no `base_url` the judge is the
-policy's own servers, as upstream's environments did.
+policy's own servers, as upstream's environments did. Such an environment also has
+`JudgedEnv` among its bases, for its `judge` property.
 
 Verdicts come in two shapes:
 
@@ -33,21 +34,22 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import Field, SecretStr
 
+from atropos.envs.base import BaseEnv
 from atropos.envs.config import Namespace
 from atropos.envs.types import Message
 from atropos.inference.config import APIServerConfig, ServerType
 
 if TYPE_CHECKING:
-    from atropos.envs.base import BaseEnv
     from atropos.inference.manager import ServerManager
 
 __all__ = [
     "Judge",
     "JudgeConfig",
+    "JudgedEnv",
     "PairVerdict",
     "RubricVerdict",
     "boxed_choice",
@@ -127,6 +129,25 @@ class Judge:
         if self._own is not None:
             await self._own.aclose()
             self._own = None
+
+
+class _JudgedConfig(Protocol):
+    judge: JudgeConfig
+
+
+class JudgedEnv(BaseEnv):
+    """An environment scored by a judge: its config has a `judge: JudgeConfig` field
+    (`class RLAIF(JudgedEnv, Env)`)."""
+
+    @property
+    def judge(self) -> Judge:
+        """The judge (`--judge.*`; the policy's servers without a `base_url`), made on first
+        use; its own server manager, if any, closes with the env (`aclose`)."""
+        judge: Judge | None = self.__dict__.get("_judge")
+        if judge is None:
+            config = cast(_JudgedConfig, self.config).judge
+            judge = self.__dict__["_judge"] = Judge(config, self)
+        return judge
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")

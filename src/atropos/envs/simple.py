@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import time
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -174,8 +175,6 @@ class Env(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Greedy completions of `load_eval()` items; logs accuracy (mean score > 0) and mean."""
-        import time
-
         items = list(self.load_eval())
         if not items:
             return {}
@@ -194,6 +193,36 @@ class Env(BaseEnv):
         }
         self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
         return metrics
+
+    async def evaluate_each(
+        self,
+        temperature: float,
+        sample: Callable[[Item, Rollout], dict[str, Any]],
+        metrics: Callable[[list[dict[str, Any]]], dict[str, float]],
+    ) -> dict[str, float]:
+        """One completion per `load_eval()` item at `temperature`, all requested at once.
+
+        Args:
+            temperature: the sampling temperature.
+            sample: `(item, rollout) -> dict`, the item's row of `samples.jsonl` (with its score).
+            metrics: `samples -> metrics`, logged with the samples by `evaluate_log`.
+
+        Returns:
+            The metrics; {} (and nothing logged) when there are no eval items.
+        """
+        params = {"temperature": temperature}
+
+        async def one(item: Item) -> dict[str, Any]:
+            [rollout] = await self.generate(self.prompt(item), 1, "eval", **params)
+            return sample(item, rollout)
+
+        items, start = list(self.load_eval()), time.time()
+        if not items:
+            return {}
+        samples = list(await asyncio.gather(*map(one, items)))
+        found = metrics(samples)
+        self.evaluate_log(found, None, None, start, time.time(), {**params, "n": 1}, samples)
+        return found
 
     # ----- generation ---------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 `ServerBaseline` describes servers to discover (Slurm or the local default ports);
 `APIServerConfig` is one server at a known `base_url`; `ServerManagerConfig` tunes the manager.
+`local_server_config()` is the local CPU server with the tiny policy, the built-in
+environments' default.
 """
 
 from __future__ import annotations
@@ -57,3 +59,21 @@ class ServerManagerConfig(BaseModel):
     )
     health_check_interval: float = Field(5.0, gt=0, description="seconds between probes")
     health_check_timeout: float = Field(5.0, gt=0, description="seconds one probe may take")
+
+
+LOCAL_SERVER_URL = "http://127.0.0.1:9001/v1"  # `atropos local serve`'s default address
+LOCAL_MODEL_NAME = "atropos-tiny"  # the tiny policy's name as docs/demo-policy.md serves it
+
+
+def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
+    """The local CPU server at its default address, serving the tiny policy: the server of
+    the built-in environments' `config_init` (`atropos local serve src/atropos/tiny/policy
+    --served-model-name atropos-tiny`). `server_type` "openai" reads it as a text-only API.
+
+    >>> server = local_server_config()
+    >>> server.base_url, server.model_name, server.server_type
+    ('http://127.0.0.1:9001/v1', 'atropos-tiny', 'vllm')
+    """
+    return APIServerConfig(
+        base_url=LOCAL_SERVER_URL, server_type=server_type, model_name=LOCAL_MODEL_NAME
+    )

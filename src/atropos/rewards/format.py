@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping, Sequence
 
-from atropos.rewards.registry import Completion, reward, text_of
+from atropos.rewards.registry import Completion, override_weights, reward, text_of
 
 __all__ = ["STEP_PATTERNS", "format_reward", "has_tag", "reasoning_steps", "think_format"]
 
@@ -133,15 +132,8 @@ def reasoning_steps(
     >>> reasoning_steps("I am quite sure that the number you are looking for is 42.")
     0.1
     """
-    weights = {name: weight for name, (_, weight) in STEP_PATTERNS.items()}
-    for name, weight in (pattern_weights or {}).items():
-        if name not in weights:
-            close = difflib.get_close_matches(name, list(weights), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"reasoning_steps: unknown pattern {name!r}{hint} (patterns: {', '.join(weights)})"
-            )
-        weights[name] = float(weight)
+    defaults = {name: weight for name, (_, weight) in STEP_PATTERNS.items()}
+    weights = override_weights(defaults, pattern_weights, "reasoning_steps", "pattern")
     text = text_of(completion)
     if len(text.split()) < min_words:
         return 0.0

@@ -52,6 +52,7 @@ __all__ = [
     "canonical",
     "get",
     "names",
+    "override_weights",
     "reward",
     "text_of",
     "unregister",
@@ -202,6 +203,34 @@ def text_of(completion: Completion) -> str:
         "a completion is a string, a message dict, {'message': {...}} or a list of messages;"
         f" got {type(completion).__name__}"
     )
+
+
+def override_weights(
+    defaults: Mapping[str, float], given: Mapping[str, float] | None, owner: str, kind: str
+) -> dict[str, float]:
+    """`defaults` with the weights `given` (a reward's parameter) put in place of theirs.
+
+    Raises:
+        ValueError: `given` names no `kind` of `defaults`; the message, prefixed with `owner`,
+            suggests the closest name and lists them all.
+
+    >>> override_weights({"a": 1.0, "b": 0.5}, {"b": 0}, "demo", "part")
+    {'a': 1.0, 'b': 0.0}
+    >>> override_weights({"a": 1.0}, {"aa": 2}, "demo", "part")
+    Traceback (most recent call last):
+    ...
+    ValueError: demo: unknown part 'aa'; did you mean 'a'? (parts: a)
+    """
+    weights = dict(defaults)
+    for name, weight in (given or {}).items():
+        if name not in weights:
+            close = difflib.get_close_matches(name, list(weights), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"{owner}: unknown {kind} {name!r}{hint} ({kind}s: {', '.join(weights)})"
+            )
+        weights[name] = float(weight)
+    return weights
 
 
 def _parameters(fn: RewardFn) -> dict[str, inspect.Parameter]:

@@ -9,11 +9,10 @@ True
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from atropos.rewards.registry import Completion, reward, text_of
+from atropos.rewards.registry import Completion, override_weights, reward, text_of
 
 __all__ = ["COMPONENT_WEIGHTS", "STOPWORDS", "repetition_penalty", "repetition_rates"]
 
@@ -101,16 +100,9 @@ def repetition_penalty(
     >>> repetition_penalty("Too short."), repetition_penalty("")
     (-0.1, -0.1)
     """
-    weights = dict(COMPONENT_WEIGHTS)
-    for name, weight in (component_weights or {}).items():
-        if name not in weights:
-            close = difflib.get_close_matches(name, list(weights), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"repetition_penalty: unknown component {name!r}{hint}"
-                f" (components: {', '.join(weights)})"
-            )
-        weights[name] = float(weight)
+    weights = override_weights(
+        COMPONENT_WEIGHTS, component_weights, "repetition_penalty", "component"
+    )
     text = text_of(completion)
     if (
         len(_WORD.findall(text)) < min_words

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 
 import pytest
 
@@ -19,23 +18,18 @@ from atropos.environments.code_execution import (
     wrong_answer,
 )
 from atropos.envs import registry
-from atropos.envs.check import check_env
-from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner.process import ProcessRunner
-from atropos.inference.config import ServerManagerConfig
 from atropos.rewards.passk import mean_pass_at_k
 from atropos.testing import FakeInferenceServer
+
+from ..helpers import check_against, evaluate_against, make_env, process_with_runner
 
 FIXTURE = load_problems("train") + load_problems("test")
 
 
 def make(url: str, mode: str = "process", **env: object) -> CodeExecution:
-    defaults, [server] = CodeExecution.config_init()
-    update = {"group_size": 4, "max_concurrency": 2, "timeout_seconds": 5.0, **env}
-    config = defaults.model_copy(update=update)
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return CodeExecution(config, servers, manager=resolved.manager)
+    """Groups of 4, two sandboxes at a time, 5 s a run, unless `env` says otherwise."""
+    env = {"max_concurrency": 2, "timeout_seconds": 5.0, **env}
+    return make_env(CodeExecution, url, mode, **env)
 
 
 def problem_in(prompt: str) -> dict:
@@ -86,9 +80,7 @@ def test_score_is_plus_one_only_when_every_test_passes():
 
 
 def test_check_env_passes_against_a_vllm_server():
-    with FakeInferenceServer(responder=Responder()) as fake:
-        env = make(fake.base_url)
-        report = check_env(env, items=2)
+    report = check_against(make, Responder(), items=2)
     assert report.groups == 2 and report.token_sources == {"server"}
 
 
@@ -96,16 +88,14 @@ def test_process_writes_jsonl_and_html(tmp_path):
     out = tmp_path / "code.jsonl"
     with FakeInferenceServer(responder=Responder()) as fake:
         env = make(fake.base_url, total_steps=3, data_path_to_save_groups=str(out))
-        resolved = ResolvedConfig(env.config, env.server_configs, ServerManagerConfig(), "process")
-        assert asyncio.run(ProcessRunner(env, resolved).run(show_progress=False)) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3
-    for group in groups:
+        run = process_with_runner(env)
+    assert len(run.groups) == 3
+    for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
         assert group["overrides"] == [{}] * 4
         assert group["messages"][0][0]["content"] == SYSTEM_PROMPT
         assert "```python" in group["messages"][0][-1]["content"]
-    assert "```python" in out.with_suffix(".html").read_text()
+    assert "```python" in run.page
     assert env.metrics["train/percent_correct"] == 0.5
 
 
@@ -140,22 +130,14 @@ def test_evaluate_reports_unbiased_pass_at_k(tmp_path):
     def right(item, turn):
         return item["task_id"] in always or (item["task_id"] in once and turn == 0)
 
-    with FakeInferenceServer(responder=Responder(right)) as fake:
-        env = make(fake.base_url, "evaluate", data_dir_to_save_evals=str(tmp_path), eval_k=2)
-
-        async def main() -> dict:
-            metrics = await env.evaluate()
-            await env.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(make, Responder(right), tmp_path, eval_k=2)
+    metrics = run.metrics
     counts = [(4, 4)] * 2 + [(4, 1)] * 2 + [(4, 0)] * 4
     assert metrics["eval/pass@1"] == pytest.approx(mean_pass_at_k(counts, 1)) == 0.3125
     assert metrics["eval/pass@2"] == pytest.approx(mean_pass_at_k(counts, 2)) == 0.375
     assert metrics["eval/overlong_ratio"] == 0.0
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["results"]["all"] == metrics
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert run.doc["results"]["all"] == metrics
+    samples = run.samples
     assert len(samples) == 32 and sum(s["passed"] for s in samples) == 10
     assert {s["status"] for s in samples if not s["passed"]} <= {"error", "wrong_output"}
 

@@ -3,7 +3,6 @@ running `evaluate` through the command line against a fake server, reading what 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,8 @@ from typing import Any
 from atropos.environments.evals import EvalEnv, Problem
 from atropos.envs import cli
 from atropos.testing import FakeInferenceServer
+
+from ..helpers import EvalFiles
 
 
 def make(cls: type[EvalEnv], **env: Any) -> EvalEnv:
@@ -43,8 +44,7 @@ def run_eval(
         argv = ["evaluate", "--openai.base_url", fake.base_url]
         argv += ["--env.data_dir_to_save_evals", str(out), *flags]
         assert cli.main(cls, argv) == 0
-    doc = json.loads((out / "metrics.json").read_text())
-    lines = (out / "samples.jsonl").read_text().splitlines()
-    samples = [json.loads(line) for line in lines]
+    written = EvalFiles(out)
+    doc = written.doc
     assert doc["results"]["all"] == doc["results"][f"atropos|{cls.benchmark}|0"]
-    return doc["results"]["all"], samples, doc["config_general"]
+    return doc["results"]["all"], written.samples, doc["config_general"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from atropos.environments.evals.base import THINKING_PROMPT
 from atropos.rewards.passk import pass_at_k
 from atropos.testing import FakeInferenceServer
 
+from ..helpers import EvalFiles, evaluate
 from .helpers import finder, make, problems, run_eval
 
 THINK = "<think>Let me work it out.</think> "
@@ -270,13 +270,7 @@ def test_at_most_max_eval_workers_requests_are_in_flight():
                 [server.model_copy(update={"base_url": fake.base_url})],
             )
 
-            async def main() -> dict[str, Any]:
-                try:
-                    return await env.evaluate()
-                finally:
-                    await env.aclose()
-
-            assert asyncio.run(main())["eval/accuracy"] == 1.0
+            assert evaluate(env)["eval/accuracy"] == 1.0
         return state["peak"]
 
     assert run(2) == 2
@@ -311,10 +305,10 @@ def test_atropos_env_evaluate_runs_a_registered_eval(tmp_path):
         argv = ["env", "evaluate", "eval_aime", "--openai.base_url", fake.base_url]
         argv += ["--env.data_dir_to_save_evals", str(tmp_path), "--env.max_eval_items", "2"]
         assert atropos_main(argv) == 0
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    assert doc["results"]["atropos|aime|0"]["eval/accuracy"] == 1.0
-    assert doc["results"]["all"]["eval/num_problems"] == 2
-    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 2
+    written = EvalFiles(tmp_path)
+    assert written.doc["results"]["atropos|aime|0"]["eval/accuracy"] == 1.0
+    assert written.doc["results"]["all"]["eval/num_problems"] == 2
+    assert len(written.samples) == 2
 
 
 def test_a_bad_eval_k_is_a_usage_error(tmp_path, capsys):
@@ -329,12 +323,5 @@ def test_evaluate_can_be_called_without_setup(tmp_path):
     with FakeInferenceServer(responder=lambda t: "\\boxed{0}") as fake:
         env = make(GSM8KEval, data_dir_to_save_evals=str(tmp_path), max_eval_items=2)
         env.server_configs[0].base_url = fake.base_url
-
-        async def main() -> dict[str, Any]:
-            try:
-                return await env.evaluate()
-            finally:
-                await env.aclose()
-
-        metrics = asyncio.run(main())
+        metrics = evaluate(env)
     assert (metrics["eval/num_problems"], metrics["eval/accuracy"]) == (2, 0.0)

@@ -11,19 +11,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from atropos.envs.base import BaseEnv
-from atropos.envs.config import ResolvedConfig
-from atropos.inference.config import ServerManagerConfig
+
+from ..helpers import make_env
 
 MASKED = -100
 
 
 def make(cls: type[BaseEnv], url: str, mode: str = "process", **env: Any) -> Any:
-    """`cls` with its defaults, the policy at `url`, and `env` settings on top (validated)."""
-    defaults, [server] = cls.config_init()  # type: ignore[misc]
-    config = cls.env_config_cls.model_validate({**defaults.model_dump(), "group_size": 4, **env})
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return cls(config, servers, manager=resolved.manager)
+    """`cls` with its defaults, the policy at `url`, groups of 4 and `env` settings on top
+    (validated)."""
+    return make_env(cls, url, mode, validate=True, **env)
 
 
 def collect(env: BaseEnv, items: int = 1) -> list[Any]:

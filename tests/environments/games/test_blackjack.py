@@ -4,8 +4,8 @@ token-exact multi-turn sequences, per-step groups with advantages, check_env, th
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
+from functools import partial
 
 import pytest
 
@@ -25,10 +25,9 @@ from atropos.environments.games.blackjack import (  # noqa: E402
 )
 from atropos.environments.games.value import optimal_value  # noqa: E402
 from atropos.envs import registry  # noqa: E402
-from atropos.envs.check import check_env  # noqa: E402
-from atropos.envs.cli import main  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
+from ..helpers import check_against, evaluate_against, process_through_cli  # noqa: E402
 from .helpers import Script, assistant_turns, collect, make, take, trained_spans  # noqa: E402
 
 STRING_ARGUMENTS = (
@@ -257,51 +256,31 @@ async def _collect_raw(env):
 
 @pytest.mark.parametrize("cls", [Blackjack, BlackjackThinking])
 def test_check_env_passes(cls):
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(cls, fake.base_url), items=2)
+    report = check_against(partial(make, cls), demo_responder, items=2)
     assert report.groups >= 2 and report.token_sources == {"server"}
 
 
 @pytest.mark.parametrize("name", ["blackjack", "blackjack_thinking"])
 def test_process_from_the_command_line_writes_mixed_groups_and_html(tmp_path, name):
     out = tmp_path / f"{name}.jsonl"
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        argv = [
-            "process",
-            *("--openai.base_url", fake.base_url, "--env.group_size", "4"),
-            *("--env.total_steps", "4", "--env.data_path_to_save_groups", str(out)),
-        ]
-        assert main(registry.get(name), argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    run = process_through_cli(registry.get(name), demo_responder, out, steps=4, group_size=4)
+    groups = run.groups
     assert len(groups) >= 4 and any(len(set(g["scores"])) > 1 for g in groups)
     assert all(bool(g.get("advantages")) == (name == "blackjack_thinking") for g in groups)
-    assert "take_action" in out.with_suffix(".html").read_text()
+    assert "take_action" in run.page
 
 
 def test_evaluate_reports_rates_that_sum_to_one(tmp_path):
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        env = make(
-            Blackjack,
-            fake.base_url,
-            "evaluate",
-            eval_episodes=12,
-            data_dir_to_save_evals=str(tmp_path),
-        )
-
-        async def main():
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.aclose()
-            return metrics
-
-        metrics = asyncio.run(main())
+    run = evaluate_against(
+        partial(make, Blackjack), demo_responder, tmp_path, setup=True, eval_episodes=12
+    )
+    metrics = run.metrics
     keys = ["win_rate", "loss_rate", "draw_rate", "avg_reward"]
     assert sorted(metrics) == sorted(f"blackjack_eval/{k}" for k in keys)
     rates = [metrics[f"blackjack_eval/{k}"] for k in keys[:3]]
     assert sum(rates) == pytest.approx(1.0)
     assert metrics["blackjack_eval/avg_reward"] == pytest.approx(rates[0] - rates[1])
-    samples = (tmp_path / "samples.jsonl").read_text().splitlines()
-    assert len(samples) == 12 and json.loads(samples[0])["seed"] == 1_000_000
+    assert len(run.samples) == 12 and run.samples[0]["seed"] == 1_000_000
 
 
 def test_training_metrics_are_logged_and_reset():

@@ -4,8 +4,8 @@ sequences, check_env and the CLI."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
+from functools import partial
 
 import pytest
 
@@ -24,10 +24,9 @@ from atropos.environments.games.taxi import (  # noqa: E402
     taxi_score,
 )
 from atropos.envs import registry  # noqa: E402
-from atropos.envs.check import check_env  # noqa: E402
-from atropos.envs.cli import main  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
+from ..helpers import check_against, evaluate_against, process_through_cli  # noqa: E402
 from .helpers import assistant_turns, collect, make, trained_spans  # noqa: E402
 
 STANDS = ((0, 0), (0, 4), (4, 0), (4, 3))
@@ -135,48 +134,27 @@ def test_groups_score_delivery_pickup_and_are_token_exact(stop, score):
 
 
 def test_check_env_passes():
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        report = check_env(make(Taxi, fake.base_url), items=2)
+    report = check_against(partial(make, Taxi), demo_responder, items=2)
     assert report.groups == 2 and report.token_sources == {"server"}
 
 
 def test_process_from_the_command_line_writes_mixed_groups_and_html(tmp_path):
     out = tmp_path / "taxi.jsonl"
-    with FakeInferenceServer(responder=demo_responder) as fake:
-        argv = [
-            "process",
-            *("--openai.base_url", fake.base_url, "--env.group_size", "4"),
-            *("--env.total_steps", "4", "--env.data_path_to_save_groups", str(out)),
-        ]
-        assert main(registry.get("taxi"), argv) == 0
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    run = process_through_cli(registry.get("taxi"), demo_responder, out, steps=4, group_size=4)
+    groups = run.groups
     assert len(groups) == 4
     assert {s for g in groups for s in g["scores"]} == {-1.0, 0.0, 1.0}
     assert max(len(assistant_turns(m)) for g in groups for m in g["messages"]) > 5
-    assert "Available actions" in out.with_suffix(".html").read_text()
-    metrics = [
-        json.loads(line) for line in out.with_suffix(".metrics.jsonl").read_text().splitlines()
-    ]
-    assert "train/percent_picked_up_passenger" in metrics[-1]
+    assert "Available actions" in run.page
+    assert "train/percent_picked_up_passenger" in run.metric_records[-1]
 
 
 def test_evaluate_and_registration(tmp_path):
     assert registry.get("taxi") is Taxi
     config, [server] = Taxi.config_init()
     assert (config.max_turns, config.tokenizer_name, server.server_type) == (25, "tiny", "vllm")
-    with FakeInferenceServer(responder=solver()) as fake:
-        env = make(
-            Taxi, fake.base_url, "evaluate", eval_episodes=3, data_dir_to_save_evals=str(tmp_path)
-        )
-
-        async def main_():
-            await env.setup()
-            metrics = await env.evaluate()
-            await env.aclose()
-            return metrics
-
-        metrics = asyncio.run(main_())
-    assert metrics == {
+    run = evaluate_against(partial(make, Taxi), solver(), tmp_path, setup=True, eval_episodes=3)
+    assert run.metrics == {
         "taxi_eval/percent_correct": 1.0,
         "taxi_eval/percent_picked_up_passenger": 1.0,
         "taxi_eval/avg_score": 1.0,

@@ -7,20 +7,23 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from atropos.environments.npc_arena import NPCArena, NPCArenaConfig
-from atropos.envs.config import ResolvedConfig
+from atropos.environments.npc_arena import NPCArena
 from atropos.envs.judge import JudgeConfig
-from atropos.inference.config import ServerManagerConfig
+
+from ..helpers import make_env
 
 
-def make(url: str, mode: str = "process", judge: JudgeConfig | None = None, **env: Any) -> NPCArena:
+def make(
+    url: str,
+    mode: str = "process",
+    judge: JudgeConfig | None = None,
+    group_size: int | None = None,
+    **env: Any,
+) -> NPCArena:
     """The env with its defaults, the policy at `url`, and `env` settings on top (validated)."""
-    defaults, [server] = NPCArena.config_init()
-    values = {**defaults.model_dump(), "judge": judge or defaults.judge, **env}
-    config = NPCArenaConfig.model_validate(values)
-    servers = [server.model_copy(update={"base_url": url})]
-    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), mode)  # type: ignore[arg-type]
-    return NPCArena(config, servers, manager=resolved.manager)
+    if judge is not None:
+        env["judge"] = judge
+    return make_env(NPCArena, url, mode, group_size=group_size, validate=True, **env)
 
 
 def between(text: str, start: str, end: str) -> str:

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import types
 
 import pytest
 
 from atropos.environments.npc_arena import NPCArena, NPCArenaConfig, demo_responder
 from atropos.envs import registry
-from atropos.envs.check import check_env
 from atropos.envs.cli import main, parse
 from atropos.envs.config import ConfigError
 from atropos.envs.judge import JudgeConfig
 from atropos.testing import FakeInferenceServer
 
+from ..helpers import Processed, check_against, fake_hub, modules_loaded_by
 from .helpers import Script, make, one_group, pair_of, prefers
 
 KAELEN = {"character": "kaelen", "line": "Where does mithril come from?"}
@@ -196,11 +193,10 @@ def test_lore_is_trimmed_to_fit_and_hopeless_prompts_are_skipped():
 
 
 def test_check_env_passes_in_both_modes():
-    with FakeInferenceServer(responder=demo_responder) as srv:
-        report = check_env(make(srv.base_url), items=3)
-        assert report.groups >= 1 and report.token_sources == {"server"}
-        report = check_env(make(srv.base_url, judge_mode="rubric", group_size=3), items=2)
-        assert report.groups == 2
+    report = check_against(make, demo_responder)
+    assert report.groups >= 1 and report.token_sources == {"server"}
+    report = check_against(make, demo_responder, items=2, judge_mode="rubric", group_size=3)
+    assert report.groups == 2
 
 
 def test_process_end_to_end_from_the_command_line_writes_groups_and_the_html_page(tmp_path):
@@ -218,12 +214,13 @@ def test_process_end_to_end_from_the_command_line_writes_groups_and_the_html_pag
         ]
         assert main(registry.get("npc_arena"), argv) == 0
         assert judge.requests["/v1/chat/completions"] >= 8 and policy.requests
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    written = Processed(out)
+    groups = written.groups
     assert len(groups) == 4 and all(len(g["tokens"]) == 2 for g in groups)
     assert all(sorted(g["scores"]) in ([-0.5, 0.5], [-1.0, 1.0]) for g in groups)
     systems = [g["messages"][0][0]["content"] for g in groups]
     assert all("## World knowledge" in s and "Wyverns were sighted" in s for s in systems)
-    assert "Wyverns were sighted" in out.with_suffix(".html").read_text()
+    assert "Wyverns were sighted" in written.page
     assert "judge:" in out.with_suffix(".config.yaml").read_text()
 
 
@@ -236,15 +233,8 @@ def test_player_lines_from_a_file_and_from_the_hub(tmp_path, monkeypatch):
     assert len(env.items) == len(env.characters) + 1
     assert {"character": "lyra", "line": "Riddle me."} in env.items
 
-    asked = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        asked.append((name, config, split))
-        return [{"text": "Sell me a hammer.", "npc": "kaelen"}, {"text": "Ahoy?", "npc": "redeye"}]
-
-    fake = types.ModuleType("datasets")
-    fake.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", fake)
+    rows = [{"text": "Sell me a hammer.", "npc": "kaelen"}, {"text": "Ahoy?", "npc": "redeye"}]
+    asked = fake_hub(monkeypatch, rows)
     with FakeInferenceServer() as srv:
         env = make(
             srv.base_url,
@@ -293,9 +283,5 @@ def test_is_registered_under_its_name():
 
 
 def test_importing_the_environment_pulls_in_nothing_heavy():
-    code = (
-        "import sys, atropos.environments.npc_arena; heavy = {'torch', 'transformers', 'numpy',"
-        " 'datasets', 'sentence_transformers'}; print(sorted(heavy & set(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = {"torch", "transformers", "numpy", "datasets", "sentence_transformers"}
+    assert modules_loaded_by("atropos.environments.npc_arena", heavy) == []

@@ -45,7 +45,7 @@ from atropos.environments.hub import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, Message
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.math import after_think
 from atropos.rewards.passk import pass_at_k
 from atropos.rewards.text import normalise_think
@@ -225,8 +225,7 @@ class EvalEnv(BaseEnv):
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         """Defaults for `atropos env evaluate NAME`: the local server (text-only OpenAI API)."""
         env = cls.env_config_cls(tokenizer_name="tiny", use_wandb=False)
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="openai", model_name=model)]
+        return env, [local_server_config("openai")]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # converts a plain config into `env_config_cls`

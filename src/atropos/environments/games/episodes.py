@@ -33,7 +33,7 @@ from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.managed import ChatTurn
 from atropos.inference.sequence import MASKED, PROMPT_LOGPROB, SequenceNode
 
@@ -192,10 +192,7 @@ class GameEnv(BaseEnv):
         env = cls.env_config_cls(
             group_size=8, max_token_length=4096, tokenizer_name="tiny", use_wandb=False
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
+        return env, [local_server_config()]
 
     @abstractmethod
     def new_game(self, seed: int) -> Any:

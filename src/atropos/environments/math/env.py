@@ -39,10 +39,10 @@ from atropos.environments.math.scoring import (
     verify,
 )
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.judge import Judge, JudgeConfig, compare
+from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.math import after_think
@@ -85,7 +85,7 @@ class MathConfig(BaseEnvConfig):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
 
-class MathEnv(Env):
+class MathEnv(JudgedEnv, Env):
     """Math problems in normal, judge, self-correct and rlaif modes (+1/-1 by math-verify)."""
 
     name = "math"
@@ -97,20 +97,7 @@ class MathEnv(Env):
     @classmethod
     def config_init(cls) -> tuple[MathConfig, list[APIServerConfig]]:  # `atropos local serve`
         env = MathConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def judge(self) -> Judge:
-        """The rlaif preference judge (`--judge.*`; the policy's servers by default)."""
-        if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.config.judge, self)
-        return self.__dict__["_judge"]  # type: ignore[no-any-return]
-
-    @property
-    def stats(self) -> defaultdict[str, list[float]]:
-        """Values averaged into metrics at the next `wandb_log` (then cleared)."""
-        return self.__dict__.setdefault("_stats", defaultdict(list))  # type: ignore[no-any-return]
+        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -209,7 +196,7 @@ class MathEnv(Env):
             r.finish_reason != "length" and verdict(r.text, ("True", "False")) == expected
             for r in rollouts
         ]
-        self.stats["judge_train/percent_judge_correct"].append(sum(right) / len(right))
+        self.record_mean("judge_train/percent_judge_correct", [sum(right) / len(right)])
         if not any(right):
             return None, []
         scores = [1.0 if ok else -1.0 for ok in right]
@@ -256,7 +243,7 @@ class MathEnv(Env):
         for r in rollouts:  # truncated: 0 (and advantage zeroed on replay)
             scores.append(0.0 if r.finish_reason == "length" else self.score(item, r.text))
         share = sum(x == 1.0 for x in scores) / len(scores)
-        self.stats["judge_train/judge_success_rate"].append(share)
+        self.record_mean("judge_train/judge_success_rate", [share])
         if all_equal(scores):
             return share, []
         sequences = [stored(r, messages) for r in rollouts]
@@ -307,24 +294,21 @@ class MathEnv(Env):
         )
 
     def _record_normal(self, rollouts: list[Rollout], scores: list[float], overrides: Any) -> None:
-        stats = self.stats
-        stats["train/percent_correct"] += [max(x, 0.0) for x in scores]
-        stats["train/percent_overanswer"] += [float(r.finish_reason == "length") for r in rollouts]
-        stats["train/pass_at_groupsize"].append(float(1.0 in scores))
+        self.record_mean("train/percent_correct", [max(x, 0.0) for x in scores])
+        self.record_mean(
+            "train/percent_overanswer", [float(r.finish_reason == "length") for r in rollouts]
+        )
+        self.record_mean("train/pass_at_groupsize", [float(1.0 in scores)])
         for r, x, o in zip(rollouts, scores, overrides, strict=True):
             if x == 1.0:
-                stats["train/avg_correct_answer_len"].append(len(r.tokens))
+                self.record_mean("train/avg_correct_answer_len", [len(r.tokens)])
             elif not o:
-                stats["train/avg_incorrect_answer_len"].append(len(r.tokens))
+                self.record_mean("train/avg_incorrect_answer_len", [len(r.tokens)])
 
     # ----- logging and evaluation -----------------------------------------------------------
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         out = dict(metrics or {})
-        for key, values in self.stats.items():
-            if values:
-                out[key] = sum(values) / len(values)
-        self.stats.clear()
         out["train/iter"] = getattr(self, "iter", 0)
         out.update({f"train/math/{k}": float(v) for k, v in self.counts.items()})
         await super().wandb_log(out)

@@ -21,10 +21,10 @@ from atropos.environments.npc_arena.config import NPCArenaConfig
 from atropos.environments.npc_arena.lore import EventFeed, LoreIndex, load_lore
 from atropos.environments.npc_arena.retrieval import LoreDoc, make_retriever
 from atropos.environments.npc_arena.scoring import CriterionTally, cut_scores, rubric_score
-from atropos.envs.judge import Judge, JudgeConfig, compare, rate
+from atropos.envs.judge import JudgeConfig, JudgedEnv, compare, rate
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 
 __all__ = ["COUNTERS", "NPCArena"]
@@ -42,7 +42,7 @@ COUNTERS = (
 RUBRIC_LOW, RUBRIC_HIGH = 1, 10  # the rubric's scale
 
 
-class NPCArena(Env):
+class NPCArena(JudgedEnv, Env):
     """Play the character of the sheet, judged on consistency, lore accuracy and engagingness."""
 
     name = "npc_arena"
@@ -58,16 +58,7 @@ class NPCArena(Env):
             use_wandb=False,
             judge=JudgeConfig(max_tokens=1024),  # sheet, lore and a pair fit in 4096 with it
         )
-        url, model = "http://127.0.0.1:9001/v1", "atropos-tiny"
-        return env, [APIServerConfig(base_url=url, server_type="vllm", model_name=model)]
-
-    @property
-    def judge(self) -> Judge:
-        """The judge (`--judge.*`); `await env.aclose()` closes its own server, if any."""
-        if "_judge" not in self.__dict__:
-            self.__dict__["_judge"] = Judge(self.config.judge, self)
-        judge: Judge = self.__dict__["_judge"]
-        return judge
+        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -91,10 +82,6 @@ class NPCArena(Env):
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         await super().wandb_log({**(metrics or {}), **self.arena_metrics()})
-
-    async def aclose(self) -> None:
-        """Close the judge's own server (the runners close only the policy's)."""
-        await self.judge.aclose()
 
     # ----- data -----------------------------------------------------------------------------
 

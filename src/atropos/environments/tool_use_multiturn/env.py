@@ -35,7 +35,7 @@ from atropos.environments.tool_use_multiturn.scoring import (
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig
+from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
 from atropos.inference.tokenize import template_ids
@@ -116,10 +116,7 @@ class ToolUseMultiTurn(BaseEnv):
         env = ToolUseMultiTurnConfig(
             group_size=8, max_token_length=8192, tokenizer_name="tiny", use_wandb=False
         )
-        server = APIServerConfig(
-            base_url="http://127.0.0.1:9001/v1", server_type="vllm", model_name="atropos-tiny"
-        )
-        return env, [server]
+        return env, [local_server_config()]
 
     @property
     def _stats(self) -> dict[str, float]:

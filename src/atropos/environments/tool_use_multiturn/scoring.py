@@ -30,6 +30,7 @@ from typing import Any
 
 from atropos.environments.tool_calls import count_matched, parse_text
 from atropos.rewards.group import all_equal, length_penalty
+from atropos.rewards.text import split_think  # (still importable from here, where it was)
 
 __all__ = [
     "ALL_CORRECT_BONUS",
@@ -39,14 +40,12 @@ __all__ = [
     "episode_reward",
     "group_scores",
     "relevance_reward",
-    "split_think",
 ]
 
 ALL_CORRECT_BONUS = 0.5
 MISMATCH_PENALTY = 0.2
 RELEVANCE_BONUS = 0.1  # for an apology, and again for asking the user for information
 
-_THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
 _ONLY_CALLS = re.compile(r"\s*(?:<tool_call>.*?</tool_call>\s*)+", re.DOTALL)
 _APOLOGY = re.compile(r"\b(sorry|apologi[sz]e|apologies|unfortunately)\b", re.IGNORECASE)
 _ASKS = re.compile(
@@ -69,24 +68,6 @@ class TurnCheck:
     mismatch: str | None
 
 
-def split_think(reply: str, require_think: bool = True) -> str | None:
-    """What follows the reply's one leading `<think>` block (the whole reply when thinking is
-    not required and there is none); None when the think block is missing or repeated.
-
-    >>> split_think("<think>a</think> b"), split_think("b"), split_think("b", require_think=False)
-    (' b', None, 'b')
-    """
-    found = _THINK.fullmatch(reply)
-    if found is None:
-        if require_think or "<think>" in reply or "</think>" in reply:
-            return None
-        return reply
-    rest = found.group(2)
-    if "<think>" in rest or "</think>" in rest or "<think>" in found.group(1):
-        return None
-    return rest
-
-
 def check_reply(
     reply: str,
     expected: Sequence[Mapping[str, Any]],
@@ -94,7 +75,7 @@ def check_reply(
     lenient: bool = False,
 ) -> TurnCheck:
     """Check one reply to a tool-call turn (see the module docstring)."""
-    rest = split_think(reply, require_think)
+    rest = split_think(reply, required=require_think, leading=True)
     if rest is None:
         return TurnCheck(0, "think")
     if not _ONLY_CALLS.fullmatch(rest):
@@ -112,7 +93,7 @@ def relevance_reward(reply: str, require_think: bool = True) -> float:
     """A relevance turn's reward: 1.0 for a plain-text answer that calls nothing, +0.1 if it
     apologizes, +0.1 if it asks the user for information; -0.2 for a call, a bad think block
     or an empty answer."""
-    rest = split_think(reply, require_think)
+    rest = split_think(reply, required=require_think, leading=True)
     if rest is None or "<tool_call>" in rest or not rest.strip():
         return -MISMATCH_PENALTY
     score = 1.0

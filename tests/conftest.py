@@ -1,4 +1,5 @@
-"""A tiny random causal LM in Hugging Face format, built once per session (no downloads)."""
+"""Fixtures shared across test folders: a tiny random causal LM for the trainer and its metrics
+tests."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from atropos.testing import tiny_tokenizer_path
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random causal LM in Hugging Face format, built once per session (no downloads)."""
     torch = pytest.importorskip("torch")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from atropos.inference.tokenizer import load_tokenizer
+    from atropos.testing import tiny_tokenizer_path
 
     torch.manual_seed(0)
     tok = load_tokenizer(tiny_tokenizer_path())
