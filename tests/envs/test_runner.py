@@ -142,7 +142,8 @@ def test_api_outage_mid_run_loses_nothing(tmp_path):
 
     async def main() -> None:
         task = asyncio.create_task(runner.run())
-        await asyncio.sleep(1.0)
+        # the outage starts once groups flow (registering may itself wait for the API to bind)
+        await until(lambda: runner.submitted > 0)
         down.set()
         await asyncio.to_thread(api_stopped.wait, 10)
         await until(lambda: runner.sender.stats.spooled > 0)  # rollouts go on: they spool
