@@ -5,10 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 
-from atropos.view import read_files
+from atropos.view import page_of_files, read_files
+from atropos.view.data import Budget, group_data, page_data
 from atropos.view.read import BAD_EXAMPLES
 
-from .conftest import write_jsonl
+from .conftest import chat_group, page_json, write_jsonl
 
 GROUP = {"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0]}
 
@@ -67,3 +68,22 @@ def test_gzip_and_unreadable_files(tmp_path):
     found = read_files([gz, binary])
     assert len(found.entries) == 1
     assert found.bad == 1 and found.bad_examples[0].reason.startswith("unreadable")
+
+
+def test_groups_prepared_as_read_give_the_same_page_and_keep_no_raw_group(tmp_path, tiny):
+    rows = [chat_group(tiny, [f"answer {k}", "x" * k], [k / 3, -1.0]) for k in range(5)]
+    paths = [
+        write_jsonl(tmp_path / "a.jsonl", [*rows[:3], "{bad"]),
+        write_jsonl(tmp_path / "b.jsonl", rows[3:]),
+    ]
+    budget = Budget(tokens=40)  # small enough that later sequences lose their token view
+    prepared = read_files(paths, limit=4, prepare=lambda e: group_data(e, tiny, budget))
+    assert all(e.group == {} and e.shown for e in prepared.entries)
+    assert budget.tokens_omitted > 0
+    plain = read_files(paths, limit=4)
+    assert page_data(prepared, "t", tiny, "tiny", budget) == page_data(
+        plain, "t", tiny, "tiny", Budget(tokens=40)
+    )
+    text, found = page_of_files(paths, "t", tiny, "tiny", limit=4)
+    assert len(found.entries) == 4 and found.bad == 1 and found.unread == 1
+    assert page_json(text)["groups"] == page_data(plain, "t", tiny, "tiny")["groups"]

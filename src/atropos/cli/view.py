@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.cli.argtypes import positive_int, positive_seconds
-from atropos.view import DEFAULT_LIMIT, build_page, read_files, write_text
+from atropos.view import DEFAULT_LIMIT, build_page, page_of_files, write_text
 from atropos.view.live import ApiError, Follower
 
 DEFAULT_API = "http://localhost:8000"
@@ -145,8 +145,8 @@ def _run(args: argparse.Namespace, prog: str, default_out: Path | None) -> int:
         title = args.title or ", ".join(f.name for f in files)
 
         def write() -> str:
-            found = read_files(files, limit)
-            write_text(out, build_page(found, title, tokenizer, args.tokenizer))
+            text, found = page_of_files(files, title, tokenizer, args.tokenizer, limit)
+            write_text(out, text)
             return _summary(out, len(found.entries), found.bad, found.unread)
 
         return _loop(write, args.watch, prog)

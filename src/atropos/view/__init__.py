@@ -24,26 +24,45 @@ trained-token highlighting), `page` (the HTML), `live` (the API's read-only `/ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from atropos.view.data import Budget, page_data
+from atropos.view.data import Budget, group_data, page_data
 from atropos.view.page import render
-from atropos.view.read import Collection
+from atropos.view.read import Collection, Entry
 
-__all__ = ["DEFAULT_LIMIT", "Collection", "build_page", "read_files", "write_page"]
+__all__ = ["DEFAULT_LIMIT", "Collection", "build_page", "page_of_files", "read_files", "write_page"]
 
 DEFAULT_LIMIT = 2000
 """Groups on one page unless `--limit` says otherwise."""
 
 
-def read_files(paths: Sequence[Path], limit: int = DEFAULT_LIMIT) -> Collection:
-    """The first `limit` groups of these JSONL files (bad lines counted)."""
-    found = Collection(limit=limit)
+def read_files(
+    paths: Sequence[Path],
+    limit: int = DEFAULT_LIMIT,
+    prepare: Callable[[Entry], dict[str, Any]] | None = None,
+) -> Collection:
+    """The first `limit` groups of these JSONL files (bad lines counted); with `prepare`, each
+    kept as what the page shows of it (see `Collection`)."""
+    found = Collection(limit=limit, prepare=prepare)
     for path in paths:
         found.add_file(Path(path))
     return found
+
+
+def page_of_files(
+    paths: Sequence[Path],
+    title: str,
+    tokenizer: Any = None,
+    tokenizer_name: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> tuple[str, Collection]:
+    """The HTML page of these JSONL files and what was read (counts); each group is prepared
+    for the page as it is read, so no raw group outlives its line."""
+    budget = Budget()
+    found = read_files(paths, limit, lambda e: group_data(e, tokenizer, budget))
+    return build_page(found, title, tokenizer, tokenizer_name, budget), found
 
 
 def build_page(
@@ -68,9 +87,8 @@ def write_page(
     limit: int = DEFAULT_LIMIT,
 ) -> Path:
     """Write the page of these JSONL files to `out` (parents created); return `out`."""
-    found = read_files(paths, limit)
     title = title or ", ".join(Path(p).name for p in paths) or "rollouts"
-    text = build_page(found, title, tokenizer, tokenizer_name)
+    text, _ = page_of_files(paths, title, tokenizer, tokenizer_name, limit)
     return write_text(out, text)
 
 

@@ -284,7 +284,7 @@ def page_data(
 ) -> dict[str, Any]:
     """Everything the page's script needs, as JSON values."""
     budget = budget or Budget()
-    groups = [group_data(e, tokenizer, budget) for e in found.entries]
+    groups = [e.shown or group_data(e, tokenizer, budget) for e in found.entries]
     notes = list(found.notes)
     if tokenizer is None:
         notes.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +36,7 @@ class Entry:
     source: str  # a file name, or the API's URL
     where: str  # "file:line", or "seq N"
     received: float | None = None  # the API's acceptance time (seconds since the epoch)
+    shown: dict[str, Any] | None = None  # what the page shows, when prepared as it was read
 
 
 @dataclass
@@ -58,9 +59,15 @@ class Source:
 
 @dataclass
 class Collection:
-    """The groups for one page, at most `limit` of them."""
+    """The groups for one page, at most `limit` of them.
+
+    With `prepare`, each group is turned into what the page shows as it is added and the raw
+    group is dropped: a page of 2,000 groups of 8 x 512 tokens then holds one raw line at a
+    time instead of every token id as a Python int (benchmarks/view_page.py).
+    """
 
     limit: int
+    prepare: Callable[[Entry], dict[str, Any]] | None = field(default=None, repr=False)
     entries: list[Entry] = field(default_factory=list)
     sources: list[Source] = field(default_factory=list)
     bad: int = 0
@@ -108,6 +115,8 @@ class Collection:
         if self.full:
             self.unread += 1
             return
+        if self.prepare is not None:
+            entry.shown, entry.group = self.prepare(entry), {}
         self.entries.append(entry)
         self._source(entry.source).groups += 1
 
