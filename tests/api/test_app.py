@@ -329,7 +329,7 @@ def test_no_cors_by_default_and_never_with_credentials():
 
 
 def test_mixed_size_groups_from_one_env_are_batched_without_a_buffer(client):
-    """Upstream buffered groups whose size differed from the env's group_size (spec §1.5)."""
+    """Upstream buffered groups whose size differed from the env's group_size."""
     env_id = started(client, batch_size=8)  # the env registered group_size 2
     for tag, size in enumerate([3, 1, 2, 5, 3, 8]):
         reply = client.post("/scored_data", json=group_json(size, tag=tag, env_id=env_id))

@@ -90,7 +90,7 @@ def test_pick_batch_without_minimums_is_oldest_first(items, batch):
 
 
 def test_groups_without_env_id_fill_batches_under_minimums():
-    # upstream could never batch env_id=None groups once any minimum was set (W-API-7)
+    # upstream could never batch env_id=None groups once any minimum was set
     items = [Item(4, None), Item(4, 0), Item(4, None)]
     assert pick_batch(items, 8, {0: 4}) == [0, 1]
 

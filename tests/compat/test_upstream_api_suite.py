@@ -29,7 +29,7 @@ from .conftest import COMPAT_DIR, http_get, port_is_free, run_our_server, upstre
 pytestmark = [pytest.mark.compat, pytest.mark.slow]
 
 PORT = 8000  # hard-coded in upstream's tests
-EXPECTED = {  # tests per file in the atroposlib 0.4.0 wheel (spec upstream-envs-trainer §10.3)
+EXPECTED = {  # tests per file in the atroposlib 0.4.0 wheel
     "test_api_legacy": 3,
     "test_api_compression": 7,
     "test_api_messages_handling": 26,

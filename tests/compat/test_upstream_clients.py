@@ -4,8 +4,8 @@
 `BaseEnv` calls its real `register_env()`, `get_server_info()`, `get_status()` (GET /status-env
 with a JSON body, aiohttp) and `handle_send_to_api()` (singles -> /scored_data, lists ->
 /scored_data_list, gzip over 1 KB), and the example trainer's calls are replayed with `requests`
-(§9.1-9.2: poll GET /info, POST /register with 8 fields, GET /batch until null). The driver only
-records; the tests below judge.
+(poll GET /info, POST /register with 8 fields, GET /batch until null). The driver only records;
+the tests below judge.
 
 Each scenario runs against our API with both stores and, as a control that keeps these
 expectations honest, against upstream's own `run-api`. Where upstream differs on purpose
@@ -134,7 +134,7 @@ def tags(batches: list[list[dict[str, Any]]]) -> list[list[str]]:
 
 
 def expected_status_env(queue: list[tuple[int, int]], me: int, step: int) -> dict[str, Any]:
-    """upstream's `/status-env` (spec upstream-core §1.8) for `queue` = [(env_id, size)]."""
+    """upstream's `/status-env` answer for `queue` = [(env_id, size)]."""
     ctx, weight, group_size, _ = ENVS[me]
     denom = sum(c * max(0.0, w) for c, w, _, _ in ENVS.values())
     allocated = sum(a for *_, a in ENVS.values() if a is not None)
@@ -318,7 +318,7 @@ def test_trainer_drains_exact_batches_in_fifo_order(run: Run) -> None:
         # We serve oldest first, so the whole drain is FIFO.
         assert tags(o["drain1"]) == expected1
     else:
-        # Upstream forms all three at once and serves its cache newest first (W-API-8);
+        # Upstream forms all three at once and serves its cache newest first;
         # within a batch the order is still FIFO.
         assert tags(o["drain1"]) == expected1[::-1]
     assert tags(o["drain2"]) == [["A5", "C0"]]

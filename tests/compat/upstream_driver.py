@@ -3,9 +3,9 @@
 Runs in the *upstream* virtualenv (`scripts/upstream_venv.py full`), never in ours: it imports
 the unmodified `atroposlib.envs.base.BaseEnv` and calls its real methods (`register_env`,
 `get_server_info`, `get_status`, `handle_send_to_api`), and it plays the example trainer with
-`requests`, making exactly the calls of spec upstream-envs-trainer.md §9.1-9.2 (poll `GET /info`,
-`POST /register` with 8 fields, `GET /batch` until null). It asserts nothing: every observation
-goes into the JSON file, and `test_upstream_clients.py` judges it.
+`requests`, making exactly that trainer's calls (poll `GET /info`, `POST /register` with 8
+fields, `GET /batch` until null). It asserts nothing: every observation goes into the JSON file,
+and `test_upstream_clients.py` judges it.
 
 Usage: python upstream_driver.py BASE_URL OUT_JSON WORK_DIR
 """
@@ -164,7 +164,7 @@ def group(tag: str, size: int, length: int, *, extras: bool = False) -> dict[str
     return g
 
 
-# ----- the example trainer (spec §9.1-9.2), with requests ----------------------------------
+# ----- the example trainer, with requests --------------------------------------------------
 
 
 class Trainer:
@@ -247,7 +247,7 @@ async def scenario(url: str, work: Path) -> dict[str, Any]:
     tokenizer = make_tokenizer(work)
     trainer = Trainer(url)
 
-    # Trainer start-up (§9.1).
+    # Trainer start-up.
     obs["info_before_register"] = trainer.wait_for_api()
     obs["batch_before_register"] = trainer.get("/batch")
     obs["register"] = trainer.register()
@@ -297,7 +297,7 @@ async def scenario(url: str, work: Path) -> dict[str, Any]:
     }
     obs["latest_example"] = trainer.get("/latest_example")
 
-    # The trainer drains every ready batch (§9.2).
+    # The trainer drains every ready batch.
     obs["drain1"] = trainer.get_data()
     obs["status_after_drain1"] = trainer.get("/status")
     obs["status_env_after_drain1"] = {"a": await status_of(env_a)}

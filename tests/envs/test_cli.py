@@ -116,7 +116,7 @@ def test_negative_numbers_are_values_not_flags():
         "--env.worker_timeout",
         "-0.5",
     )
-    assert r.env.max_num_workers == -1  # upstream turned this into True, then 1 (W-ENV-4)
+    assert r.env.max_num_workers == -1  # upstream turned this into True, then 1
     assert r.env.inference_weight == -0.001
     assert r.env.steps_per_eval == -5 and r.env.worker_timeout == -0.5
 
@@ -265,7 +265,7 @@ def test_a_single_server_list_is_merged_like_a_mapping(tmp_path):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_openai_settings_promote_a_baseline_in_every_mode(mode, monkeypatch, tmp_path):
-    # upstream dropped them silently in process and evaluate (W-ENV-7)
+    # upstream dropped them silently in process and evaluate
     (server,) = parse("--openai.base_url", "http://h/v1", mode=mode).servers
     assert isinstance(server, APIServerConfig)
     assert (server.base_url, server.model_name, server.timeout) == ("http://h/v1", "m", 30)

@@ -10,7 +10,7 @@ from atropos.envs.config import BaseEnvConfig, ResolvedConfig
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 
-UPSTREAM_DEFAULTS = {  # spec/upstream-core.md §2.9
+UPSTREAM_DEFAULTS = {  # atroposlib 0.4.0's BaseEnvConfig defaults
     "group_size": 4,
     "max_num_workers": -1,
     "max_eval_workers": 16,

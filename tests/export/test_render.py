@@ -1,4 +1,4 @@
-"""Sequences as conversations: from messages, from tokens split by the masks (W-UTIL-2)."""
+"""Sequences as conversations: from messages, from tokens split by the masks (not a text prefix)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weighted combinations: weights always count (upstream's W-UTIL-6), and each normalization."""
+"""Weighted combinations: weights always count (upstream ignored them), and each normalization."""
 
 from __future__ import annotations
 

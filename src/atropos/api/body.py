@@ -1,7 +1,7 @@
 """Request bodies in, responses out: size limits, bounded gzip, JSON or msgpack.
 
-Upstream decompressed request bodies without a limit (a gzip bomb took the server down,
-W-API-12). Here the body is read in chunks up to `max_body` bytes as sent and inflated up to
+Upstream (atroposlib 0.4.0) decompressed request bodies without a limit (a gzip bomb took the
+server down). Here the body is read in chunks up to `max_body` bytes as sent and inflated up to
 `max_inflated` bytes; past either the request gets a 413 naming the limit.
 
 Responses: upstream gzipped every response over 1000 bytes for any client that accepts gzip.

@@ -6,11 +6,11 @@ half-written state. Everything runs on the event loop thread, so methods are ato
 
 Semantics that differ from atroposlib 0.4.0 on purpose (old clients cannot tell):
 * the step counts batches *served*; batches are formed on demand and served oldest first
-  (upstream counted batches formed and served its cache newest first, W-API-8);
+  (upstream counted batches formed and served its cache newest first);
 * "queued" means accepted and not yet consumed: in the queue or in a leased, unacknowledged
   batch. `/status` and `/status-env` count all of it (upstream skipped cached batches);
 * groups of any size go straight to the queue: the packer handles any mix of sizes, so
-  upstream's per-env buffer (which kept oversize groups forever, W-API-6) is not needed;
+  upstream's per-env buffer (which kept oversize groups forever) is not needed;
 * weights and minimum allocations count live envs only (heartbeat within `env_timeout`).
 """
 
@@ -463,7 +463,7 @@ class Hub:
         return {"current_step": self.step, "queue_size": self.queued_groups()}
 
     def status_env(self, env_id: int) -> dict[str, Any]:
-        """`/status-env`: upstream's arithmetic (spec §1.8) over live envs, with no side effect.
+        """`/status-env`: upstream's arithmetic over live envs, with no side effect.
 
         The queue here is what waits to be batched: groups already handed to the trainer in a
         leased batch are not backlog for off-policy pacing, even before they are acknowledged

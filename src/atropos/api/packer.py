@@ -7,9 +7,9 @@ The contract (property-tested in tests/api/test_packer.py):
   `batch_size`, the one that is earliest in queue order (the oldest group is in it whenever any
   exact batch can hold it, then the next oldest, and so on);
 * any mix of group sizes packs whenever some subset of the queue sums to `batch_size`
-  (upstream only packed power-of-two sizes that divide the largest group, W-API-14);
+  (atroposlib 0.4.0 only packed power-of-two sizes that divide the largest group);
 * per-env minimum shares are met with whole groups, and only among the envs the caller passes
-  (the API passes live envs only, so a dead env never stalls batching, W-API-5).
+  (the API passes live envs only, so a dead env never stalls batching, as one did upstream).
 
 Cost: a greedy first-fit pass in queue order finds the answer whenever it exists along that
 path (always, for uniform sizes that divide the batch); otherwise one pass of subset-sum over

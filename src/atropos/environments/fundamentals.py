@@ -1,5 +1,5 @@
 """`fundamentals`: predict whether a company metric is maintained, raised or reduced next
-quarter, and by how much (upstream's financial fundamentals environment, spec §2.8).
+quarter, and by how much (upstream's financial fundamentals environment).
 
 After exactly one `<think>...</think>` pair, the answer must hold exactly one final sentence
 "The {metric} will be: {direction} and the magnitude will be: {percent}%". Its raw score is 0

@@ -1,4 +1,4 @@
-"""`mcqa`: multiple-choice academic questions answered after one think block (spec §2.9).
+"""`mcqa`: multiple-choice academic questions answered after one think block.
 
 A completion scores +1 when, after exactly one `<think>...</think>` pair, it states exactly one
 answer and that answer is the gold letter; a wrong, truncated, unstated or repeated answer

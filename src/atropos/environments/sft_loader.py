@@ -5,7 +5,7 @@ trained tokens (0.0 elsewhere), `group_overrides={"sft": True, "group_size": 1}`
 `overrides=[{"sft": True}]`: with no inference logprobs the trainer takes its own (ratio 1), so
 the policy-gradient step on it is a plain log-likelihood step. Tokenization is local, with the
 env's tokenizer (`token_source: "retokenized"`); no inference server is used. Upstream's
-`SFTEnv` (spec §2.15); details in docs/tool_use_multiturn.md ("SFT loader").
+`SFTEnv`; details in docs/tool_use_multiturn.md ("SFT loader").
 
 Formats (`--env.dataset_format`): `completion` (`text`: all trained), `prefix_completion`
 (`prefix` masked, `completion` trained), `oai_format` (`messages`) and `sharegpt_format`
@@ -189,7 +189,7 @@ class SFTLoaderConfig(BaseEnvConfig):
 
 
 class SFTLoader(BaseEnv):
-    """Supervised examples as 1-sequence groups with score 1 (spec §2.15)."""
+    """Supervised examples as 1-sequence groups with score 1."""
 
     name = "sft_loader"
     env_config_cls: ClassVar[type[BaseEnvConfig]] = SFTLoaderConfig

@@ -1,11 +1,11 @@
 """`visual_counting`: count coloured shapes in a picture; +1 for the exact count, else -1.
 
-Upstream's "multimodal DPO" environments (spec §2.12) in one: a +-1 exact-match GRPO env whose
-question comes with an image. The shipped data is generated (`atropos.environments.shapes`): a
-seeded 128x128 PNG of circles, squares and triangles in four colours, and a question such as
-"How many red circles are in the image?". The answer goes in `<answer>N</answer>`. A hub VQA
-dataset can be used instead (`--env.dataset_name howard-hou/OCR-VQA`). Images need Pillow (the
-`vision` extra). Details, and what the trainer's tokens are: docs/visual_counting.md.
+Upstream's "multimodal DPO" environments in one: a +-1 exact-match GRPO env whose question comes
+with an image. The shipped data is generated (`atropos.environments.shapes`): a seeded 128x128 PNG
+of circles, squares and triangles in four colours, and a question such as "How many red circles are
+in the image?". The answer goes in `<answer>N</answer>`. A hub VQA dataset can be used instead
+(`--env.dataset_name howard-hou/OCR-VQA`). Images need Pillow (the `vision` extra). Details, and
+what the trainer's tokens are: docs/visual_counting.md.
 
 >>> parse_answer("<think>one, two</think> <answer> 2 </answer>")
 '2'

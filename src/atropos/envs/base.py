@@ -174,7 +174,7 @@ class BaseEnv(ABC):
 
         Rollouts that return None are left out (upstream raised). An optional per-rollout
         field is kept only when every kept rollout has it, so rows always line up with tokens
-        (upstream could misalign them, W-ENV-11).
+        (upstream could misalign them).
         """
         import asyncio
 

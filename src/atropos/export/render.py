@@ -2,10 +2,10 @@
 
 From the group's `messages` when it has them (one conversation per sequence); otherwise the
 tokens are decoded with a tokenizer and the prompt is what comes before the first trained
-position of the mask, the same boundary the trainer uses. Upstream split every decoded text at
-the group's common *character* prefix, which can end mid-token, breaks when the prefix recurs
-in a completion, crashes on an empty prefix and empties the completion of a group of one
-(W-UTIL-2); the mask has none of these failure modes.
+position of the mask, the same boundary the trainer uses. Upstream (atroposlib 0.4.0) split
+every decoded text at the group's common *character* prefix, which can end mid-token, breaks
+when the prefix recurs in a completion, crashes on an empty prefix and empties the completion
+of a group of one; the mask has none of these failure modes.
 
 >>> split_by_mask([5, 6, 7, 8], [-100, -100, 7, 8])
 ([5, 6], [7, 8])
@@ -70,7 +70,7 @@ def split_by_mask(tokens: Sequence[int], mask: Sequence[int]) -> tuple[list[int]
     Raises:
         ValueError: when no position is trained (there is no completion).
 
-    A prompt token that recurs in the completion (W-UTIL-2's failing case) changes nothing:
+    A prompt token that recurs in the completion (which broke upstream's split) changes nothing:
 
     >>> split_by_mask([1, 2, 1, 2], [-100, -100, 1, 2])
     ([1, 2], [1, 2])

@@ -1,9 +1,9 @@
 """Which sequences of a group become SFT examples, and which pairs become DPO examples.
 
-Pure functions over one group's scores, with upstream's rules (spec §4.4 and §4.5). Each
-returns what it kept and a `Counter` of why the rest was left out, so the export can say
-so. Ties keep the group's order (the sorts are stable), and the DPO draw takes a seeded
-`random.Random`, so the same input and seed give the same file.
+Pure functions over one group's scores, with the rules of atroposlib 0.4.0's `atropos-sft-gen`
+and `atropos-dpo-gen`. Each returns what it kept and a `Counter` of why the rest was left out,
+so the export can say so. Ties keep the group's order (the sorts are stable), and the DPO draw
+takes a seeded `random.Random`, so the same input and seed give the same file.
 
 >>> sft_select([0.2, 1.0, -1.0, 1.0], top_n=2)
 ([1, 3], Counter({'not_top_n': 1, 'score_not_positive': 1}))

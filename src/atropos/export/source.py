@@ -5,8 +5,8 @@ arrival number), or the reason the input could not be used. A bad line never end
 
 The API source is a read-only follower: it pages through `GET /rollouts?after=SEQ`, which
 leases, consumes and resets nothing, so the trainer's batches and the queue are exactly as they
-would have been without the export (upstream's exporters called `/reset_data` and posed as the
-trainer, W-UTIL-1).
+would have been without the export (atroposlib 0.4.0's exporters called `/reset_data` and posed
+as the trainer).
 
 >>> import io
 >>> lines = io.BytesIO(b'{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1]}\\n\\n{bad\\n')

@@ -1,13 +1,13 @@
 """`ServerManager`: one front for many inference servers, as environments see it.
 
 It exposes the backend calls (`chat_completion`, `completion`, `tokens_and_logprobs_completion`,
-`get_logprobs`), each with `split="train" | "eval"` (separate budgets per server, W-SRV-1), and
-adds what a single backend does not do: least-loaded routing among healthy servers, waiting for
-capacity without polling, token-free health probes, failover and bounded jittered retries for
-retryable errors only, one deadline per call, `n` split into chunks of `max_n_completions`,
-an adaptive share of capacity (`update_weight`), token-exact sessions (`managed_server`) and
-bounded per-server metrics for logging (`metrics`). Token calls go only to servers that can
-answer them, so a list may mix server types.
+`get_logprobs`), each with `split="train" | "eval"` (separate budgets per server; atroposlib 0.4.0
+dropped `split`, so eval calls used the training budget), and adds what a single backend does not
+do: least-loaded routing among healthy servers, waiting for capacity without polling, token-free
+health probes, failover and bounded jittered retries for retryable errors only, one deadline per
+call, `n` split into chunks of `max_n_completions`, an adaptive share of capacity (`update_weight`),
+token-exact sessions (`managed_server`) and bounded per-server metrics for logging (`metrics`).
+Token calls go only to servers that can answer them, so a list may mix server types.
 
 >>> from atropos.inference.config import APIServerConfig
 >>> ServerManager([APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm")])

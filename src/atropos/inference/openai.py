@@ -10,13 +10,13 @@ Wire contract (OpenAI API reference, https://platform.openai.com/docs/api-refere
   built leniently with `model_construct` as the OpenAI client does). Server extras such as
   vLLM's `prompt_token_ids` survive as attributes, as does our local server's top-level
   `policy_version`, which is also noted for the caller (`base.PolicyVersions`).
-- Health: `GET {base_url}/models` (lists models; spends no tokens). Upstream probed with a real
-  one-token generation every second (W-SRV-4).
+- Health: `GET {base_url}/models` (lists models; spends no tokens). Upstream (atroposlib 0.4.0)
+  probed with a real one-token generation every second.
 
 `n`: some OpenAI-compatible servers ignore it and answer one choice. With
 `config.n_kwarg_is_ignored` we send `n` separate requests (one request when n == 1, not two as
-upstream did, W-SRV-12); without it we send `n` once and, if exactly one choice comes back,
-remember that this server ignores `n` and fetch the missing `n - 1` in parallel.
+upstream did); without it we send `n` once and, if exactly one choice comes back, remember that this
+server ignores `n` and fetch the missing `n - 1` in parallel.
 
 Token ids and logprobs (`tokens_and_logprobs_completion`, `get_logprobs`) are not part of the
 OpenAI API: this backend raises `UnsupportedOperation`; use server_type "vllm" or "sglang".

@@ -2,7 +2,8 @@
 
 Only errors marked `retryable` are retried (see `errors.InferenceError`); the policy only says
 how often and how long to wait. There is exactly one retry layer (the manager's): backends
-never retry on their own, so attempts do not multiply (upstream's W-SRV-3).
+never retry on their own, so attempts do not multiply (atroposlib 0.4.0 nested its retries, up
+to 9 x 3 HTTP attempts per call, and retried 4xx errors too).
 
 >>> policy = RetryPolicy(max_attempts=3, backoff=0.5, backoff_max=4.0)
 >>> 0.0 <= policy.delay(1) <= 0.5 and 0.0 <= policy.delay(10) <= 4.0

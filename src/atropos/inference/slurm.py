@@ -5,7 +5,8 @@ here from Slurm's compressed hostlist syntax (no `scontrol` shell call). The fir
 `NUM_TRAINING_NODES` nodes (default 1) train; every other node serves `8 // INFER_TP` servers
 (`INFER_TP` default 1) on ports 9000, 9001, ... at `http://{node}:{port}/v1`. With fewer than
 two nodes, or without Slurm, the local default `http://localhost:9004..9007/v1` applies
-(upstream's rules, spec §3.2 and §4.7, with W-SRV-8's crashes fixed).
+(atroposlib 0.4.0's rules, without its crashes when `INFER_TP` is set or `NUM_TRAINING_NODES`
+is not).
 
 >>> expand_hostlist("node[01-03,07],gpu-a[1-2]")
 ['node01', 'node02', 'node03', 'node07', 'gpu-a1', 'gpu-a2']

@@ -1,6 +1,6 @@
 """Chat-template tokenization for the trainer: `tokenize_for_trainer` and its helpers.
 
-Upstream's `tokenize_for_trainer` semantics (spec §4.1), fixed for transformers 5 (where
+atroposlib 0.4.0's `tokenize_for_trainer` semantics, fixed for transformers 5 (where
 `apply_chat_template(tokenize=True)` returns a `BatchEncoding`) and for end-of-turn tokens other
 than eos. Its tokens are re-derived from text, so results say `token_source: "retokenized"`;
 `ManagedServer` is the token-exact path.

@@ -25,9 +25,9 @@ Token ids and logprobs, `config.vllm_token_api == "completions"` (the default; s
   https://docs.vllm.ai/en/latest/api/vllm/entrypoints/openai/completion/protocol/, as exercised
   by vLLM's `tests/entrypoints/openai/test_return_token_ids.py`.
 
-`config.vllm_token_api == "generate"` (atroposlib's custom `example_trainer/vllm_api_server.py`,
-upstream spec §3.3): `POST {root}/generate` with `{"prompt": {"prompt_token_ids": [...]},
-"logprobs": 0, "n", "max_tokens", ...sampling}` (no `model`: it takes sampling fields only).
+`config.vllm_token_api == "generate"` (atroposlib 0.4.0's custom
+`example_trainer/vllm_api_server.py`): `POST {root}/generate` with `{"prompt": {"prompt_token_ids":
+[...]}, "logprobs": 0, "n", "max_tokens", ...sampling}` (no `model`: it takes sampling fields only).
 We read `logprobs` (per choice, per position a `{"<id>": logprob}` dict or a list of them, the
 sampled token first) and `finish_reasons`. `get_logprobs` sends `prompt_logprobs: top_k` and
 reads `prompt_logprobs` (`[pos]` or `[seq][pos]` entries, `null` for position 0).

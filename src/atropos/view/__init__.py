@@ -2,9 +2,9 @@
 
 `atropos view FILE.jsonl ...` and `view-run` (groups read from a running API) both come here,
 and so does process mode's page beside its JSONL. The page carries its data as escaped JSON
-and builds everything with `textContent`: model text is always shown as text (fixes
-atroposlib's W-UTIL-4, where completions were rendered as unsanitised markdown). Search,
-filters and sorting run in the page's own script; nothing is fetched.
+and builds everything with `textContent`: model text is always shown as text (atroposlib 0.4.0
+rendered completions as unsanitised markdown, so model output could run script in the page).
+Search, filters and sorting run in the page's own script; nothing is fetched.
 
 Modules: `read` (JSONL and API records into a `Collection`, bad lines counted), `data` (each
 group reduced to what the page shows), `tokens` (token pieces and mask runs for the

@@ -2,9 +2,9 @@
 
 `/rollouts?after=SEQ&limit=N` pages through the groups the API accepted lately (consumed or
 not) without leasing, consuming or resetting anything, so a viewer never disturbs a run
-(atroposlib's view-run reset the API, registered as a trainer and consumed whole batches:
-W-UTIL-1). `Follower` keeps the last `limit` groups and, called again, reads only what came
-after its cursor.
+(atroposlib 0.4.0's view-run reset the API, registered as a trainer and consumed whole
+batches). `Follower` keeps the last `limit` groups and, called again, reads only what came after
+its cursor.
 """
 
 from __future__ import annotations

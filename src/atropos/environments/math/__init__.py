@@ -1,5 +1,5 @@
 """`math`: competition math in four modes (normal, judge, self-correct, rlaif), checked by
-math-verify; upstream's `MathEnv` (spec §2.4). Details: docs/math.md.
+math-verify; upstream's `MathEnv` (`environments/math_server.py`). Details: docs/math.md.
 
 Modules: `env` (the environment and its config), `scoring` (the rules as plain functions),
 `groups` (stored sequences and the groups replayed from them),

@@ -1,4 +1,4 @@
-"""`MathEnv`: competition math with four modes, carried as a tag on each item (spec §2.4).
+"""`MathEnv`: competition math with four modes, carried as a tag on each item.
 
 - **normal**: solve the problem; +1/-1 by math-verify, a truncated answer is -1 with its
   advantage zeroed. All-correct groups may send their two least similar answers to **rlaif**

@@ -1,5 +1,5 @@
 """`tool_use_multiturn`: sequential and multi-turn function calling over replayed tool results;
-upstream's multi-turn tool-use environment (spec §2.14). Details: docs/tool_use_multiturn.md.
+upstream's multi-turn tool-use environment. Details: docs/tool_use_multiturn.md.
 
 Modules: `episodes` (rows to episodes, fixture and hub data), `scoring` (the reward rules as
 plain functions), `env` (the environment, its config and the token-exact rollout loop), `demo`

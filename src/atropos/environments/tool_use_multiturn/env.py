@@ -104,7 +104,7 @@ class Trajectory:
 
 
 class ToolUseMultiTurn(BaseEnv):
-    """Sequential and multi-turn tool use over replayed tool responses (spec §2.14)."""
+    """Sequential and multi-turn tool use over replayed tool responses."""
 
     name = "tool_use_multiturn"
     env_config_cls: ClassVar[type[BaseEnvConfig]] = ToolUseMultiTurnConfig

@@ -1,10 +1,10 @@
 """Checking and stamping groups before they leave an env, and writing them to JSONL.
 
-Upstream's rules (spec §2.4, `handle_send_to_api`), kept: a group of the wrong size is dropped,
-as is one whose scores are all equal when `ensure_scores_are_not_same` is on, and one holding a
-sequence at least the trainer's `max_token_len` long. Each drop is counted by reason. New: every
-group gets a `group_id` (the API's idempotency key) and the `policy_version` it was generated
-under, and the JSONL file is flushed after every group (upstream never flushed it, W-ENV-10).
+Upstream's rules (atroposlib 0.4.0's `handle_send_to_api`), kept: a group of the wrong size is
+dropped, as is one whose scores are all equal when `ensure_scores_are_not_same` is on, and one
+holding a sequence at least the trainer's `max_token_len` long. Each drop is counted by reason.
+New: every group gets a `group_id` (the API's idempotency key) and the `policy_version` it was
+generated under, and the JSONL file is flushed after every group (upstream never flushed it).
 """
 
 from __future__ import annotations

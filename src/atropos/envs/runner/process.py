@@ -1,6 +1,6 @@
 """`process`: make N groups without a trainer, into JSONL + HTML + metrics.
 
-Items run concurrently (up to `max_num_workers` at once; upstream ran one at a time, W-ENV-12)
+Items run concurrently (up to `max_num_workers` at once; atroposlib 0.4.0 ran one at a time)
 with a progress bar; items an env hands back from `collect_trajectories` (judge passes, retries)
 run before new ones, as in serve mode. An exception in one item is counted and logged and the
 run goes on; a run whose last `max(100, 2 x max_num_workers)` items all gave no group (every one

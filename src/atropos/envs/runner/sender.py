@@ -13,7 +13,7 @@ groups go to a spool file on disk; a background task replays the spool, oldest f
 API answers again. `close()` flushes what is queued and leaves the rest in the spool, so a
 restart of the env picks it up.
 
-Upstream made three attempts over about 20 s and then dropped the data (W-ENV-1).
+Upstream (atroposlib 0.4.0) made three attempts over about 20 s and then dropped the data.
 """
 
 from __future__ import annotations

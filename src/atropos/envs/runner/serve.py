@@ -2,22 +2,24 @@
 
 The loop, in order: `setup()`; register (waiting for the trainer with a visible log line and a
 deadline); read `/info`; load the newest checkpoint; then admit work. Admission keeps at most
-`cap` rollouts in flight, where `cap` follows upstream's rules (spec §2.4): `max_num_workers`,
-less while an evaluation runs (`eval_handling`), and no more than the off-policy budget
-`max_batches_offpolicy * batch_size / group_size - queued groups` (raised to an env's
-`min_batch_allocation` floor). When the cap drops, admission pauses; rollouts already running
-finish and are sent (upstream cancelled them and threw the work away, W-ENV-2).
+`cap` rollouts in flight, where `cap` follows the rules of atroposlib 0.4.0 (upstream):
+`max_num_workers`, less while an evaluation runs (`eval_handling`), and no more than the
+off-policy budget `max_batches_offpolicy * batch_size / group_size - queued groups` (raised to
+an env's `min_batch_allocation` floor). When the cap drops, admission pauses; rollouts already
+running finish and are sent (upstream cancelled them and threw the work away).
 
 Every group is stamped with a `group_id` and its policy version: the lowest weight version the
 inference servers reported (`policy_version` in their answers) for the calls its rollout made,
 or, when they report none, the trainer step when its rollout started. It goes through `Sender`
 (batching, idempotent retries, disk spool). Status is polled every `status_interval` seconds
-with one session, and a failed poll is logged and retried rather than fatal (W-ENV-3). Step
-changes trigger evaluations and checkpoints by crossing multiples of their period, so a jump of
-several periods still triggers once (W-ENV-5). Each step change also logs one metrics record
-through the env's `wandb_log` to `{run_dir}/metrics.jsonl`, and to W&B when on (docs/metrics.md).
-SIGTERM or SIGINT stops admission, lets in-flight rollouts finish (up to `drain_timeout`),
-flushes the sender, disconnects and exits 0 (W-ENV-14).
+with one session, and a failed poll is logged and retried rather than fatal (upstream opened a
+session per poll, and three failed polls killed the env). Step changes trigger evaluations and
+checkpoints by crossing multiples of their period, so a jump of several periods still triggers
+once (upstream's modulo test missed any jump of a whole period). Each step change also logs one
+metrics record through the env's `wandb_log` to `{run_dir}/metrics.jsonl`, and to W&B when on
+(docs/metrics.md). SIGTERM or SIGINT stops admission, lets in-flight rollouts finish (up to
+`drain_timeout`), flushes the sender, disconnects and exits 0 (upstream handled no signals and
+never disconnected).
 """
 
 from __future__ import annotations
