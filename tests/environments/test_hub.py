@@ -17,13 +17,17 @@ def write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_a_local_jsonl_file_is_read_for_any_split(tmp_path: Path) -> None:
+def test_a_local_jsonl_file_is_read_for_any_split(tmp_path: Path, caplog) -> None:
     f = write(tmp_path / "rows.jsonl", [{"question": "1+1?", "answer": "2"}])
+    with caplog.at_level("WARNING", logger="atropos.env"):
+        load_hub(str(f), "train")
+    assert not caplog.records  # the warning is for held-out splits only
     assert (
         load_hub(str(f), "train")
         == load_hub(str(f), "test")
         == [{"question": "1+1?", "answer": "2"}]
     )
+    assert "split 'test' reads the same rows as the training split" in caplog.text
 
 
 def test_a_directory_of_splits_gives_each_split(tmp_path: Path) -> None:

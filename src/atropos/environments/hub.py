@@ -15,6 +15,7 @@ then and not before. A name that is a local path is read without `datasets`: a `
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("atropos.env")
 
 SPLIT_SEED = 42  # upstream's shuffle and train_test_split seed
 
@@ -81,6 +84,14 @@ def load_hub(
     """
     local = Path(name).expanduser()
     if local.is_file() and local.suffix == ".jsonl":
+        if split != "train":  # an eval on training rows would look better than it is
+            log.warning(
+                "%s is one file: split %r reads the same rows as the training split"
+                " (a directory with %s.jsonl holds them apart)",
+                local,
+                split,
+                split,
+            )
         return read_jsonl(local)
     jsonl_files = sorted(p.name for p in local.glob("*.jsonl")) if local.is_dir() else []
     if f"{split}.jsonl" in jsonl_files:
