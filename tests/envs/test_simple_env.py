@@ -164,3 +164,51 @@ def test_sequence_overrides_and_concurrent_async_scores_shape_the_group(fake):
     keys = ["tokens", "masks", "scores", "messages", "overrides", "token_source"]
     assert list(group)[:6] == keys  # the order code_execution wrote before it used the hook
     assert "overrides" not in without  # the default hook sends none
+
+
+class Picky(Addition):
+    """Keeps items whose answer is even; names why it drops odd ones, except multiples of 3."""
+
+    def score_group(self, item, rollouts, scores):
+        answer = item["answer"]
+        if answer % 2 == 0:
+            return scores
+        if answer % 3:
+            self.drop("odd" if answer % 5 else "odd_multiple_of_5")
+        return None  # odd multiples of 3 are dropped without a reason
+
+
+def test_drop_reasons_are_counted_per_item_even_when_items_overlap(fake, tmp_path):
+    out = tmp_path / "picky.jsonl"
+    config = BaseEnvConfig(
+        tokenizer_name="tiny",
+        group_size=2,
+        use_wandb=False,
+        max_token_length=256,
+        total_steps=12,
+        data_path_to_save_groups=str(out),
+        ensure_scores_are_not_same=False,
+        max_num_workers=8,  # items in flight together: reasons must not leak between them
+    )
+    servers = [APIServerConfig(base_url=fake.base_url, server_type="vllm", model_name="m")]
+    resolved = ResolvedConfig(config, servers, ServerManagerConfig(), "process")  # type: ignore[arg-type]
+    env = Picky(config, servers, manager=resolved.manager)
+    runner = ProcessRunner(env, resolved)
+    seen: list[int] = []
+    collect = env.collect_trajectories
+
+    async def counting(item):
+        seen.append(item["answer"])
+        return await collect(item)
+
+    env.collect_trajectories = counting  # type: ignore[method-assign]
+    assert asyncio.run(runner.run(show_progress=False)) == 0
+    odd = [a for a in seen if a % 2]
+    expected = {
+        "odd": sum(1 for a in odd if a % 3 and a % 5),
+        "odd_multiple_of_5": sum(1 for a in odd if a % 3 and not a % 5),
+        "by_env": sum(1 for a in odd if not a % 3),
+    }
+    assert {k: runner.drops[k] for k in expected} == expected
+    assert sum(expected.values()) == len(odd) > 0
+    env.drop("outside a run")  # nothing to count into: no error

@@ -19,6 +19,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
     from atropos.metrics import MetricsSink
 
 log = logging.getLogger("atropos.env")
+
+DROP_REASONS: ContextVar[dict[str, int] | None] = ContextVar("atropos_drop_reasons", default=None)
+"""Where `BaseEnv.drop` counts, set by the runners around each item's `collect_trajectories`
+(a context variable, so concurrent items never mix their reasons)."""
 
 ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
 _OPTIONAL_ROW_FIELDS = (
@@ -198,6 +203,15 @@ class BaseEnv(ABC):
     @abstractmethod
     async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         """Run an evaluation; the runner calls it every `steps_per_eval` trainer steps."""
+
+    def drop(self, reason: str) -> None:
+        """Say why the item being collected gives no group (or one group fewer): "all_wrong",
+        "too_easy", ... The runners count it as `dropped/<reason>` in metrics and in the
+        message of a run that makes nothing; an item that gives no group without a reason is
+        counted as `dropped/by_env`. Outside a runner it does nothing."""
+        counts = DROP_REASONS.get()
+        if counts is not None:
+            counts[reason] = counts.get(reason, 0) + 1
 
     def record_mean(self, key: str, values: Iterable[float]) -> None:
         """Keep `values` for the metric `key`: the next `wandb_log` logs the mean of what was

@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from atropos.envs.base import BaseEnv
+from atropos.envs.base import DROP_REASONS, BaseEnv
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
@@ -158,6 +158,8 @@ class ProcessRunner:
     async def _one(self, item: Any) -> int:
         env, cfg = self.env, self.env.config
         t0 = time.monotonic()
+        reasons: dict[str, int] = {}  # what env.drop says of this item (a dict: ~0.1 us)
+        reasons_token = DROP_REASONS.set(reasons)
         try:
             with PolicyVersions() as seen:  # what the servers report for this rollout's calls
                 result, more = await env.collect_trajectories(item)
@@ -167,11 +169,15 @@ class ProcessRunner:
             self.failures[type(err).__name__] += 1
             log.exception("item failed: %s", err)
             return 0
+        finally:
+            DROP_REASONS.reset(reasons_token)
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()
         written = 0
         groups = as_groups(result)
-        if not groups:  # the env's own rules kept nothing (all wrong, too easy, ...)
+        if reasons:  # the env's own rules, named by env.drop
+            self.drops.update(reasons)
+        elif not groups:  # the env kept nothing and did not say why
             self.drops["by_env"] += 1
         for group in groups:
             ready = prepare(
