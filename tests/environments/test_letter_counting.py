@@ -341,6 +341,20 @@ def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
     assert env_metrics["train/percent_correct"] == 0.5
 
 
+def test_dropped_groups_are_counted_under_their_reason(tmp_path):
+    calls: dict[str, int] = {}
+
+    def responder(prompt: str) -> str:  # even-length strings: always right (too easy)
+        text, _ = truth(prompt)
+        calls[prompt] = calls.get(prompt, 0) + 1
+        return answer(prompt, right=len(text) % 2 == 0 or calls[prompt] % 2 == 1)
+
+    run = process_through_cli(LetterCounting, responder, tmp_path / "letters.jsonl", steps=4)
+    dropped = run.metrics["dropped"]
+    assert dropped.get("too_easy", 0) > 0 and "by_env" not in dropped
+    assert len(run.groups) == 4 and all(sorted(g["scores"]) == [0.0, 1.0] for g in run.groups)
+
+
 def test_demo_responder_alternates_and_ignores_other_prompts():
     prompt = question("strawberry", ["r", "z"])
     answers = [letter_counting.demo_responder(prompt) or "" for _ in range(2)]

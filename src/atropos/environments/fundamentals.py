@@ -191,6 +191,7 @@ class Fundamentals(Env):
     ) -> list[float] | None:
         lengths = [sum(m != -100 for m in r.masks) for r in rollouts]
         if too_short(lengths):
+            self.drop("too_short")
             return None
         limit = self.config.max_token_length
         self.record_mean("train/direction_accuracy", (float(raw >= 1.0) for raw in scores))
@@ -198,7 +199,10 @@ class Fundamentals(Env):
         final = [raw - length_term(n, limit) for raw, n in zip(scores, lengths, strict=True)]
         if self.config.binary_reward:
             final = [1.0 if x > 0 else -1.0 for x in final]
-        return None if self.config.ensure_scores_are_not_same and all_equal(final) else final
+        if self.config.ensure_scores_are_not_same and all_equal(final):
+            self.drop("all_equal")
+            return None
+        return final
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out item -> eval/{direction_accuracy, magnitude_accuracy

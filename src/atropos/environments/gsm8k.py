@@ -56,12 +56,13 @@ class GSM8K(Env):
         return 1.0 if gsm8k_correct(item["answer"], completion) else -1.0
 
     def score_group(self, item: Any, rollouts: list[Rollout], scores: list[float]) -> Any:
-        trained = [sum(m != -100 for m in r.masks) for r in rollouts]
-        if not parse_gold(gsm8k_gold(item["answer"])) or too_short(trained):
-            return None
+        gold_ok = parse_gold(gsm8k_gold(item["answer"]))
+        if not gold_ok or too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+            return self.drop("too_short" if gold_ok else "bad_gold")
         lengths = [len(r.tokens) for r in rollouts]  # upstream: the whole sequence
         scores = length_penalty(scores, lengths, self.config.max_token_length)
-        return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
+        same = self.config.ensure_scores_are_not_same and all_equal(scores)
+        return self.drop("all_equal") if same else scores
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         params = {"temperature": 0.6}  # upstream's (which it logged as 0.0)

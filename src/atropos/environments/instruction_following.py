@@ -201,15 +201,20 @@ class InstructionFollowing(Env):
         s = self.config
         self.queue.record(item, scores, s.max_group_average_for_training, s.solve_on_single_correct)
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
+            self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", scores)
         if sum(scores) / len(scores) > s.max_group_average_for_training:
-            return None  # too easy to learn from
+            self.drop("too_easy")
+            return None
         lengths = [len(r.tokens) for r in rollouts]  # upstream: the whole sequence
         scores = length_penalty(
             scores, lengths, s.max_token_length, threshold=LENGTH_PENALTY_THRESHOLD
         )
-        return None if s.ensure_scores_are_not_same and all_equal(scores) else scores
+        if s.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
+            return None
+        return scores
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         await super().wandb_log({**(metrics or {}), **self.queue.metrics()})

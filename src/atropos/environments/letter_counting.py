@@ -138,16 +138,25 @@ class LetterCounting(Env):
             (float(parse_answer(r.text, multiple) is None) for r in rollouts),
         )
         if not kept:
+            self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", kept)
         mean = sum(kept) / len(kept)
         self.curriculum.record(mean, item["level"])  # before any skip: every group counts
         s = self.config
         if len(kept) < len(scores):  # a near-empty completion drops the group
+            self.drop("too_short")
             return None
-        if mean > s.difficulty_increase_threshold or mean < s.difficulty_decrease_threshold:
-            return None  # too easy or too hard to learn from
-        return None if s.ensure_scores_are_not_same and all_equal(scores) else scores
+        if mean > s.difficulty_increase_threshold:
+            self.drop("too_easy")
+            return None
+        if mean < s.difficulty_decrease_threshold:
+            self.drop("too_hard")
+            return None
+        if s.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
+            return None
+        return scores
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         metrics = dict(metrics or {})

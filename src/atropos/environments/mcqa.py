@@ -159,9 +159,13 @@ class MCQA(Env):
             for r, s in zip(rollouts, scores, strict=True)
         ]
         if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+            self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
-        return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
+        if self.config.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
+            return None
+        return scores
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One answer per held-out question at `eval_temperature` -> eval/percent_correct."""

@@ -224,6 +224,7 @@ class RLAIF(JudgedEnv, Env):
         ]
         if max(lengths) >= 1.5 * s.max_token_length:
             self.counts["skipped_long_prompts"] += 1
+            self.drop("prompt_too_long")
             return None, []
         max_tokens = max(1, s.max_token_length // 3)
         if steered:
@@ -248,6 +249,7 @@ class RLAIF(JudgedEnv, Env):
         reasons = [a.finish_reason, b.finish_reason]
         if all(reason == "length" for reason in reasons):
             self.counts["dropped_both_truncated"] += 1
+            self.drop("truncated")
             return None
         decided = truncation_scores(reasons)
         if decided is not None:
@@ -262,6 +264,7 @@ class RLAIF(JudgedEnv, Env):
         self.counts["votes_unparsed"] += verdict.unparsed
         if verdict.scores is None:
             self.counts["dropped_unparsed"] += 1
+            self.drop("no_judge_vote")
             return None
         return list(verdict.scores)
 

@@ -262,6 +262,7 @@ class SFTLoader(BaseEnv):
         trained = sum(1 for m in masks if m != MASKED)
         if not trained or len(tokens) > self.config.max_token_length:
             self.counts["skipped"] += 1
+            self.drop("too_long" if trained else "too_short")
             return None, []
         self.counts["sequences"] += 1
         self.counts["trained_tokens"] += trained

@@ -142,12 +142,16 @@ class TextReversal(Env):
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
         if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
+            self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", scores)
         thinking = self.config.thinking_mode
         formatted = [extract_reversal(r.text, thinking) is not None for r in rollouts]
         self.record_mean("train/format_compliance", (float(ok) for ok in formatted))
-        return None if self.config.ensure_scores_are_not_same and all_equal(scores) else scores
+        if self.config.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
+            return None
+        return scores
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One sample per eval text: accuracy, format compliance and mean answer length."""

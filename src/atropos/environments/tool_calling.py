@@ -169,13 +169,16 @@ class ToolCalling(Env):
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
         if not item["expected"]:
+            self.drop("bad_gold")  # no calls expected: nothing to check against
             return None
         lengths = [sum(1 for m in r.masks if m != -100) for r in rollouts]
         if too_short(lengths):
+            self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", (1.0 if s >= 1.0 else 0.0 for s in scores))
         scores = length_penalty(scores, lengths, self.config.max_token_length)
         if self.config.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
             return None
         return scores
 

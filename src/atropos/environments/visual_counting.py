@@ -280,6 +280,7 @@ class VisualCounting(Env):
     ) -> list[float] | None:
         self.record_mean("train/percent_correct", (1.0 if s > 0 else 0.0 for s in scores))
         if self.config.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
             return None
         return scores
 

@@ -138,6 +138,7 @@ class MathEnv(JudgedEnv, Env):
         budget = self._budget(messages, s.min_completion_tokens)
         if budget is None:
             self.counts["skipped_long_prompts"] += 1
+            self.drop("prompt_too_long")
             return None, []
         self.iter += 1
         rollouts = await self._sample(messages, budget)
@@ -147,21 +148,28 @@ class MathEnv(JudgedEnv, Env):
             right = False if truncated else verify(item["answer"], r.text)
             if right is None:  # the gold answer does not parse: nothing to learn from
                 self.counts["dropped_bad_gold"] += 1
+                self.drop("bad_gold")
                 return None, []
             scores.append(1.0 if right else -1.0)
             overrides.append(dict(ZERO) if truncated else {})
         if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+            self.drop("too_short")
             return None, []
         self._record_normal(rollouts, scores, overrides)
         seqs = [stored(r, messages) for r in rollouts]
         backlog: list[dict[str, Any]] = []
         if all_equal(scores):
             if scores[0] != 1.0:
+                self.drop("all_wrong")
                 return None, []
             pair = self._rlaif_item(item, seqs)
             backlog += [pair] if pair else []
-            penalised = self._length_penalty(seqs)
+            if self.draws.random() >= s.percent_length_penalty:  # no length penalty this time
+                self.drop("all_right")
+                return None, backlog
+            penalised = cosine_length_scores([len(seq["tokens"]) for seq in seqs])
             if penalised is None:
+                self.drop("no_spread")
                 return None, backlog
             scores = penalised
         elif self.draws.random() < s.percent_to_judge:
@@ -179,6 +187,7 @@ class MathEnv(JudgedEnv, Env):
             self.judge, lambda x, y: rlaif_messages(question, x, y), a, b, parse=rlaif_vote
         )
         if votes.a == votes.b:  # a tie (or no parsed vote) teaches nothing
+            self.drop("judge_tie" if votes.a else "no_judge_vote")
             return None, []
         scores = [1.0, -1.0] if votes.a > votes.b else [-1.0, 1.0]
         return group_of([first, second], scores, [{}, {}], {"group_size": 2}), []
@@ -190,6 +199,7 @@ class MathEnv(JudgedEnv, Env):
         messages = judge_messages(item["question"], item["solution"])
         budget = self._budget(messages, 1)
         if budget is None:
+            self.drop("prompt_too_long")
             return None, []
         rollouts = await self._sample(messages, budget)
         right = [
@@ -198,6 +208,7 @@ class MathEnv(JudgedEnv, Env):
         ]
         self.record_mean("judge_train/percent_judge_correct", [sum(right) / len(right)])
         if not any(right):
+            self.drop("all_wrong")
             return None, []
         scores = [1.0 if ok else -1.0 for ok in right]
         overrides: list[dict[str, Any]] = [{} for _ in rollouts]
@@ -215,9 +226,11 @@ class MathEnv(JudgedEnv, Env):
         if all(x == 1.0 for x in scores) and self.draws.random() < s.percent_length_penalty:
             penalised = cosine_length_scores([len(seq["tokens"]) for seq in seqs])
             if penalised is None:
+                self.drop("no_spread")
                 return None, backlog
             scores = penalised
         elif all_equal(scores):
+            self.drop("all_equal")
             return None, backlog
         return group_of(seqs, scores, overrides), backlog
 
@@ -275,11 +288,6 @@ class MathEnv(JudgedEnv, Env):
             }
             for i, expected in ((right, "True"), (wrong[0], "False"))
         ]
-
-    def _length_penalty(self, seqs: list[dict[str, Any]]) -> list[float] | None:
-        if self.draws.random() >= self.config.percent_length_penalty:
-            return None
-        return cosine_length_scores([len(seq["tokens"]) for seq in seqs])
 
     def _budget(self, messages: list[Message], minimum: int) -> int | None:
         """Tokens left to answer in after the prompt; None when fewer than `minimum`."""

@@ -134,6 +134,7 @@ class NPCArena(JudgedEnv, Env):
         fitted = self.fit(item, lore)
         if fitted is None:
             self.counts["skipped_long_prompts"] += 1
+            self.drop("prompt_too_long")
             return None, []
         messages, kept = fitted
         self.counts["lore_trimmed"] += kept < len(lore)
@@ -151,6 +152,7 @@ class NPCArena(JudgedEnv, Env):
         reasons = [r.finish_reason for r in rollouts]
         if all(reason == "length" for reason in reasons):
             self.counts["dropped_all_truncated"] += 1
+            self.drop("truncated")
             return None
         sheet = self.characters[item["character"]]
         if self.config.judge_mode == "pairwise":
@@ -174,6 +176,7 @@ class NPCArena(JudgedEnv, Env):
         self.tally.add_pair(verdict.answers, len(verdict.answers) // 2, verdict.scores)
         if verdict.scores is None:
             self.counts["dropped_unparsed"] += 1
+            self.drop("no_judge_vote")
             return None
         return list(verdict.scores)
 
@@ -201,6 +204,7 @@ class NPCArena(JudgedEnv, Env):
                 self.tally.add_rating(verdict.means)
         if any(v.means is None for v in verdicts):
             self.counts["dropped_unparsed"] += 1
+            self.drop("no_judge_vote")
             return None
         rated = iter(verdicts)
         scores = []

@@ -248,7 +248,8 @@ class ToolUseMultiTurn(BaseEnv):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         episode: ToolEpisode = item
         trajectories = await self.play(episode, self.config.group_size)
-        if not trajectories:
+        if not trajectories:  # its context alone does not fit
+            self.drop("prompt_too_long")
             return None, []
         rewards = [self.reward(episode, tr) for tr in trajectories]
         stats = self._stats
@@ -264,6 +265,7 @@ class ToolUseMultiTurn(BaseEnv):
             self.config.ensure_scores_are_not_same,
         )
         if scores is None:
+            self.drop("all_equal")
             return None, []
         nodes = [tr.node for tr in trajectories]
         group: dict[str, Any] = {
