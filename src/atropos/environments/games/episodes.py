@@ -211,7 +211,6 @@ class GameEnv(BaseEnv):
 
     async def setup(self) -> None:
         require_gymnasium()
-        self._next_seed = self.config.first_seed
 
     async def get_next_item(self) -> Item:
         seed = self.__dict__.setdefault("_next_seed", self.config.first_seed)

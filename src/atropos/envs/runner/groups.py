@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import msgspec
 
+from atropos.envs.base import DROP_REASONS
+
 
 class _GroupIds:
     """Unique 32-hex-digit group ids, like `uuid.uuid4().hex` but without a `getrandom` call
@@ -132,3 +134,26 @@ class JsonlSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class EnvDrops:
+    """The reasons `env.drop` gives while one item is collected (`with EnvDrops() as d:`
+    around `collect_trajectories`; a context variable, so concurrent items never mix), then
+    `d.count(drops, groups)`: the named reasons, or `by_env` when the env kept nothing and
+    said nothing. A class, not a generator context manager: it is on every rollout's path."""
+
+    __slots__ = ("reasons", "_token")
+
+    def __enter__(self) -> EnvDrops:
+        self.reasons: dict[str, int] = {}
+        self._token = DROP_REASONS.set(self.reasons)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        DROP_REASONS.reset(self._token)
+
+    def count(self, drops: Counter[str], groups: list[dict[str, Any]]) -> None:
+        if self.reasons:
+            drops.update(self.reasons)
+        elif not groups:
+            drops["by_env"] += 1

@@ -25,10 +25,10 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from atropos.envs.base import DROP_REASONS, BaseEnv
+from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
-from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, prepare
 from atropos.envs.runner.html import write_html
 from atropos.inference.base import PolicyVersions
 from atropos.metrics import MetricsError, open_env_sink
@@ -158,10 +158,9 @@ class ProcessRunner:
     async def _one(self, item: Any) -> int:
         env, cfg = self.env, self.env.config
         t0 = time.monotonic()
-        reasons: dict[str, int] = {}  # what env.drop says of this item (a dict: ~0.1 us)
-        reasons_token = DROP_REASONS.set(reasons)
         try:
-            with PolicyVersions() as seen:  # what the servers report for this rollout's calls
+            # what the servers report for this rollout's calls, and why the env dropped it
+            with PolicyVersions() as seen, EnvDrops() as dropped:
                 result, more = await env.collect_trajectories(item)
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
@@ -169,16 +168,11 @@ class ProcessRunner:
             self.failures[type(err).__name__] += 1
             log.exception("item failed: %s", err)
             return 0
-        finally:
-            DROP_REASONS.reset(reasons_token)
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()
         written = 0
         groups = as_groups(result)
-        if reasons:  # the env's own rules, named by env.drop
-            self.drops.update(reasons)
-        elif not groups:  # the env kept nothing and did not say why
-            self.drops["by_env"] += 1
+        dropped.count(self.drops, groups)
         for group in groups:
             ready = prepare(
                 group,

@@ -37,11 +37,11 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from atropos.envs.base import DROP_REASONS, BaseEnv
+from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.control import ApiError, ControlClient
-from atropos.envs.runner.groups import JsonlSink, as_groups, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, prepare
 from atropos.envs.runner.sender import Sender
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
@@ -285,10 +285,9 @@ class ServeRunner:
         env, cfg = self.env, self.config
         timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
         started = time.monotonic()
-        reasons: dict[str, int] = {}  # what env.drop says of this item (a dict: ~0.1 us)
-        reasons_token = DROP_REASONS.set(reasons)
         try:
-            with PolicyVersions() as seen:  # what the servers report for this rollout's calls
+            # what the servers report for this rollout's calls, and why the env dropped it
+            with PolicyVersions() as seen, EnvDrops() as dropped:
                 result, more = await _within(timeout, env.collect_trajectories(item))
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
@@ -302,14 +301,9 @@ class ServeRunner:
             self.durations["failed"].append(time.monotonic() - started)
             log.exception("rollout failed: %s", err)
             return
-        finally:
-            DROP_REASONS.reset(reasons_token)
         self.durations["succeeded"].append(time.monotonic() - started)
         groups = as_groups(result)
-        if reasons:  # the env's own rules, named by env.drop
-            self.drops.update(reasons)
-        elif not groups:  # the env kept nothing and did not say why
-            self.drops["by_env"] += 1
+        dropped.count(self.drops, groups)
         for group in groups:
             ready = prepare(
                 group,
