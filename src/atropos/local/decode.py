@@ -18,6 +18,7 @@ Prompt logprobs (`Sampling.prompt_logprobs`) come from the prefill logits.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,22 +101,38 @@ class Row:
 
 def _forward(
     model: Any, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, every: bool
-) -> Any:
-    """One forward pass; the logits of the last position only unless `every`."""
-    extra = {} if every or not _keeps_logits(model) else {"logits_to_keep": 1}
-    return model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=cache,
-        use_cache=True,
-        **extra,
+) -> tuple[torch.Tensor, Any]:
+    """One forward pass: (logits, the KV cache), the logits of the last position only unless
+    `every`."""
+    names = forward_names(model.__class__)
+    extra: dict[str, Any] = {names.cache: cache}
+    if names.logits_to_keep and not every:
+        extra["logits_to_keep"] = 1
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
+    return out.logits, getattr(out, names.cache)
+
+
+@dataclass(frozen=True)
+class ForwardNames:
+    """How a causal LM's `forward` spells what decoding passes it.
+
+    transformers 5.24 renamed the KV cache argument and output field `past_key_values` to
+    `cache` (the old name warns, and goes in 5.40); `logits_to_keep` arrived in 4.50. Reading the
+    signature, not the version, keeps custom and remote-code models working too.
+    """
+
+    cache: str  # "cache" or "past_key_values": the argument and the output field
+    logits_to_keep: bool
+
+
+@functools.cache
+def forward_names(model_class: Any) -> ForwardNames:
+    """The names `model_class.forward` takes (read once per class)."""
+    params = inspect.signature(model_class.forward).parameters
+    return ForwardNames(
+        cache="cache" if "cache" in params else "past_key_values",
+        logits_to_keep="logits_to_keep" in params,
     )
-
-
-def _keeps_logits(model: Any) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers >= 4.50)."""
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _prompt_logprobs(row: Row, logits: torch.Tensor, width: int) -> PromptLogprobs:
@@ -201,12 +218,12 @@ def decode_rows(
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(dim=-1) - 1).clamp(min=0)
     all_logits = any(row.wants_prompt_logprobs for row in rows)
-    out = _forward(model, ids, mask, pos, None, all_logits)
+    logits, cache = _forward(model, ids, mask, pos, None, all_logits)
     if all_logits:
         for i, row in enumerate(rows):
             if row.wants_prompt_logprobs:
-                row.prompt_logprobs = _prompt_logprobs(row, out.logits[i], width)
-    logits, cache = out.logits[:, -1], out.past_key_values
+                row.prompt_logprobs = _prompt_logprobs(row, logits[i], width)
+    logits = logits[:, -1]
     pos = pos[:, -1:]
     live = list(range(len(rows)))  # rows[live[j]] is batch row j
     prune = getattr(cache, "batch_select_indices", None)
@@ -237,5 +254,5 @@ def decode_rows(
             live = [live[j] for j in keep]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = pos + 1
-        out = _forward(model, tokens[:, None], mask, pos, cache, False)
-        logits = out.logits[:, -1]
+        logits, cache = _forward(model, tokens[:, None], mask, pos, cache, False)
+        logits = logits[:, -1]
