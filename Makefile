@@ -4,26 +4,35 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CORE := $(VENV)/.installed-core
 DEV := $(VENV)/.installed-dev
+# What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
+EXTRAS := dev,train,envs,games,vision
 
-.PHONY: demo test check install fmt clean chromium
+.PHONY: demo test test-latest lock check install fmt clean chromium
+
+# Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
+# refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
+# it runs, the isolated build of the project included. `make test LOCK=` installs from
+# pyproject.toml's ranges instead (the lock is made on CPython 3.11, Linux x86_64).
+LOCK ?= requirements/lock.txt
+PIN := $(if $(LOCK),PIP_CONSTRAINT=$(LOCK))
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PIN) $(PY) -m pip install -q --upgrade pip
 
 # The demo needs the core install plus the train extra (torch); `time make demo` on a fresh
 # clone of this 2-core machine: 2 min 4 s, install included.
 # torch is pinned to a CPU build here; the `train` extra itself accepts any torch >= 2.4.
 TORCH ?= torch==2.13.0
 
-$(CORE): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[train]'
+$(CORE): pyproject.toml $(LOCK) | $(VENV)/bin/python
+	$(PIN) $(PY) -m pip install -q $(TORCH)
+	$(PIN) $(PY) -m pip install -q -e '.[train]'
 	touch $(CORE)
 
-$(DEV): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,train,envs,games,vision]'
+$(DEV): pyproject.toml $(LOCK) | $(VENV)/bin/python
+	$(PIN) $(PY) -m pip install -q $(TORCH)
+	$(PIN) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(CORE) $(DEV)
 
 install: $(DEV)
@@ -47,6 +56,20 @@ endif
 
 test: $(DEV) chromium
 	$(PY) scripts/check
+
+# The whole check in throwaway venvs with the newest versions pyproject.toml's ranges allow
+# (upstream's compat venvs too): run it before `make lock`, to see the next deprecation before a
+# fresh machine does. It prints which versions differ from the lock. WITH="transformers==4.56.2"
+# pins a release (repeatable, space-separated) to check an older end of a range the same way.
+FRESH := $(PYTHON) scripts/deps.py fresh --torch '$(TORCH)' --extras '$(EXTRAS)' \
+	$(foreach req,$(WITH),--with '$(req)')
+
+test-latest: chromium
+	$(FRESH)
+
+# Refresh requirements/*.txt: the same run, then the lock files from exactly what passed.
+lock: chromium
+	$(FRESH) --write-lock
 
 check: test
 

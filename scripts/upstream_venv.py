@@ -8,39 +8,71 @@ environment. Two flavours, cached under .cache/:
   its black-box API tests import (fastapi, uvicorn, requests, pytest). About 30 s.
 * `full`: atroposlib with every dependency, for running its BaseEnv client code. About 2 min.
 
+Each installs from its lock, `requirements/upstream-{flavour}.txt` (pip constraints refreshed
+by `make lock`), so the compatibility tests run against the same upstream dependencies on
+every machine; a venv made from another lock is made again. `scripts/deps.py fresh` sets
+`ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the ranges).
+
 Usage: python scripts/upstream_venv.py [light|full]
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 import venv
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = "atroposlib==0.4.0"
 LIGHT_DEPS = ["fastapi", "uvicorn[standard]", "pydantic", "requests", "pytest", "pytest-asyncio"]
+FLAVOURS = ("light", "full")
+
+
+def lock_file(flavour: str) -> Path:
+    """The constraints file the `flavour` venv installs from."""
+    return ROOT / "requirements" / f"upstream-{flavour}.txt"
+
+
+def home(flavour: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where the `flavour` venv lives."""
+    base = Path(env.get("ATROPOS_UPSTREAM_HOME") or ROOT / ".cache")
+    return base / f"upstream-atroposlib-{flavour}"
+
+
+def unlocked_env(base: Path) -> dict[str, str]:
+    """Environment variables that make fresh, unlocked venvs under `base`."""
+    return {"ATROPOS_UPSTREAM_HOME": str(base), "ATROPOS_UNLOCKED": "1"}
 
 
 def ensure(flavour: str = "light") -> Path:
-    """Create the venv if missing; return the path of its python."""
-    if flavour not in ("light", "full"):
+    """Create the venv if missing or made from another lock; return the path of its python."""
+    if flavour not in FLAVOURS:
         raise SystemExit(f"unknown flavour {flavour!r}: use 'light' or 'full'")
-    home = ROOT / ".cache" / f"upstream-atroposlib-{flavour}"
-    python = home / "bin" / "python"
-    stamp = home / ".installed"
-    if stamp.exists():
+    where = home(flavour)
+    python = where / "bin" / "python"
+    stamp = where / ".installed"
+    lock = None if os.environ.get("ATROPOS_UNLOCKED") else lock_file(flavour)
+    if lock is not None and not lock.exists():
+        raise SystemExit(f"{lock} is missing: `make lock` writes it")
+    digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock else "unlocked"
+    made = f"{UPSTREAM} {digest}\n"
+    if stamp.exists() and stamp.read_text() == made:
         return python
-    print(f"creating {home} with {UPSTREAM} ({flavour}) ...", file=sys.stderr, flush=True)
-    venv.EnvBuilder(with_pip=True, clear=True).create(home)
+    print(f"creating {where} with {UPSTREAM} ({flavour}) ...", file=sys.stderr, flush=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(where)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if lock is not None:
+        pip += ["-c", str(lock)]
     if flavour == "light":
         subprocess.run([*pip, "--no-deps", UPSTREAM], check=True)
         subprocess.run([*pip, *LIGHT_DEPS], check=True)
     else:
         subprocess.run([*pip, UPSTREAM, *LIGHT_DEPS], check=True)
-    stamp.write_text(UPSTREAM + "\n")
+    stamp.write_text(made)
     return python
 
 

@@ -1,11 +1,21 @@
-"""Project rules a green run must keep: module size, docstrings, light imports, CI entry."""
+"""Project rules a green run must keep: module size, docstrings, light imports, CI, the lock."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "src" / "atropos").rglob("*.py"))
@@ -40,3 +50,43 @@ def test_ci_runs_exactly_make_test():
         line for line in script.splitlines() if line and not line.startswith(("#", "set ", "cd "))
     ]
     assert commands == ["make test"]
+
+
+def _lock_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_the_lock_pins_every_requirement_make_test_installs_within_its_range():
+    """A requirement added to pyproject.toml without `make lock` would install unpinned."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    makefile = (ROOT / "Makefile").read_text()
+    extras = re.search(r"^EXTRAS := (\S+)$", makefile, re.MULTILINE)
+    assert extras, "the Makefile names the extras `make test` installs as EXTRAS := a,b"
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras.group(1).split(","):
+        wanted += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    # `make lock` and `make test-latest` point this at the lock they are about to write
+    locks = Path(os.environ.get("ATROPOS_LOCK_DIR") or ROOT / "requirements")
+    pins = _lock_pins(locks / "lock.txt")
+    problems = []
+    for req in wanted:
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        version = pins.get(canonicalize_name(req.name))
+        if version is None:
+            problems.append(f"{req.name}: not in requirements/lock.txt")
+        elif not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{req.name}=={version} is outside {req}")
+    assert not problems, "run `make lock`: " + "; ".join(problems)
+
+
+def test_every_install_goes_through_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if "pip install" in line]
+    assert installs and all(line.strip().startswith("$(PIN)") for line in installs), installs
+    assert re.search(r"^LOCK \?= requirements/lock.txt$", makefile, re.MULTILINE)
