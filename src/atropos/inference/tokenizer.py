@@ -42,7 +42,8 @@ def import_transformers_quietly() -> ModuleType:
         import transformers
     finally:
         logger.removeFilter(quiet)
-    return transformers
+    module: ModuleType = transformers  # untyped (Any) in older releases
+    return module
 
 
 @functools.lru_cache(maxsize=8)

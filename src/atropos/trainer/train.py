@@ -149,7 +149,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from atropos.trainer.loss import policy_loss, token_logprobs
     from atropos.trainer.sync import WeightSync
 
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    quiet_progress: Any = hf_logging.disable_progress_bar  # typed in some releases only
+    quiet_progress()
     torch.manual_seed(cfg.seed)
     device = (
         cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
