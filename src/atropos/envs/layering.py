@@ -33,6 +33,7 @@ __all__ = [
     "file_layer",
     "load_defaults",
     "resolve_config",
+    "validation_lines",
 ]
 
 Servers = list[APIServerConfig] | ServerBaseline
@@ -85,6 +86,13 @@ class Layer:
         if self.kind == "environ":
             return "ATROPOS_" + dotted.replace(".", "__").upper()
         return f"{self.origin}: {dotted}"
+
+    def key(self, section: str, key: str) -> str:
+        """`section.key` as a suggestion names it: `where`, less a file's name (an error names
+        the file once, in front: "c.yaml: env.gropu_size: ...; did you mean env.group_size?")."""
+        if self.kind == "file":
+            return f"{section}.{key}" if section else key
+        return self.where(section, key)
 
 
 @dataclass
@@ -152,7 +160,7 @@ def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer
         raise ConfigError(f"{name}: expected a mapping (env:, openai:, ...) at the top level")
     layer = Layer("file", name)
     extra = tuple(extra)
-    _check_keys(data, (*FILE_KEYS, *extra), lambda k: layer.where("", k))
+    _check_keys(data, (*FILE_KEYS, *extra), lambda k: layer.where("", k), str)
     for section in extra:
         given = data.get(section) or {}
         if not isinstance(given, dict):
@@ -315,7 +323,7 @@ def _resolve_servers(defaults: Defaults, layers: list[Layer]) -> Servers:
         servers = []
         for i, entry in enumerate(entries):
             prefix = f"{layer.origin}: openai[{i}]."
-            _check_keys(entry, model.model_fields, prefix.__add__)
+            _check_keys(entry, model.model_fields, prefix.__add__, f"openai[{i}].".__add__)
             servers.append(_validate(model, dict(entry), {}, prefix))
         return servers
     if not overrides:
@@ -345,7 +353,12 @@ def _apply(
     model: type[BaseModel],
 ) -> None:
     """Merge one layer's `given` settings of `section` into `values` (dicts merge deeply)."""
-    _check_keys(given, model.model_fields, lambda k: layer.where(section, k))
+    _check_keys(
+        given,
+        model.model_fields,
+        lambda k: layer.where(section, k),
+        lambda k: layer.key(section, k),
+    )
     for key, raw in given.items():
         try:
             value = coerce_text(model, key, raw) if layer.kind != "file" else raw
@@ -402,11 +415,19 @@ def _merge(old: Any, new: Any) -> Any:
     return new
 
 
-def _check_keys(given: Iterable[str], known: Iterable[str], where: Callable[[str], str]) -> None:
+def _check_keys(
+    given: Iterable[str],
+    known: Iterable[str],
+    where: Callable[[str], str],
+    show: Callable[[str], str] | None = None,
+) -> None:
+    """Refuse a key not in `known`: `where(key)` names it, `show` the suggestion (default
+    `where`; a file's suggestion is the key path alone, the file already named in front)."""
     known = list(known)
     for key in given:
         if key not in known:
-            raise ConfigError(f"{where(key)}: unknown setting{did_you_mean(key, known, where)}")
+            hint = did_you_mean(key, known, show or where)
+            raise ConfigError(f"{where(key)}: unknown setting{hint}")
 
 
 def _validate(
@@ -418,22 +439,52 @@ def _validate(
 ) -> M:
     """`model(**values)`, or a ConfigError naming the flag, its source and the rule (a field
     of a namespace in `sections` is named `--judge.NAME`, not `--env.judge.NAME`)."""
+
+    def name(loc: tuple[int | str, ...]) -> str:
+        dotted = ".".join(str(p) for p in loc)
+        if loc and loc[0] in sections:
+            return f"--{dotted}"
+        return f"{flag}{dotted}" if dotted else flag.rstrip(".: ")
+
     try:
         return model.model_validate(values)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            head = f"{flag}{loc}" if loc else flag.rstrip(".: ")
-            if err["loc"] and err["loc"][0] in sections:
-                head = f"--{loc}"
-            source = labels.get(str(err["loc"][0])) if err["loc"] else None
-            if source and source != head:
-                head += f" (from {source})"
-            shown = "input" in err and not _sensitive(model, err["loc"])
-            got = f" (got {err['input']!r})" if shown else ""
-            lines.append(f"{head}: {err['msg']}{got}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError("\n".join(validation_lines(e, model, name, labels))) from None
+
+
+def validation_lines(
+    err: ValidationError,
+    model: type[BaseModel],
+    name: Callable[[tuple[int | str, ...]], str],
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """One line per problem in `err`, as a command line names it: `FLAG (from SOURCE): RULE
+    (got VALUE)`, or `FLAG is required: DESCRIPTION` for a missing value.
+
+    `name` turns an error's location into the flag as typed (`("batch_size",)` ->
+    `--batch-size`); `labels` says where a top-level field's value came from, when not from
+    that flag (`ATROPOS_TRAIN_BATCH_SIZE`). A secret's value is never echoed, and pydantic's
+    error links are left out. Shared by the environments' and the trainer's command lines.
+    """
+    lines = []
+    for problem in err.errors(include_url=False):
+        loc = tuple(problem["loc"])
+        head = name(loc)
+        source = (labels or {}).get(str(loc[0])) if loc else None
+        if source and source != head:
+            head += f" (from {source})"
+        if problem["type"] == "missing":
+            info = model.model_fields.get(str(loc[0])) if len(loc) == 1 else None
+            about = f": {info.description}" if info is not None and info.description else ""
+            lines.append(f"{head} is required{about}")
+            continue
+        if problem["type"] == "value_error":  # a validator's own words, which name the value
+            lines.append(f"{head}: {problem.get('ctx', {}).get('error', problem['msg'])}")
+            continue
+        shown = "input" in problem and not _sensitive(model, loc)
+        got = f" (got {problem['input']!r})" if shown else ""
+        lines.append(f"{head}: {problem['msg']}{got}")
+    return lines
 
 
 def _sensitive(model: type[BaseModel], loc: tuple[int | str, ...]) -> bool:
