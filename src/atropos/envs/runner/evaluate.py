@@ -27,7 +27,7 @@ log = logging.getLogger("atropos.env")
 class EvaluateRunner:
     """Runs one env's evaluation once."""
 
-    grace = 2.0  # seconds the evaluation gets to finish after a stop signal
+    grace = 1.0  # seconds the evaluation gets to finish after a stop signal
 
     def __init__(self, env: Any, resolved: ResolvedConfig, name: str) -> None:
         self.env = env

@@ -55,7 +55,7 @@ class ProcessRunner:
     """Runs one env in process mode."""
 
     barren_limit = 100  # items in a row without a group before the run gives up (at least)
-    grace = 2.0  # seconds in-flight items get to finish after a stop signal
+    grace = 1.0  # seconds in-flight items get to finish after a stop signal
     report_every = 1.0  # seconds between checks of the drop share (DropReport)
 
     def __init__(self, env: BaseEnv, resolved: ResolvedConfig) -> None:
