@@ -77,7 +77,7 @@ class LeasingTrainer(threading.Thread):
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}  # this checkout
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
 
