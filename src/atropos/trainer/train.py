@@ -17,11 +17,14 @@ checkpoint every `--checkpoint-every` steps and only then acknowledge the batche
 crash loses nothing and trains nothing twice. Resumes from the newest checkpoint in `--out-dir`.
 Metrics per step go to ``{out_dir}/metrics.jsonl`` and, with `--wandb`, to a W&B run whose
 project and group are registered with the API so the environments log beside it
-(docs/metrics.md).
+(docs/metrics.md). SIGTERM or SIGINT finishes the step in progress, checkpoints and returns; one
+that comes while the trainer waits (for its inference server, the API, registration or a batch)
+ends the wait at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -31,6 +34,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,30 +232,37 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     api = TrainerClient(
         cfg.api_url, cfg.api_key.get_secret_value() if cfg.api_key else None, cfg.patience
     )
-    stopping, restore_signals = _stop_on_sigterm()
+    stopping, restore_signals, waiting = _stop_on_sigterm()
     (out / "config.json").write_text(cfg.model_dump_json(indent=2, exclude={"api_key"}))
     sink: MetricsSink | None = None
     last: dict[str, Any] = {}
     unacked: list[str] = []
     try:
         sink, wandb_group, wandb_project = open_metrics(cfg)
-        if cfg.sync == "restart":
-            sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
-        elif step > 0 or lora:  # the server may hold older weights than the ones we resume from
-            sync.publish(model, tokenizer, step)
-        api.wait_ready()
-        api.register(
+        with waiting("the inference server"):
+            if cfg.sync == "restart":
+                sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
+            elif step > 0 or lora:  # the server may hold older weights than we resume from
+                sync.publish(model, tokenizer, step)
+        with waiting("the API"):
+            api.wait_ready()
+            api.register(
             wandb_group=wandb_group, wandb_project=wandb_project, batch_size=cfg.batch_size,
             max_token_len=cfg.seq_len, checkpoint_dir=str(out / "checkpoints"),
             save_checkpoint_interval=cfg.checkpoint_every or cfg.steps,
-            starting_step=step, num_steps=cfg.steps,
-        )  # fmt: skip
+                starting_step=step, num_steps=cfg.steps,
+            )  # fmt: skip
         for batch_id in covered:  # in the checkpoint; a crash may have come before their ack
             api.ack(batch_id, missing_ok=True)
         log.info("registered with %s; training steps %d..%d", cfg.api_url, step + 1, cfg.steps)
         while step < cfg.steps and not stopping():
             t0 = time.perf_counter()
-            batch = api.next_batch(cfg.lease_seconds, stop=stopping)
+            try:
+                with waiting("a batch"):
+                    batch = api.next_batch(cfg.lease_seconds, stop=stopping)
+            except _Interrupted as why:
+                log.warning("%s; stopping after step %d", why, step)
+                batch = None
             if batch is None:
                 break
             t_data = time.perf_counter() - t0
@@ -324,6 +335,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 step, cfg.steps, last["loss"], last["reward_mean"], last["mean_ratio"],
                 last["clip_fraction"], _fmt(last["logprob_mismatch"]), grad_norm,
             )  # fmt: skip
+    except _Interrupted as why:  # before the first step: nothing to save
+        log.warning("%s; stopping before training", why)
+    else:
         if unacked and step > latest_step(out):
             save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints, unacked)
         if latest_step(out) == step:
@@ -370,23 +384,43 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2e}"
 
 
-def _stop_on_sigterm() -> tuple[Any, Any]:
-    """`stop()`, true after SIGTERM/SIGINT (finish the step, checkpoint, exit), and `restore()`."""
-    flag = {"stop": False}
+class _Interrupted(Exception):
+    """A signal came while the trainer waited (for the API, the server or a batch)."""
+
+
+def _stop_on_sigterm() -> tuple[Any, Any, Any]:
+    """`stop()`, true after SIGTERM/SIGINT (finish the step, checkpoint, exit), `restore()`,
+    and `waiting(what)`: a context manager inside which a signal interrupts the wait at once
+    (`_Interrupted`, from the handler) instead of after it (a wait for the API or a batch may
+    last minutes, and a step in progress must not be cut)."""
+    flag: dict[str, Any] = {"stop": False, "waiting": None}
 
     def handler(signum: int, frame: Any) -> None:
-        log.info("signal %d: finishing this step, then stopping", signum)
         flag["stop"] = True
+        name = signal.Signals(signum).name
+        if flag["waiting"] is not None:
+            raise _Interrupted(f"received {name} while waiting for {flag['waiting']}")
+        log.info("received %s: finishing this step, then stopping", name)
+
+    @contextlib.contextmanager
+    def waiting(what: str) -> Iterator[None]:
+        if flag["stop"]:
+            raise _Interrupted(f"stopping: asked to before waiting for {what}")
+        flag["waiting"] = what
+        try:
+            yield
+        finally:
+            flag["waiting"] = None
 
     if threading.current_thread() is not threading.main_thread():
-        return (lambda: flag["stop"]), (lambda: None)
+        return (lambda: flag["stop"]), (lambda: None), waiting
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def restore() -> None:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-    return (lambda: flag["stop"]), restore
+    return (lambda: flag["stop"]), restore, waiting
 
 
 # ----- checkpoints: {out}/checkpoints/step_N, written whole then renamed --------------------------
