@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from atropos.envs.runner.stop import Stopper
+from atropos.wire import REPORT_MAX_COUNT, REPORT_MAX_NAME_LENGTH, REPORT_MAX_NAMES
 
 log = logging.getLogger("atropos.env")
 
@@ -111,11 +112,32 @@ class ControlClient:
         """`/status-env`, sending the env's cumulative drop and failure counts (when any)."""
         body: dict[str, Any] = {"env_id": env_id}
         if dropped:
-            body["dropped"] = {k: int(v) for k, v in dropped.items()}
+            body["dropped"] = _report_counts(dropped)
         if failed:
-            body["failed"] = {k: int(v) for k, v in failed.items()}
+            body["failed"] = _report_counts(failed)
         reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 
     async def disconnect(self, env_id: int) -> None:
         await self.call("POST", "/disconnect-env", {"env_id": env_id})
+
+
+def _report_counts(counts: Mapping[str, int]) -> dict[str, int]:
+    """`counts` within the API's rules for a report (`atropos.wire.REPORT_MAX_*`), which refuses
+    the whole status poll otherwise: names cut to their longest, the smallest counts past the
+    most names folded into "other".
+
+    >>> [len(name) for name in _report_counts({"x" * 200: 1})]
+    [100]
+    >>> folded = _report_counts({f"r{i}": i for i in range(100)})
+    >>> len(folded), folded["other"] == sum(range(37))
+    (64, True)
+    """
+    out: dict[str, int] = {}
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    for i, (name, n) in enumerate(ranked):
+        key = (name or "unnamed")[:REPORT_MAX_NAME_LENGTH]
+        if i >= REPORT_MAX_NAMES - 1 and len(ranked) > REPORT_MAX_NAMES:
+            key = "other"
+        out[key] = min(out.get(key, 0) + int(n), REPORT_MAX_COUNT)
+    return out
