@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -32,6 +32,7 @@ class GSM8K(Env):
     """Grade-school math word problems; +1 for the right \\boxed{} answer, else -1."""
 
     name = "gsm8k"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     env_config_cls = GSM8KConfig
     seed = 42  # upstream's shuffle seed
     system_prompt = (
