@@ -42,8 +42,7 @@ class GSM8K(Env):
 
     @classmethod
     def config_init(cls) -> tuple[GSM8KConfig, list[APIServerConfig]]:  # `atropos local serve`
-        env = GSM8KConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        return env, [local_server_config()]
+        return GSM8KConfig(group_size=8, use_wandb=False), [local_server_config()]  # 2048 tokens
 
     def load(self, split: str = "train") -> list[dict[str, Any]]:
         if name := getattr(self.config, "dataset_name", None):
