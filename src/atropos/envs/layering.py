@@ -2,10 +2,16 @@
 
 Lowest to highest: class defaults < `config_init()` < mode defaults < `--config` YAML file <
 `ATROPOS_*` environment variables < command-line flags. `resolve_config` is the only entry.
+
+What nobody gave is filled in so that a new environment runs on a laptop: an environment whose
+`config_init` names no servers (it has none, or BaseEnv's) uses the local CPU server
+(`local_server_config()`; with `--slurm`, upstream's discovery), and one that names no tokenizer
+uses its servers' (`default_tokenizer`). Each such choice is said in `ResolvedConfig.notes`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -19,13 +25,29 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from atropos.envs.config import BaseEnvConfig, ConfigError, Mode, ResolvedConfig, namespaces
-from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atropos.envs.config import (
+    UPSTREAM_TOKENIZER,
+    BaseEnvConfig,
+    ConfigError,
+    Mode,
+    ResolvedConfig,
+    namespaces,
+)
+from atropos.inference.config import (
+    LOCAL_MODEL_NAME,
+    APIServerConfig,
+    ServerBaseline,
+    ServerManagerConfig,
+    local_serve_command,
+    local_server_config,
+)
+from atropos.inference.tokenizer import TINY
 
 __all__ = [
     "Defaults",
     "Layer",
     "coerce_text",
+    "default_tokenizer",
     "did_you_mean",
     "env_base",
     "env_name",
@@ -97,11 +119,13 @@ class Layer:
 
 @dataclass
 class Defaults:
-    """What `config_init()` returned (or the class defaults), normalised."""
+    """What `config_init()` returned (or the class defaults), normalised. `servers_unset`:
+    no `config_init` of the environment's own named servers, so `servers` is the local server."""
 
     env: BaseEnvConfig
     servers: Servers
     origin: str
+    servers_unset: bool = False
 
     @property
     def server_model(self) -> type[APIServerConfig]:
@@ -112,7 +136,11 @@ class Defaults:
 
 
 def load_defaults(env_cls: type) -> Defaults:
-    """Call `env_cls.config_init()` (when defined) and check what it returns."""
+    """Call `env_cls.config_init()` (when defined) and check what it returns.
+
+    An environment without a `config_init` of its own (none, or BaseEnv's, whose servers are a
+    bare `ServerBaseline`) gets the local CPU server, `local_server_config()`.
+    """
     model = getattr(env_cls, "env_config_cls", None) or BaseEnvConfig
     if not (isinstance(model, type) and issubclass(model, BaseEnvConfig)):
         raise TypeError(f"{env_cls.__name__}.env_config_cls must subclass BaseEnvConfig")
@@ -120,7 +148,7 @@ def load_defaults(env_cls: type) -> Defaults:
     if init is None:
         # model_validate({}) rather than Model(): inference/config.py's positional Field defaults
         # are invisible to mypy's dataclass_transform support
-        return Defaults(model.model_validate({}), ServerBaseline.model_validate({}), "defaults")
+        return Defaults(model.model_validate({}), [local_server_config()], "defaults", True)
     origin = f"{env_cls.__name__}.config_init()"
     result = init()
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -142,7 +170,38 @@ def load_defaults(env_cls: type) -> Defaults:
             f"{origin}: servers must be ServerBaseline, APIServerConfig or a list of"
             f" APIServerConfig, got {type(servers).__name__}"
         )
+    if _inherits_base_config_init(env_cls):
+        return Defaults(env, [local_server_config()], origin, True)
     return Defaults(env, servers, origin)
+
+
+def _inherits_base_config_init(env_cls: type) -> bool:
+    """Whether `env_cls.config_init` is BaseEnv's own (which names no servers)."""
+    from atropos.envs.base import BaseEnv
+
+    init = getattr(env_cls, "config_init", None)
+    base = BaseEnv.__dict__["config_init"].__func__
+    return getattr(init, "__func__", None) is base
+
+
+def default_tokenizer(servers: Servers) -> tuple[str, str]:
+    """The tokenizer of an environment that names none, and why: its servers' tokenizer
+    (`tokenizer_name`, else `model_name`), `"tiny"` for the local tiny policy, and upstream's
+    default only for servers of an unnamed model (a bare `ServerBaseline`, as upstream).
+
+    >>> default_tokenizer([local_server_config()])
+    ('tiny', 'the tokenizer of the local tiny policy (atropos-tiny)')
+    >>> default_tokenizer([APIServerConfig(model_name="Qwen/Qwen3-8B")])[0]
+    'Qwen/Qwen3-8B'
+    """
+    listed = servers if isinstance(servers, list) else [servers]
+    names = {s.tokenizer_name if s.tokenizer_name != "none" else s.model_name for s in listed}
+    name = names.pop() if len(names) == 1 else "default"
+    if name == LOCAL_MODEL_NAME:
+        return TINY, f"the tokenizer of the local tiny policy ({LOCAL_MODEL_NAME})"
+    if name != "default":
+        return name, "the servers' model"
+    return UPSTREAM_TOKENIZER, "upstream's default: the servers name no model"
 
 
 def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer:
@@ -251,14 +310,41 @@ def resolve_config(
     extra = tuple(namespaces(type(defaults.env)))
     layers = [file_layer(config_path, extra)] if config_path is not None else []
     layers += [environ_layer(extra), *([flags] if flags is not None else [])]
-    env = _resolve_env(env_cls, mode, defaults, layers)
-    servers = _resolve_servers(defaults, layers)
     values: dict[str, Any] = ServerManagerConfig.model_validate({}).model_dump()
     labels: dict[str, str] = {}
     for layer in layers:
         _apply(values, labels, layer, "", layer.manager, ServerManagerConfig)
     manager = _validate(ServerManagerConfig, values, labels, "--")
-    return ResolvedConfig(env=env, servers=servers, manager=manager, mode=mode)
+    if defaults.servers_unset and manager.slurm:  # upstream's discovery, as before
+        defaults = dataclasses.replace(defaults, servers=ServerBaseline.model_validate({}))
+    servers = _resolve_servers(defaults, layers)
+    env, tokenizer_why = _resolve_env(env_cls, mode, defaults, layers, servers)
+    resolved = ResolvedConfig(env=env, servers=servers, manager=manager, mode=mode)
+    if not manager.testing:  # --testing replaces the servers and the tokenizer
+        resolved.notes = _notes(defaults, layers, resolved, tokenizer_why)
+    return resolved
+
+
+def _notes(
+    defaults: Defaults, layers: list[Layer], resolved: ResolvedConfig, tokenizer_why: str | None
+) -> list[str]:
+    """What was chosen for settings nobody gave, in words (the run's first log lines)."""
+    tokenizer = resolved.env.tokenizer_name
+    servers = resolved.servers
+    if defaults.servers_unset and not any(layer.openai for layer in layers):
+        if isinstance(servers, list) and len(servers) == 1:
+            server = servers[0]
+            return [
+                f"no inference server given: using the local CPU server at {server.base_url}"
+                f" (model {server.model_name}, tokenizer {tokenizer}); start it with"
+                f" `{local_serve_command()}` or pass --openai.base_url"
+            ]
+    if tokenizer_why is not None:
+        return [
+            f"no tokenizer given: using {tokenizer}, {tokenizer_why}"
+            " (set --env.tokenizer_name to change it)"
+        ]
+    return []
 
 
 def env_base(
@@ -277,12 +363,18 @@ def env_base(
 
 
 def _resolve_env(
-    env_cls: type, mode: Mode, defaults: Defaults, layers: list[Layer]
-) -> BaseEnvConfig:
+    env_cls: type, mode: Mode, defaults: Defaults, layers: list[Layer], servers: Servers
+) -> tuple[BaseEnvConfig, str | None]:
+    """The validated env config, and why its tokenizer was chosen when nobody named one."""
     model = type(defaults.env)
     values, labels = env_base(env_cls, mode, defaults)
     for layer in layers:
         _apply(values, labels, layer, "env", layer.env, model)
+    tokenizer_why = None
+    unset = model.model_fields["tokenizer_name"].default == TINY
+    if unset and "tokenizer_name" not in labels:
+        values["tokenizer_name"], tokenizer_why = default_tokenizer(servers)
+        labels["tokenizer_name"] = "the servers"
     for section, section_model in namespaces(model).items():
         given_values = _plain_values(values.get(section))
         for layer in layers:
@@ -298,7 +390,8 @@ def _resolve_env(
             f"--env.data_path_to_save_groups (from {where}): process mode writes groups to a"
             " file and needs a path"
         )
-    return _validate(model, values, labels, "--env.", tuple(namespaces(model)))
+    env = _validate(model, values, labels, "--env.", tuple(namespaces(model)))
+    return env, tokenizer_why
 
 
 def _plain_values(value: Any) -> dict[str, Any]:

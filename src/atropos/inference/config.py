@@ -2,12 +2,14 @@
 
 `ServerBaseline` describes servers to discover (Slurm or the local default ports);
 `APIServerConfig` is one server at a known `base_url`; `ServerManagerConfig` tunes the manager.
-`local_server_config()` is the local CPU server with the tiny policy, the built-in
-environments' default.
+`local_server_config()` is the local CPU server with the tiny policy: the built-in
+environments' default, and any environment's when it names no server.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -82,4 +84,23 @@ def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
     """
     return APIServerConfig(
         base_url=LOCAL_SERVER_URL, server_type=server_type, model_name=LOCAL_MODEL_NAME
+    )
+
+
+def local_serve_command() -> str:
+    """The command that starts `local_server_config()`'s server: the shipped tiny policy on
+    LOCAL_SERVER_URL, with room for prompts longer than the 128 positions it was trained on.
+
+    >>> local_serve_command().startswith("atropos local serve ")
+    True
+    """
+    policy = Path(__file__).resolve().parents[1] / "tiny" / "policy"
+    try:
+        shown = os.path.relpath(policy)
+    except ValueError:  # another drive (Windows)
+        shown = str(policy)
+    if shown.startswith(".."):
+        shown = str(policy)
+    return (
+        f"atropos local serve {shown} --served-model-name {LOCAL_MODEL_NAME} --max-model-len 4096"
     )
