@@ -62,7 +62,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Exit with a usage error (status 2) on flags that cannot work, before loading anything;
-    MODEL_DIR 'tiny' becomes the shipped tiny policy's directory (served as 'tiny')."""
+    MODEL_DIR 'tiny' becomes the shipped tiny policy's directory, served as the environments'
+    default server expects (`atropos.inference.config.local_server_config`)."""
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
         usage_error(
             PROG,
@@ -75,10 +76,12 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_model_len is not None and args.max_model_len < 2:
         usage_error(PROG, f"--max-model-len must be at least 2, got {args.max_model_len}")
     if args.model_dir == "tiny":
+        from atropos.inference.config import LOCAL_MAX_MODEL_LEN, LOCAL_MODEL_NAME
         from atropos.tiny.warmstart import policy_path
 
         args.model_dir = str(policy_path())
-        args.served_model_name = args.served_model_name or "tiny"
+        args.served_model_name = args.served_model_name or LOCAL_MODEL_NAME
+        args.max_model_len = args.max_model_len or LOCAL_MAX_MODEL_LEN
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         usage_error(
             PROG,

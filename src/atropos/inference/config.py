@@ -8,8 +8,6 @@ environments' default, and any environment's when it names no server.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -71,12 +69,15 @@ class ServerManagerConfig(BaseModel):
 
 LOCAL_SERVER_URL = "http://127.0.0.1:9001/v1"  # `atropos local serve`'s default address
 LOCAL_MODEL_NAME = "atropos-tiny"  # the tiny policy's name as docs/demo-policy.md serves it
+# Prompt plus output tokens `atropos local serve tiny` allows: room for prompts longer than the
+# 128 positions the tiny policy was trained on (past them its answers are noise, not errors).
+LOCAL_MAX_MODEL_LEN = 4096
 
 
 def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
     """The local CPU server at its default address, serving the tiny policy: the server of
-    the built-in environments' `config_init` (`atropos local serve src/atropos/tiny/policy
-    --served-model-name atropos-tiny`). `server_type` "openai" reads it as a text-only API.
+    the built-in environments' `config_init` and of a new environment (`atropos local serve
+    tiny`). `server_type` "openai" reads it as a text-only API.
 
     >>> server = local_server_config()
     >>> server.base_url, server.model_name, server.server_type
@@ -88,19 +89,10 @@ def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
 
 
 def local_serve_command() -> str:
-    """The command that starts `local_server_config()`'s server: the shipped tiny policy on
-    LOCAL_SERVER_URL, with room for prompts longer than the 128 positions it was trained on.
+    """The command that starts `local_server_config()`'s server: `tiny` is the shipped tiny
+    policy, served as LOCAL_MODEL_NAME on LOCAL_SERVER_URL's port with LOCAL_MAX_MODEL_LEN.
 
-    >>> local_serve_command().startswith("atropos local serve ")
-    True
+    >>> local_serve_command()
+    'atropos local serve tiny'
     """
-    policy = Path(__file__).resolve().parents[1] / "tiny" / "policy"
-    try:
-        shown = os.path.relpath(policy)
-    except ValueError:  # another drive (Windows)
-        shown = str(policy)
-    if shown.startswith(".."):
-        shown = str(policy)
-    return (
-        f"atropos local serve {shown} --served-model-name {LOCAL_MODEL_NAME} --max-model-len 4096"
-    )
+    return "atropos local serve tiny"
