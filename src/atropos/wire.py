@@ -58,6 +58,34 @@ class EnvIdentifier(msgspec.Struct):
     env_id: int
 
 
+REPORT_MAX_NAMES = 64
+"""Distinct names (drop reasons, failure kinds) one `/status-env` report may carry."""
+REPORT_MAX_NAME_LENGTH = 100
+"""Characters in one such name at most."""
+REPORT_MAX_COUNT = 2**53 - 1
+"""The largest count (exact in JavaScript, so the dashboard shows it as sent)."""
+
+ReportName = Annotated[str, Meta(min_length=1, max_length=REPORT_MAX_NAME_LENGTH)]
+ReportCount = Annotated[int, Meta(ge=0, le=REPORT_MAX_COUNT)]
+ReportCounts = Annotated[dict[ReportName, ReportCount], Meta(max_length=REPORT_MAX_NAMES)]
+
+
+class EnvStatusRequest(EnvIdentifier):
+    """`GET` or `POST /status-env`: the env id and (extension) the env's own counts.
+
+    `dropped` maps a reason to the groups the env dropped for it before sending (never seen by
+    the API); `failed` maps a kind to the rollouts that failed with it. Both are cumulative since
+    the env started: the API keeps the latest of each per env and shows it in `/stats`. Old
+    clients send neither and upstream's API ignores both.
+
+    >>> decode(b'{"env_id": 0, "dropped": {"identical_scores": 3}}', EnvStatusRequest)
+    EnvStatusRequest(env_id=0, dropped={'identical_scores': 3}, failed=None)
+    """
+
+    dropped: ReportCounts | None = None
+    failed: ReportCounts | None = None
+
+
 class BatchAck(msgspec.Struct):
     """`POST /batch/ack` (extension): the trainer is done with a leased batch."""
 

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 from atropos.api import ApiConfig, create_app
 from atropos.testing import serve_in_thread
 
-from .conftest import INJECTION, KEY, Tab, png_size_and_colors, seed_run
+from .conftest import INJECTION, KEY, Tab, png_size_and_colors, registration, seed_run
 
 FAST = "/dashboard?interval=200"
 ACCENT, WARN = (0x2F, 0x6F, 0xDE), (0xE8, 0x59, 0x0C)  # env 0 and env 1 (and the queue series)
@@ -147,4 +147,111 @@ def test_a_missing_key_and_a_dead_api_show_a_banner(tab: Tab):
     expect(banner).to_contain_text("Cannot reach the API")
     expect(page.locator("#conn")).to_have_text("offline")
     expect(page.locator("#step")).to_have_text("0")
+    assert tab.errors == []
+
+
+ENV_SIDE, FAILED_SIDE = (0xAE, 0x3E, 0xC9), (0xC9, 0x2A, 0x2A)  # env drops, env failures
+
+# The environments table against its panel and the viewport: fully inside, or scrolling inside
+# its panel (never cut off by the page).
+TABLE_FIT = """() => {
+  const box = document.getElementById("envs-scroll"), table = document.getElementById("envs");
+  const card = box.closest(".card").getBoundingClientRect();
+  const last = table.querySelector("thead th:last-child").getBoundingClientRect();
+  const scroller = box.getBoundingClientRect();
+  return {
+    viewport: document.documentElement.clientWidth,
+    pageScroll: document.documentElement.scrollWidth,
+    card: [card.left, card.right], scroller: [scroller.left, scroller.right],
+    last: [last.left, last.right],
+    scrolls: box.scrollWidth > box.clientWidth, overflowX: getComputedStyle(box).overflowX,
+  };
+}"""
+
+
+def report(client: httpx.Client, env_id: int, **counts: dict[str, int]) -> None:
+    reply = client.post("/status-env", json={"env_id": env_id, **counts})
+    assert reply.status_code == 200, reply.text
+
+
+def test_env_reported_drops_show_beside_the_api_drops_and_the_table_fits(tab: Tab):
+    page = tab.page
+    config = ApiConfig(api_key=KEY, history_interval=0.1, max_staleness=0)
+    with serve_in_thread(create_app(config)) as url:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        with httpx.Client(base_url=url, headers=auth) as client:
+            envs = seed_run(client)  # the API dropped 4 stale groups
+            alpha, beta = envs["alpha-env"], envs["beta-env"]
+            report(client, alpha, dropped={"identical_scores": 17209, "too_long": 3})
+            report(client, alpha, failed={"TimeoutError": 2})
+            report(client, beta, dropped={"identical_scores": 5})
+            client.get("/batch", params={"lease": 60})  # nothing to lease: one group waits
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.goto(f"{url}{FAST}#key={KEY}")
+        expect(page.locator("#conn")).to_have_text("live")
+
+        # totals: both sides, named
+        expect(page.locator("#drops-total")).to_have_text("17,221")
+        expect(page.locator("#drops-sub")).to_have_text(
+            "API 4 · envs 17,217 · 2 failed rollouts in envs"
+        )
+        legend = page.locator("#legend-drops")
+        for side in ("dropped by the API", "dropped by an env", "failed rollouts in an env"):
+            expect(legend).to_contain_text(side)
+        drops = pixels(page, "chart-drops", WARN, ENV_SIDE, FAILED_SIDE)
+        assert drops["empty"] == "0" and min(drops["near"]) > 60, drops  # small bars still show
+        assert drops["near"][1] > 20 * max(drops["near"][0], drops["near"][2]), drops
+
+        # per env: the API's drops, the env's drops and failures, and what each counts
+        header = page.locator("#envs thead")
+        for label in ("received", "batched", "waiting", "leased", "API dropped", "env dropped"):
+            expect(header).to_contain_text(label)
+        expect(header.locator("th").nth(9)).to_have_text("env failedrollouts")
+        cells = page.locator("#envs tbody tr").nth(0).locator("td")
+        expect(cells.nth(0)).to_contain_text("alpha-env")
+        # received 6 (3 + 1 + 1 + the last), batched 2; the last group waits; none leased
+        assert [cells.nth(i).inner_text() for i in range(2, 6)] == ["5", "2", "1", "0"]
+        assert [cells.nth(i).inner_text() for i in (7, 8, 9)] == ["2", "17,212", "2"]
+        assert "identical_scores: 17,209" in (cells.nth(8).get_attribute("title") or "")
+        beta_cells = page.locator("#envs tbody tr").nth(1).locator("td")
+        assert beta_cells.nth(8).inner_text() == "5" and beta_cells.nth(9).inner_text() == "0"
+        expect(page.locator("#queued-sub")).to_have_text(
+            "1 waiting · 0 in 0 leased batches · 2 sequences"
+        )
+        expect(page.locator("#envs-explain")).to_contain_text("leased groups are both batched")
+
+        # the table is never cut off: at 1400 px it fits its panel; at 1000 px it fits or
+        # scrolls inside the panel, and the page itself never scrolls sideways
+        fit = page.evaluate(TABLE_FIT)
+        assert fit["last"][1] <= fit["card"][1] <= fit["viewport"], fit
+        assert not fit["scrolls"] and fit["pageScroll"] <= fit["viewport"], fit
+        page.set_viewport_size({"width": 1000, "height": 900})
+        page.wait_for_timeout(300)
+        fit = page.evaluate(TABLE_FIT)
+        assert fit["card"][1] <= fit["viewport"] and fit["pageScroll"] <= fit["viewport"], fit
+        assert fit["overflowX"] == "auto"
+        assert fit["scrolls"] or fit["last"][1] <= fit["scroller"][1], fit
+    assert tab.errors == []
+
+
+def test_no_drops_on_either_side_says_so(tab: Tab):
+    page = tab.page
+    with serve_in_thread(create_app(ApiConfig(history_interval=0.1))) as url:
+        with httpx.Client(base_url=url) as client:
+            client.post("/register", json=registration(4))
+            client.get("/batch")
+            env = {"max_token_length": 2048, "desired_name": "e", "weight": 1.0, "group_size": 2}
+            env_id = client.post("/register-env", json=env).json()["env_id"]
+            report(client, env_id, dropped={}, failed={})
+        page.goto(url + FAST)
+        expect(page.locator("#conn")).to_have_text("live")
+        expect(page.locator("#drops-total")).to_have_text("0")
+        expect(page.locator("#drops-sub")).to_have_text("none")
+        assert pixels(page, "chart-drops")["empty"] == "1"
+        row = page.locator("#envs tbody tr").first.locator("td")
+        assert row.nth(8).inner_text() == "0"  # reported: zero, not "no report"
+        with httpx.Client(base_url=url) as client:
+            report(client, env_id, dropped={"too_easy": 1})
+        expect(page.locator("#drops-sub")).to_have_text("API 0 · envs 1")
+        expect(page.locator("#legend-drops")).to_have_text("dropped by an env (its report)")
     assert tab.errors == []

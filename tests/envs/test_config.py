@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from atropos.envs.config import BaseEnvConfig, ResolvedConfig
+from atropos.envs.config import UPSTREAM_TOKENIZER, BaseEnvConfig, ResolvedConfig
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 
@@ -41,6 +41,9 @@ UPSTREAM_DEFAULTS = {  # atroposlib 0.4.0's BaseEnvConfig defaults
     "max_reasoning_tokens": None,
     "custom_thinking_prompt": None,
 }
+CHANGED = {  # our defaults that differ, on purpose: a new env runs offline (docs/environments.md)
+    "tokenizer_name": "tiny",
+}
 ADDITIONS = {
     "rollout_server_api_key": None,
     "env_key": None,
@@ -52,8 +55,9 @@ ADDITIONS = {
 def test_every_upstream_field_with_its_default_plus_our_optional_additions():
     config = BaseEnvConfig()
     assert set(BaseEnvConfig.model_fields) == set(UPSTREAM_DEFAULTS) | set(ADDITIONS)
-    for name, default in {**UPSTREAM_DEFAULTS, **ADDITIONS}.items():
+    for name, default in {**UPSTREAM_DEFAULTS, **CHANGED, **ADDITIONS}.items():
         assert getattr(config, name) == default, name
+    assert UPSTREAM_DEFAULTS["tokenizer_name"] == UPSTREAM_TOKENIZER  # kept, used when asked for
 
 
 def test_every_field_has_a_description_for_the_help():

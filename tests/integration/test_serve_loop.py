@@ -77,7 +77,7 @@ class LeasingTrainer(threading.Thread):
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}  # this checkout
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
 
@@ -153,8 +153,8 @@ def test_serve_loop_survives_an_api_crash(tmp_path):
         procs.append(api)
         wait_until_up(f"{api_url}/health", 30)
         wait_for(len(trainer.groups) + 20)
-        env.send_signal(signal.SIGTERM)  # graceful: finish in-flight rollouts, flush, exit 0
-        assert env.wait(timeout=60) == 0, (tmp_path / "env.log").read_text()[-3000:]
+        env.send_signal(signal.SIGTERM)  # graceful: finish in-flight rollouts, flush, exit 143
+        assert env.wait(timeout=60) == 143, (tmp_path / "env.log").read_text()[-3000:]
         with httpx.Client(base_url=api_url) as c:  # wait until the trainer has it all
             end = time.monotonic() + 30
             while c.get("/status").json()["queue_size"] >= 2 and time.monotonic() < end:

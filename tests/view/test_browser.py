@@ -179,3 +179,37 @@ def test_code_blocks_render_as_pre_and_keys_move_between_groups(page):
     assert "current" in page.locator("details.group").nth(1).get_attribute("class")
     page.keyboard.press("/")
     assert page.evaluate("document.activeElement.id") == "q"
+
+
+def test_collapsed_rows_preview_the_prompt_and_the_best_answer(page):
+    first = page.locator("details.group").first
+    assert first.get_attribute("open") is None
+    assert first.locator("summary .pvtext").all_inner_texts() == ["What is 2 + 2?", "apple 0"]
+    assert first.locator("summary .pvlabel").nth(1).inner_text() == "best answer (0)"
+    second = page.locator("details.group").nth(1)  # scores 0.1 and -0.1: the first is best
+    assert second.locator("summary .pvtext").nth(1).inner_text() == "pear 1"
+    # each preview is one line, whatever the text
+    heights = page.locator("summary .pv").evaluate_all("els => els.map(e => e.clientHeight)")
+    assert heights and max(heights) <= 24, heights
+    # model text in a preview is text: the injection group shows its markup as written
+    injected = page.locator("details.group").nth(12).locator("summary")
+    assert injected.locator(".pvtext").nth(1).text_content() == INJECTIONS[0]
+    assert injected.locator("script, img").count() == 0
+
+
+def test_an_opened_group_shows_the_shared_prompt_once_then_each_answer(page):
+    first = page.locator("details.group").first
+    first.locator("summary").click()
+    body = first.locator(".body")
+    body.wait_for()
+    shared = body.locator(".shared")
+    assert "shared by all 2 sequences" in shared.locator(".sharedhead").inner_text()
+    assert shared.locator(".msg").count() == 1
+    assert body.inner_text().count("What is 2 + 2?") == 1  # not once per sequence
+    seqs = body.locator(".seq")
+    assert seqs.count() == 2
+    assert [seqs.nth(i).locator(".msg").count() for i in range(2)] == [1, 1]
+    assert seqs.nth(0).locator(".msg .role").inner_text() == "assistant"
+    assert "apple 0" in seqs.nth(0).inner_text()
+    assert seqs.nth(1).locator("pre.code code").inner_text() == "print(4)"
+    assert seqs.nth(0).locator(".best").count() == 1 and seqs.nth(1).locator(".best").count() == 0

@@ -103,3 +103,59 @@ def test_ids_the_tokenizer_cannot_decode_give_no_token_view(tiny):
     data = data_of({"tokens": [[-5, 10**12]], "masks": [[1, 1]], "scores": [0]}, tokenizer=tiny)
     seq = data["groups"][0]["seqs"][0]
     assert seq["pieces"] is None and seq["pieces_error"]
+
+
+def _chat(*turns):
+    return [{"role": r, "content": c} for r, c in turns]
+
+
+def test_previews_show_the_prompt_and_the_best_answer_on_one_line():
+    system = ("system", "Be brief.")
+    g = {
+        "tokens": [[1], [2], [3]],
+        "masks": [[1], [2], [3]],
+        "scores": [0.5, 1.0, float("nan")],
+        "messages": [
+            _chat(system, ("user", "What is\n2 + 2?"), ("assistant", "five")),
+            _chat(system, ("user", "What is\n2 + 2?"), ("assistant", "<b>4</b>\n\n  because")),
+            _chat(system, ("user", "What is\n2 + 2?"), ("assistant", "x" * 500)),
+        ],
+    }
+    group = data_of(g)["groups"][0]
+    assert group["best"] == 1  # NaN is no score
+    assert group["prompt_preview"] == "What is 2 + 2?"
+    assert group["answer_preview"] == "<b>4</b> because"  # data: the page shows it as text
+    assert group["shared"] == 2  # system + user, once; each sequence keeps its answer
+    assert [len(s["messages"]) for s in group["seqs"]] == [3, 3, 3]  # the data stays whole
+
+    g["scores"] = [float("nan")] * 3  # no score: the first sequence stands in
+    group = data_of(g)["groups"][0]
+    assert group["best"] is None and group["answer_preview"] == "five"
+    g["scores"] = [0.0, 0.0, 2.0]
+    long = data_of(g)["groups"][0]["answer_preview"]
+    assert len(long) == 200 and long.endswith("…")
+
+
+def test_the_shared_prompt_is_the_common_start_and_leaves_each_sequence_its_own_part():
+    def shared(*convs, scores=None):
+        n = len(convs)
+        g = {"tokens": [[1]] * n, "masks": [[1]] * n, "scores": scores or [0.0] * n}
+        g["messages"] = list(convs)
+        return data_of(g)["groups"][0]["shared"]
+
+    q, a, b = ("user", "q"), ("assistant", "a"), ("assistant", "b")
+    assert shared(_chat(q, a), _chat(q, b)) == 1
+    assert shared(_chat(q, a), _chat(q, a)) == 1  # identical: the answer still shows per sequence
+    assert shared(_chat(q, a, q, b), _chat(q, a, q, a)) == 3  # multi-turn: up to where they part
+    assert shared(_chat(q, a), _chat(("user", "other"), a)) == 0  # different prompts
+    assert shared(_chat(q, a)) == 0  # one sequence: nothing to share
+    assert shared(_chat(q, a), None) == 0  # a sequence without messages
+    assert shared(_chat(q), _chat(q)) == 0  # one message each: it is each one's own part
+
+
+def test_previews_are_none_without_messages_or_without_those_roles():
+    bare = data_of({"tokens": [[1]], "masks": [[1]], "scores": [1.0]})["groups"][0]
+    assert (bare["prompt_preview"], bare["answer_preview"], bare["shared"]) == (None, None, 0)
+    g = {"messages": [_chat(("system", "s"), ("tool", "t"))], "scores": [1.0]}
+    group = data_of(g)["groups"][0]
+    assert (group["prompt_preview"], group["answer_preview"]) == (None, None)

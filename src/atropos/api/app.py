@@ -29,7 +29,13 @@ from atropos.api.body import GzipPolicy
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
-from atropos.wire import EnvIdentifier, ProtocolError, RegisterEnv, Registration
+from atropos.wire import (
+    EnvIdentifier,
+    EnvStatusRequest,
+    ProtocolError,
+    RegisterEnv,
+    Registration,
+)
 
 Handler = Callable[[Request], Awaitable[Response]]
 OPEN_PATHS = ("/", "/health", "/dashboard")  # answer without the API key (the page holds no data)
@@ -198,18 +204,34 @@ class Api:
         return await self._json(request, self.hub.status())
 
     async def status_env(self, request: Request) -> Response:
+        """The env's id from the body (`{"env_id", "dropped"?, "failed"?}`) or `?env_id=`;
+        a body's `dropped` and `failed` counts are kept as the env's latest report."""
         query = request.query_params.get("env_id")
+        raw = await self._body(request)
+        report: EnvStatusRequest | None = None
+        if raw:
+            try:
+                report = wire.decode(raw, EnvStatusRequest, body.is_msgpack(request))
+            except ProtocolError as err:
+                raise ProtocolError(_report_hint(str(err)), err.status) from None
+            env_id = report.env_id
         if query is not None:
             try:
-                env_id = int(query)
+                asked = int(query)
             except ValueError:
                 raise ProtocolError(f"env_id: expected an integer, got {query!r}") from None
-        else:
-            raw = await self._body(request)
-            if not raw:
-                raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
-            env_id = wire.decode(raw, EnvIdentifier, body.is_msgpack(request)).env_id
-        return await self._json(request, self.hub.status_env(env_id))
+            if report is not None and report.env_id != asked:
+                raise ProtocolError(
+                    f"env_id: the query says {asked} but the body says {report.env_id};"
+                    " give one, or the same in both"
+                )
+            env_id = asked
+        elif report is None:
+            raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
+        answer = self.hub.status_env(env_id)
+        if report is not None:
+            self.hub.report(env_id, report.dropped, report.failed)
+        return await self._json(request, answer)
 
     async def reset_data(self, request: Request) -> Response:
         self.hub.reset()
@@ -279,6 +301,17 @@ class Api:
             ("/dashboard", dashboard.serve, ["GET"]),
         ]
         return [Route(path, self.guard(fn), methods=methods) for path, fn, methods in table]
+
+
+def _report_hint(message: str) -> str:
+    """A `/status-env` decoding error, with the rule for `dropped` and `failed` when it is
+    about them."""
+    if "$.dropped" not in message and "$.failed" not in message:
+        return message
+    return (
+        f"{message}; `dropped` and `failed` map at most {wire.REPORT_MAX_NAMES} names of 1 to"
+        f" {wire.REPORT_MAX_NAME_LENGTH} characters to counts from 0 to {wire.REPORT_MAX_COUNT}"
+    )
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:

@@ -67,6 +67,17 @@ class EnvCounters:
 
 
 @dataclass
+class EnvReport:
+    """What an env last reported about itself in `/status-env` (live status, in memory only):
+    groups it dropped before sending, by reason, and rollouts that failed, by kind, each
+    counted since that env started; `at` is when the report arrived (unix seconds)."""
+
+    dropped: dict[str, int]
+    failed: dict[str, int]
+    at: float
+
+
+@dataclass
 class Served:
     """A batch ready to send."""
 
@@ -108,6 +119,7 @@ class Hub:
         self.latest: bytes | None = None
         self.batch_latency: deque[float] = deque(maxlen=2048)
         self.counters: dict[int | None, EnvCounters] = {}
+        self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
         self._recent_acks: deque[str] = deque(maxlen=1024)
         self.recent: deque[Recent] = deque()  # newest last; whether consumed or not
         self.recent_bytes = 0
@@ -353,6 +365,7 @@ class Hub:
         self.store.put_env(record.env_id, asdict(record), {})
         if record.env_id == len(self.envs):
             self.envs.append(record)
+        self.env_reports.pop(record.env_id, None)  # a (re)started env counts from zero
         self.last_seen[record.env_id] = self.clock()
         reg = self.registration
         return {
@@ -369,7 +382,24 @@ class Hub:
         record = self.env(env_id)
         record.connected = False
         self.store.put_env(env_id, asdict(record), {})
+        self.env_reports.pop(env_id, None)
         return {"status": "success"}
+
+    def report(
+        self, env_id: int, dropped: dict[str, int] | None, failed: dict[str, int] | None
+    ) -> None:
+        """Keep an env's latest report of its own drops and failures (cumulative counts since
+        it started, so each replaces the last). A part left out keeps its last value; a
+        report with neither part (every old client) changes nothing."""
+        self.env(env_id)
+        if dropped is None and failed is None:
+            return
+        last = self.env_reports.get(env_id)
+        self.env_reports[env_id] = EnvReport(
+            dict(dropped) if dropped is not None else (last.dropped if last else {}),
+            dict(failed) if failed is not None else (last.failed if last else {}),
+            self.clock(),
+        )
 
     # ----- data ------------------------------------------------------------------------------
 
@@ -517,6 +547,7 @@ class Hub:
         self.store.reset()
         self.latest = None
         self.counters.clear()
+        self.env_reports.clear()
         self.recent.clear()
         self.recent_bytes = 0
         self._load()

@@ -23,8 +23,15 @@ def _body(name: str, ref: dict[str, Any]) -> dict[str, Any]:
 @functools.cache
 def openapi_document() -> dict[str, Any]:
     """Build the OpenAPI 3.1 document (cached; it never changes at run time)."""
-    kinds = [wire.Registration, wire.RegisterEnv, wire.EnvIdentifier, wire.BatchAck, wire.Group]
-    (reg, env, ident, ack, group), components = msgspec.json.schema_components(
+    kinds = [
+        wire.Registration,
+        wire.RegisterEnv,
+        wire.EnvIdentifier,
+        wire.BatchAck,
+        wire.Group,
+        wire.EnvStatusRequest,
+    ]
+    (reg, env, ident, ack, group, env_status), components = msgspec.json.schema_components(
         kinds, ref_template=_REF
     )
     ok = {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}}
@@ -71,7 +78,14 @@ def openapi_document() -> dict[str, Any]:
         "/scored_data": post("push one group", group, data),
         "/scored_data_list": post("push several groups", {"type": "array", "items": group}, data),
         "/status": get("step and queue size"),
-        "/status-env": get("per-env status", parameters=env_query),
+        "/status-env": {
+            **get("per-env status", parameters=env_query),
+            **post(
+                "per-env status; the env's own drop and failure counts (optional)",
+                env_status,
+                {**ok, "404": bad, "422": bad},
+            ),
+        },
         "/reset_data": {"post": {"summary": "forget everything", "responses": ok}},
         "/stats": get("statistics"),
         "/stats/history": get("statistics sampled over the last hour"),

@@ -3,13 +3,18 @@ sampled over time, for the dashboard) and `GET /metrics` (Prometheus text).
 
 Counters cover this process's lifetime (they restart at zero with the API, like any Prometheus
 counter); queue depths and the step come from the durable state and survive restarts.
+
+Two sides drop groups: the API (`drops`: stale or oversize groups it received) and the
+environments (`env_dropped`: groups an env never sent, by the reason it gave, as the env last
+reported them in `/status-env`, with `env_failed` for its failed rollouts). An env's report is
+its own count since it started; it lives in memory and goes when the env disconnects.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from atropos.api.hub import EnvCounters, Hub
@@ -26,19 +31,31 @@ def _env_key(env_id: int | None) -> str:
     return "unassigned" if env_id is None else str(env_id)
 
 
+def _add(total: dict[str, int], counts: dict[str, int]) -> None:
+    for name, n in counts.items():
+        total[name] = total.get(name, 0) + n
+
+
 def stats(hub: Hub) -> dict[str, Any]:
-    """The `/stats` document: per-env queues and traffic, drops by reason, batch latency."""
+    """The `/stats` document: per-env queues and traffic, drops by reason on both sides (the
+    API's and the envs' own reports), batch latency.
+
+    Queued groups are accepted and not yet consumed: `waiting_groups` wait for a batch,
+    `leased_groups` are in batches handed to the trainer and not yet acknowledged."""
     live = {e.env_id for e in hub.live_envs()}
-    groups_by_env: dict[int | None, int] = {}
-    for row in list(hub.queue.values()) + list(hub.leased.values()):
-        groups_by_env[row.env_id] = groups_by_env.get(row.env_id, 0) + 1
+    waiting: Counter[int | None] = Counter(row.env_id for row in hub.queue.values())
+    leased: Counter[int | None] = Counter(row.env_id for row in hub.leased.values())
+    groups_by_env = waiting + leased
     env_ids: set[int | None] = set(hub.counters) | set(groups_by_env)
     env_ids |= {e.env_id for e in hub.envs}
     envs: dict[str, Any] = {}
     for env_id in sorted(env_ids, key=lambda e: -1 if e is None else e):
         c = hub.counters.get(env_id, EnvCounters())
+        report = hub.env_reports.get(env_id) if env_id is not None else None
         entry: dict[str, Any] = {
             "queued_groups": groups_by_env.get(env_id, 0),
+            "waiting_groups": waiting.get(env_id, 0),
+            "leased_groups": leased.get(env_id, 0),
             "queued_sequences": hub.env_seqs.get(env_id, 0),
             "groups_in": c.groups_in,
             "sequences_in": c.sequences_in,
@@ -47,6 +64,9 @@ def stats(hub: Hub) -> dict[str, Any]:
             "duplicates": c.duplicates,
             "drops": dict(c.drops),
             "loose_fields": dict(c.loose),
+            "env_dropped": dict(report.dropped) if report else {},
+            "env_failed": dict(report.failed) if report else {},
+            "env_reported_at": report.at if report else None,
         }
         if env_id is not None and env_id < len(hub.envs):
             record = hub.envs[env_id]
@@ -55,8 +75,12 @@ def stats(hub: Hub) -> dict[str, Any]:
     latencies = list(hub.batch_latency)
     drops: dict[str, int] = {}
     for c in hub.counters.values():
-        for reason, n in c.drops.items():
-            drops[reason] = drops.get(reason, 0) + n
+        _add(drops, c.drops)
+    env_dropped: dict[str, int] = {}
+    env_failed: dict[str, int] = {}
+    for report in hub.env_reports.values():
+        _add(env_dropped, report.dropped)
+        _add(env_failed, report.failed)
     return {
         "step": hub.step,
         "registered": hub.registration is not None,
@@ -64,7 +88,11 @@ def stats(hub: Hub) -> dict[str, Any]:
         "queued_groups": hub.queued_groups(),
         "queued_sequences": sum(hub.env_seqs.values()),
         "leased_batches": len(hub.batches),
+        "waiting_groups": len(hub.queue),
+        "leased_groups": len(hub.leased),
         "drops": drops,
+        "env_dropped": env_dropped,
+        "env_failed": env_failed,
         "batch_latency_seconds": {
             "count": len(latencies),
             "p50": _quantile(latencies, 0.5),
@@ -73,6 +101,15 @@ def stats(hub: Hub) -> dict[str, Any]:
         },
         "envs": envs,
     }
+
+
+def _label(value: str) -> str:
+    r"""`value` escaped for a Prometheus label (backslash, double quote, newline).
+
+    >>> _label('a"b\\c\nd')
+    'a\\"b\\\\c\\nd'
+    """
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def prometheus(hub: Hub) -> str:
@@ -92,6 +129,8 @@ def prometheus(hub: Hub) -> str:
     ]
     per_env = [
         ("queued_groups", "gauge"),
+        ("waiting_groups", "gauge"),
+        ("leased_groups", "gauge"),
         ("queued_sequences", "gauge"),
         ("groups_in", "counter"),
         ("sequences_in", "counter"),
@@ -107,7 +146,23 @@ def prometheus(hub: Hub) -> str:
     lines.append("# TYPE atropos_env_drops_total counter")
     for env, entry in doc["envs"].items():
         for reason, n in entry["drops"].items():
-            lines.append(f'atropos_env_drops_total{{env="{env}",reason="{reason}"}} {n}')
+            lines.append(f'atropos_env_drops_total{{env="{env}",reason="{_label(reason)}"}} {n}')
+    reported = [
+        ("dropped", "reason", "Groups the env reports it dropped before sending, by reason."),
+        ("failed", "kind", "Rollouts the env reports failed, by kind."),
+    ]
+    for part, label, about in reported:
+        metric = f"atropos_env_reported_{part}_total"
+        lines += [f"# HELP {metric} {about}", f"# TYPE {metric} counter"]
+        for env, entry in doc["envs"].items():
+            for name, n in entry[f"env_{part}"].items():
+                lines.append(f'{metric}{{env="{env}",{label}="{_label(name)}"}} {n}')
+    lines.append("# HELP atropos_env_report_timestamp_seconds When the env last reported.")
+    lines.append("# TYPE atropos_env_report_timestamp_seconds gauge")
+    for env, entry in doc["envs"].items():
+        at = entry["env_reported_at"]
+        if at is not None:
+            lines.append(f'atropos_env_report_timestamp_seconds{{env="{env}"}} {at:.3f}')
     lat = doc["batch_latency_seconds"]
     lines.append("# TYPE atropos_batch_latency_seconds summary")
     for q in ("p50", "p99"):
@@ -143,6 +198,7 @@ class History:
             "queued_sequences": doc["queued_sequences"],
             "leased_batches": doc["leased_batches"],
             "drops": doc["drops"],
+            "env_dropped": doc["env_dropped"],
             "envs": {
                 key: {
                     "name": entry.get("name"),
@@ -151,6 +207,7 @@ class History:
                     "sequences_in": entry["sequences_in"],
                     "groups_out": entry["groups_out"],
                     "drops": sum(entry["drops"].values()),
+                    "env_dropped": sum(entry["env_dropped"].values()),
                 }
                 for key, entry in doc["envs"].items()
             },

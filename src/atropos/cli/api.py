@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from atropos.api.app import ApiConfig, create_app
+from atropos.cli.argtypes import non_negative_int, usage_error
 
 log = logging.getLogger("atropos.api")
 
@@ -18,7 +19,9 @@ log = logging.getLogger("atropos.api")
 def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0.1") -> None:
     """The flags of `atropos api serve` (shared with the `run-api` compatibility command)."""
     p.add_argument("--host", default=default_host, help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="port (default %(default)s; 0: any free port)"
+    )
     p.add_argument(
         "--store",
         default=None,
@@ -35,7 +38,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
     )
     p.add_argument(
         "--max-staleness",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="drop groups whose policy_version is more than N steps old at batch time",
     )
@@ -92,17 +95,16 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def config_from_args(args: argparse.Namespace) -> ApiConfig:
-    """Check the flags and turn them into an ApiConfig; exit with a message on bad values."""
+def config_from_args(args: argparse.Namespace, prog: str = "atropos api serve") -> ApiConfig:
+    """Check the flags and turn them into an ApiConfig; a usage error (exit 2) on bad values."""
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
-        sys.exit(
+        usage_error(
+            prog,
             f"refusing to bind {args.host} without an API key: anyone who can reach it could"
             " read and wipe your data. Pass --api-key KEY (or set ATROPOS_API_KEY), or"
-            " --insecure if this network is trusted."
+            " --insecure if this network is trusted.",
         )
     store = args.store or f"sqlite:{Path(args.run_dir) / 'api.db'}"
-    if args.max_staleness is not None and args.max_staleness < 0:
-        sys.exit("--max-staleness must be 0 or more")
     return ApiConfig(
         store=store,
         api_key=args.api_key or None,
@@ -115,26 +117,21 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
     )
 
 
-def serve(args: argparse.Namespace) -> int:
-    """Run the API until interrupted."""
-    import uvicorn
+def serve(args: argparse.Namespace, prog: str = "atropos api serve") -> int:
+    """Run the API until interrupted: the port is bound before anything says it listens."""
+    from atropos.cli import listen
 
-    config = config_from_args(args)
+    config = config_from_args(args, prog)
+    sock = listen.bind(args.host, args.port, prog)
     try:
         app = create_app(config)
     except ValueError as err:
-        sys.exit(str(err))
+        sock.close()
+        sys.exit(f"{prog}: error: {err}")
     print(
-        f"atropos api: http://{args.host}:{args.port} store={config.store}"
+        f"atropos api: {listen.base_url(sock)} store={config.store}"
         f"{' (api key required)' if config.api_key else ''}",
         flush=True,
     )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    listen.serve(app, sock, args.log_level)
     return 0

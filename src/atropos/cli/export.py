@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from atropos.cli.argtypes import non_negative_float, non_negative_int, positive_int
+from atropos.cli.argtypes import Parser, non_negative_float, non_negative_int, positive_int
 from atropos.export.run import ExportConfig, Kind, export
 from atropos.export.source import ApiSource, FileSource, SourceError
 from atropos.export.summary import Summary
@@ -173,7 +173,7 @@ def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None
 
 def build_parser(kind: Kind, prog: str, compat: bool = False) -> argparse.ArgumentParser:
     """The parser of one export command (`compat`: upstream's defaults for its scripts)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         description=f"Write {_WHAT[kind]} from scored rollout groups.",
         epilog="Reads an API only through GET /rollouts: nothing is consumed or reset.",
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["sft"], ["dpo"]):
         kind: Kind = "sft" if argv[0] == "sft" else "dpo"
         return run(argv[1:], kind, f"atropos export {kind}")
-    p = argparse.ArgumentParser(prog="atropos export", description=_DESCRIPTION)
+    p = Parser(prog="atropos export", description=_DESCRIPTION)
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in ("sft", "dpo"):
         verbs.add_parser(verb, help=_WHAT[verb], add_help=False)

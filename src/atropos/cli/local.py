@@ -10,6 +10,9 @@ import os
 import sys
 
 from atropos.cli.api import add_access_arguments, is_loopback
+from atropos.cli.argtypes import usage_error
+
+PROG = "atropos local serve"
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,10 +20,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model_dir",
         metavar="MODEL_DIR",
-        help="a HF model directory (config.json, model.safetensors, tokenizer files)",
+        help="a HF model directory (config.json, model.safetensors, tokenizer files), or 'tiny'"
+        " for the tiny policy that ships with atropos",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=9001, help="port (default %(default)s)")
+    p.add_argument(
+        "--port", type=int, default=9001, help="port (default %(default)s; 0: any free port)"
+    )
     p.add_argument(
         "--served-model-name",
         default=None,
@@ -55,31 +61,46 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Exit with a message on flags that cannot work, before loading anything."""
+    """Exit with a usage error (status 2) on flags that cannot work, before loading anything;
+    MODEL_DIR 'tiny' becomes the shipped tiny policy's directory, served as the environments'
+    default server expects (`atropos.inference.config.local_server_config`)."""
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
-        sys.exit(
+        usage_error(
+            PROG,
             f"refusing to bind {args.host} without an API key: anyone who can reach it could"
             " generate with your model and replace its weights. Pass --api-key KEY (or set"
-            " ATROPOS_LOCAL_API_KEY), or --insecure if this network is trusted."
+            " ATROPOS_LOCAL_API_KEY), or --insecure if this network is trusted.",
         )
     if args.max_batch_size < 1:
-        sys.exit("--max-batch-size must be at least 1")
+        usage_error(PROG, f"--max-batch-size must be at least 1, got {args.max_batch_size}")
     if args.max_model_len is not None and args.max_model_len < 2:
-        sys.exit("--max-model-len must be at least 2")
+        usage_error(PROG, f"--max-model-len must be at least 2, got {args.max_model_len}")
+    if args.model_dir == "tiny":
+        from atropos.inference.config import LOCAL_MAX_MODEL_LEN, LOCAL_MODEL_NAME
+        from atropos.tiny.warmstart import policy_path
+
+        args.model_dir = str(policy_path())
+        args.served_model_name = args.served_model_name or LOCAL_MODEL_NAME
+        args.max_model_len = args.max_model_len or LOCAL_MAX_MODEL_LEN
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
-        sys.exit(f"{args.model_dir!r} is not a HF model directory (no config.json)")
+        usage_error(
+            PROG,
+            f"MODEL_DIR {args.model_dir!r} is not a Hugging Face model directory (no"
+            " config.json): pass one, or 'tiny' for the tiny policy that ships with atropos",
+        )
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the server until interrupted."""
+    """Run the server until interrupted; the port is bound before the model loads."""
     check_args(args)
+    from atropos.cli.listen import bind
     from atropos.local.server import run
 
+    sock = bind(args.host, args.port, PROG)
     try:
         run(
             args.model_dir,
-            host=args.host,
-            port=args.port,
+            sock,
             served_model_name=args.served_model_name,
             api_key=args.api_key or None,
             log_level=args.log_level,
@@ -90,5 +111,5 @@ def serve(args: argparse.Namespace) -> int:
             policy_version=args.policy_version,
         )
     except (ValueError, OSError) as err:
-        sys.exit(f"atropos local serve: {err}")
+        sys.exit(f"{PROG}: error: {err}")
     return 0

@@ -1,17 +1,28 @@
-"""The `atropos` entry point: `atropos NOUN VERB [flags]`."""
+"""The `atropos` entry point: `atropos NOUN VERB [flags]`.
+
+Every command's usage errors are one line on stderr and exit status 2: an unknown flag or
+command names the nearest known one (`atropos.cli.argtypes.Parser`), and a value that breaks
+a rule names the flag as typed (`atropos.envs.layering.validation_lines`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
 from atropos import __version__
 from atropos.cli import api, local
+from atropos.cli.argtypes import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="atropos", description=__doc__)
+    p = Parser(
+        prog="atropos",
+        description="Atropos: environments, a trajectory API, a local inference server and a"
+        " trainer for RL of language models. `atropos COMMAND --help` lists a command's flags.",
+    )
     p.add_argument("--version", action="version", version=f"atropos {__version__}")
     nouns = p.add_subparsers(dest="noun", metavar="COMMAND", required=True)
 
@@ -62,7 +73,7 @@ _ENV_VERBS = {
 }
 
 
-def _add_env_noun(nouns: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
     env_p = nouns.add_parser("env", help="environments: serve, process, evaluate, list")
     env_verbs = env_p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for mode, text in _ENV_VERBS.items():
@@ -141,7 +152,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0] in _DELEGATED:  # their own parsers, --help included
-        return _delegate(f"atropos.cli.{argv[0]}")(argparse.Namespace(flags=argv[1:]))
-    args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    if not argv:
+        # Bare `atropos` asks what the tool does, which is not a mistake: the help (each command
+        # with one line) on stdout and exit 0, as pip, docker and kubectl do (git exits 1).
+        build_parser().print_help()
+        return 0
+    try:
+        if argv[0] in _DELEGATED:  # their own parsers, --help included
+            return _delegate(f"atropos.cli.{argv[0]}")(argparse.Namespace(flags=argv[1:]))
+        args = build_parser().parse_args(argv)
+        return int(args.run(args))
+    except BrokenPipeError:  # `atropos env list | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

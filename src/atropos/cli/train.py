@@ -1,49 +1,187 @@
-"""`atropos train`: flags generated from `TrainConfig` by pydantic-settings."""
+"""`atropos train`: one flag per `TrainConfig` field, in kebab case (`--batch-size`).
+
+argparse (`atropos.cli.argtypes.Parser`) reads the flags as text, with "did you mean" for a
+misspelt one; `TrainConfig` validates them (and reads `ATROPOS_TRAIN_<FIELD>` variables below
+the flags). A value that breaks a rule is one line naming the flag as typed, its rule and fix
+(`atropos.envs.layering.validation_lines`): exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Iterable
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp, SettingsError
+from pydantic import SecretStr, ValidationError
+from pydantic_settings import SettingsError
+
+from atropos.cli.argtypes import Parser, usage_error
+
+if TYPE_CHECKING:
+    from atropos.trainer.train import TrainConfig
+
+PROG = "atropos train"
+ENV_PREFIX = "ATROPOS_TRAIN_"
+_METAVARS = {  # what a field's value is, where its type alone says too little
+    "model": "DIR|ID|tiny",
+    "api_url": "URL",
+    "server_url": "URL",
+    "out_dir": "DIR",
+    "server_command": "COMMAND",
+    "device": "DEVICE",
+    "lora_targets": "NAME[,NAME...]",
+    "lease_seconds": "SECONDS",
+    "patience": "SECONDS",
+}
+_TYPE_METAVARS: dict[Any, str] = {
+    int: "INT",
+    float: "FLOAT",
+    str: "TEXT",
+    Path: "PATH",
+    SecretStr: "KEY",
+}
 
 
 def main(argv: list[str]) -> int:
     """Parse `argv` into a `TrainConfig` and train; 2 on a bad flag, 1 on a failure."""
+    cfg = parse(argv)
     from atropos.trainer.client import ApiError
     from atropos.trainer.sync import SyncError
-    from atropos.trainer.train import TrainConfig, train
+    from atropos.trainer.train import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
-    try:
-        _check_flags(argv, TrainConfig.model_fields)
-        cfg = CliApp.run(TrainConfig, cli_args=argv)
-    except (ValidationError, SettingsError, ValueError) as err:
-        print(f"atropos train: error: {err}", file=sys.stderr)
-        return 2
+    problem = _tokenizer_problem(cfg.model)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 1
     try:
         last = train(cfg)
     except (ApiError, SyncError, ValueError, OSError) as err:
-        print(f"atropos train: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(last))
     return 0
 
 
-def _check_flags(argv: list[str], fields: Iterable[str]) -> None:
-    """Refuse an unknown `--flag` with the nearest known one, before argparse sees it."""
-    from atropos.envs.layering import did_you_mean
+def parse(argv: list[str]) -> TrainConfig:
+    """The `TrainConfig` of `argv` (and `ATROPOS_TRAIN_*` variables); SystemExit(2) with one
+    line per problem on bad flags or values, SystemExit(0) after `--help`."""
+    from atropos.envs.layering import validation_lines
+    from atropos.trainer.train import TrainConfig
 
-    names = [f.replace("_", "-") for f in fields]
-    # pydantic-settings also takes --no-NAME for a boolean NAME (its help lists them)
-    known = {"help", "h", *names, *(f"no-{n}" for n in names)}
-    for arg in argv:
-        if arg.startswith("--"):
-            name = arg[2:].split("=", 1)[0]
-            if name not in known:
-                hint = did_you_mean(name, sorted(known), lambda k: "--" + k)
-                raise ValueError(f"unknown flag --{name}{hint}")
+    given = dict(vars(build_parser().parse_args(argv)))
+    try:
+        return TrainConfig(**given)
+    except ValidationError as err:
+        labels = {
+            field: _variable(field)
+            for field in TrainConfig.model_fields
+            if field not in given and _variable(field) in _variables()
+        }
+        usage_error(PROG, "\n".join(validation_lines(err, TrainConfig, _flag_of, labels)))
+    except SettingsError as err:  # an ATROPOS_TRAIN_* value pydantic-settings cannot read
+        usage_error(PROG, f"{ENV_PREFIX}* variables: {err}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `atropos train`: every field a flag with its description and default."""
+    from atropos.trainer.train import TrainConfig
+
+    p = Parser(
+        prog=PROG,
+        allow_abbrev=False,
+        description="The reference GRPO trainer: it leases batches from the trajectory API,"
+        " trains on them and sends the new weights to the inference server (docs/trainer.md)."
+        f" Every flag can also be set as a variable: {ENV_PREFIX}BATCH_SIZE=8 for"
+        " --batch-size 8 (a flag wins).",
+        epilog="example, with `atropos api serve` and `atropos local serve tiny` running:"
+        " atropos train --model tiny --batch-size 8 --steps 20",
+    )
+    for name, info in TrainConfig.model_fields.items():
+        text = (info.description or "").replace("%", "%%")
+        if info.is_required():
+            text += " (required)"
+        elif not _secret(info.annotation):
+            text += f" (default: {_show(info.default)})".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
+        kind = _kind(info.annotation)
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is typing.Literal:
+            kwargs["choices"] = [str(c) for c in typing.get_args(kind)]
+        else:
+            kwargs["metavar"] = _METAVARS.get(name) or _TYPE_METAVARS.get(kind, "VALUE")
+            if typing.get_origin(kind) is list:
+                kwargs["type"] = _names
+        p.add_argument(_flag_of((name,)), **kwargs)
+    return p
+
+
+def _flag_of(loc: tuple[int | str, ...]) -> str:
+    """`("batch_size",)` -> `--batch-size` (an item of a list: `--lora-targets[0]`)."""
+    if not loc:
+        return PROG
+    return "--" + str(loc[0]).replace("_", "-") + "".join(f"[{p}]" for p in loc[1:])
+
+
+def _variable(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _variables() -> set[str]:
+    return {name.upper() for name in os.environ}  # pydantic-settings ignores the case
+
+
+def _kind(annotation: Any) -> Any:
+    """The annotation without `| None` (`str | None` -> `str`)."""
+    from atropos.envs.layering import union_members
+
+    members = [a for a in union_members(annotation) if a is not type(None)]
+    return members[0] if len(members) == 1 else annotation
+
+
+def _secret(annotation: Any) -> bool:
+    return _kind(annotation) is SecretStr
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "unset" if value is None else "''" if value == "" else str(value)
+
+
+def _names(text: str) -> list[str]:
+    """`q_proj,v_proj` (or a JSON list) -> `["q_proj", "v_proj"]`."""
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {err}") from None
+        if not isinstance(value, list):
+            raise argparse.ArgumentTypeError("expected a list of names")
+        return [str(v) for v in value]
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _tokenizer_problem(model: str) -> str | None:
+    """Why `model`'s tokenizer cannot be loaded, named as `--model` (None: it loads; the
+    trainer then finds it in the tokenizer cache)."""
+    from atropos.inference.tokenizer import load_tokenizer
+
+    try:
+        load_tokenizer(model)
+    except ValueError as err:
+        cause = err.__context__ or err  # load_tokenizer's words name an environment's flag
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+        return (
+            f"--model {model}: cannot load its tokenizer ({reason}); pass a Hugging Face model"
+            " directory, a Hub model id this machine can reach, or 'tiny' for the tiny policy"
+            " that ships with atropos"
+        )
+    return None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atropos.cli.argtypes import positive_int, positive_seconds
+from atropos.cli.argtypes import Parser, positive_int, positive_seconds
 from atropos.view import DEFAULT_LIMIT, build_page, page_of_files, write_text
 from atropos.view.live import ApiError, Follower
 
@@ -64,7 +64,7 @@ def _add_api(p: argparse.ArgumentParser, default: str | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="atropos view",
         description="Write one self-contained HTML page of rollout groups: scores, messages,"
         " trained tokens, search, filters and sorting (no network needed to open it).",
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_view_run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="view-run",
         description="Write an HTML page of the recent groups of a running Atropos API (read"
         " through GET /rollouts: nothing is consumed or reset).",

@@ -32,7 +32,7 @@ import difflib
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -155,6 +155,7 @@ class DatasetEnv(Env):
     """Prompts and answers from any dataset, scored by configurable rewards."""
 
     name = "dataset"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     env_config_cls = DatasetEnvConfig
     config: DatasetEnvConfig
 

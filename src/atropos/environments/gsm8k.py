@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -32,6 +32,7 @@ class GSM8K(Env):
     """Grade-school math word problems; +1 for the right \\boxed{} answer, else -1."""
 
     name = "gsm8k"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     env_config_cls = GSM8KConfig
     seed = 42  # upstream's shuffle seed
     system_prompt = (
@@ -41,8 +42,7 @@ class GSM8K(Env):
 
     @classmethod
     def config_init(cls) -> tuple[GSM8KConfig, list[APIServerConfig]]:  # `atropos local serve`
-        env = GSM8KConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        return env, [local_server_config()]
+        return GSM8KConfig(group_size=8, use_wandb=False), [local_server_config()]  # 2048 tokens
 
     def load(self, split: str = "train") -> list[dict[str, Any]]:
         if name := getattr(self.config, "dataset_name", None):

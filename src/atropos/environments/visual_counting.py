@@ -24,7 +24,7 @@ import io
 import itertools
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -231,6 +231,7 @@ class VisualCounting(Env):
     """Answer a question about an image (count the shapes); +1 exact, else -1."""
 
     name = "visual_counting"
+    requires: ClassVar[dict[str, str]] = {"PIL": "vision"}  # checked before a run
     env_config_cls = VisualCountingConfig
     config: VisualCountingConfig
     system_prompt = SYSTEM_PROMPT

@@ -29,6 +29,7 @@ from atropos.envs.layering import (
     resolve_config,
     union_members,
 )
+from atropos.envs.registry import missing_extras
 from atropos.inference.config import ServerManagerConfig
 
 __all__ = ["MODE_HELP", "cli_main", "main", "parse", "run_mode", "show"]
@@ -97,6 +98,10 @@ def run_mode(env_cls: type, mode: Mode, argv: Sequence[str], *, prog: str | None
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    missing = missing_extras(env_cls, env_name(env_cls))
+    if missing is not None:  # named before any work starts, not once per item
+        print(f"{prog}: error: {missing}", file=sys.stderr)
+        return 2
     if mode != "evaluate" and getattr(env_cls, "evaluation_only", False):
         # refused before anything is written or any server is asked: a test set is never
         # trained on by accident
@@ -204,12 +209,16 @@ def _parser(
 
 
 def show(env_cls: type, resolved: ResolvedConfig) -> None:
-    """Print the resolved configuration (secrets removed) to stderr."""
+    """Print the defaults chosen for the user (`resolved.notes`), then the resolved
+    configuration (secrets removed), to stderr."""
     from rich.console import Console
     from rich.syntax import Syntax
 
+    name = env_name(env_cls)
+    for note in resolved.notes:  # first: which server and tokenizer nobody named
+        print(f"{name} {resolved.mode}: {note}", file=sys.stderr, flush=True)
     console = Console(stderr=True)
-    console.rule(f"{env_name(env_cls)} {resolved.mode}")
+    console.rule(f"{name} {resolved.mode}")
     text = yaml.safe_dump(resolved.redacted(), sort_keys=False)
     console.print(Syntax(text, "yaml", background_color="default"))
 

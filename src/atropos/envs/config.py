@@ -1,12 +1,18 @@
 """Environment configuration: `BaseEnvConfig` (upstream's fields and defaults) and the
 `ResolvedConfig` every run mode receives; the layering that builds it lives in `layering.py`.
+
+One default differs from upstream's: `tokenizer_name` is `"tiny"` (the tokenizer that ships with
+the package), not a hub id, so a new environment runs offline against the local CPU server. The
+layering gives an environment that names no tokenizer its servers' tokenizer instead
+(`layering.default_tokenizer`); upstream's `UPSTREAM_TOKENIZER` is used only for discovered
+servers of an unnamed model, as upstream did.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +23,7 @@ from pydantic_core import to_jsonable_python
 
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atropos.inference.tokenizer import TINY
 
 __all__ = [
     "MODES",
@@ -25,11 +32,13 @@ __all__ = [
     "Mode",
     "Namespace",
     "ResolvedConfig",
+    "UPSTREAM_TOKENIZER",
     "namespaces",
 ]
 
 Mode = Literal["serve", "process", "evaluate"]
 MODES: tuple[Mode, ...] = ("serve", "process", "evaluate")
+UPSTREAM_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"  # atroposlib 0.4.0's default
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
@@ -60,7 +69,8 @@ def namespaces(model: type[BaseModel]) -> dict[str, type[Namespace]]:
 
 
 class BaseEnvConfig(BaseModel):
-    """Settings of one environment (upstream's `BaseEnvConfig`, same names and defaults).
+    """Settings of one environment (upstream's `BaseEnvConfig`, same names and defaults, except
+    `tokenizer_name`: see the module's docstring).
 
     Subclass it for environment-specific settings; every field becomes a `--env.NAME` flag whose
     help is the field's description (or its attribute docstring).
@@ -102,7 +112,9 @@ class BaseEnvConfig(BaseModel):
         default=3, description="pause when this many batches are queued (<= 0: never pause)"
     )
     tokenizer_name: str = Field(
-        default="NousResearch/DeepHermes-3-Llama-3-3B-Preview", description="tokenizer to load"
+        default=TINY,
+        description="tokenizer to load: a hub id, a local directory or 'tiny' (the shipped one;"
+        " unset: the servers' model)",
     )
     use_wandb: bool = Field(default=True, description="log to Weights & Biases")
     rollout_server_url: str = Field(
@@ -180,13 +192,15 @@ class ResolvedConfig:
     """Everything a run needs, after layering: what `atropos.envs.runner.run` receives.
 
     `servers` is a list of concrete servers, or a `ServerBaseline` when servers are to be
-    discovered (Slurm or the local default ports).
+    discovered (Slurm or the local default ports). `notes` say which defaults were chosen for
+    settings nobody gave (the server, the tokenizer); the command line prints them first.
     """
 
     env: BaseEnvConfig
     servers: list[APIServerConfig] | ServerBaseline
     manager: ServerManagerConfig
     mode: Mode
+    notes: list[str] = field(default_factory=list)
 
     def redacted(self) -> dict[str, Any]:
         """The configuration as plain data with every secret (API keys) removed.

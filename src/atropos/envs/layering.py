@@ -2,10 +2,16 @@
 
 Lowest to highest: class defaults < `config_init()` < mode defaults < `--config` YAML file <
 `ATROPOS_*` environment variables < command-line flags. `resolve_config` is the only entry.
+
+What nobody gave is filled in so that a new environment runs on a laptop: an environment whose
+`config_init` names no servers (it has none, or BaseEnv's) uses the local CPU server
+(`local_server_config()`; with `--slurm`, upstream's discovery), and one that names no tokenizer
+uses its servers' (`default_tokenizer`). Each such choice is said in `ResolvedConfig.notes`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -19,13 +25,29 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from atropos.envs.config import BaseEnvConfig, ConfigError, Mode, ResolvedConfig, namespaces
-from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atropos.envs.config import (
+    UPSTREAM_TOKENIZER,
+    BaseEnvConfig,
+    ConfigError,
+    Mode,
+    ResolvedConfig,
+    namespaces,
+)
+from atropos.inference.config import (
+    LOCAL_MODEL_NAME,
+    APIServerConfig,
+    ServerBaseline,
+    ServerManagerConfig,
+    local_serve_command,
+    local_server_config,
+)
+from atropos.inference.tokenizer import TINY
 
 __all__ = [
     "Defaults",
     "Layer",
     "coerce_text",
+    "default_tokenizer",
     "did_you_mean",
     "env_base",
     "env_name",
@@ -33,6 +55,7 @@ __all__ = [
     "file_layer",
     "load_defaults",
     "resolve_config",
+    "validation_lines",
 ]
 
 Servers = list[APIServerConfig] | ServerBaseline
@@ -86,14 +109,23 @@ class Layer:
             return "ATROPOS_" + dotted.replace(".", "__").upper()
         return f"{self.origin}: {dotted}"
 
+    def key(self, section: str, key: str) -> str:
+        """`section.key` as a suggestion names it: `where`, less a file's name (an error names
+        the file once, in front: "c.yaml: env.gropu_size: ...; did you mean env.group_size?")."""
+        if self.kind == "file":
+            return f"{section}.{key}" if section else key
+        return self.where(section, key)
+
 
 @dataclass
 class Defaults:
-    """What `config_init()` returned (or the class defaults), normalised."""
+    """What `config_init()` returned (or the class defaults), normalised. `servers_unset`:
+    no `config_init` of the environment's own named servers, so `servers` is the local server."""
 
     env: BaseEnvConfig
     servers: Servers
     origin: str
+    servers_unset: bool = False
 
     @property
     def server_model(self) -> type[APIServerConfig]:
@@ -104,7 +136,11 @@ class Defaults:
 
 
 def load_defaults(env_cls: type) -> Defaults:
-    """Call `env_cls.config_init()` (when defined) and check what it returns."""
+    """Call `env_cls.config_init()` (when defined) and check what it returns.
+
+    An environment without a `config_init` of its own (none, or BaseEnv's, whose servers are a
+    bare `ServerBaseline`) gets the local CPU server, `local_server_config()`.
+    """
     model = getattr(env_cls, "env_config_cls", None) or BaseEnvConfig
     if not (isinstance(model, type) and issubclass(model, BaseEnvConfig)):
         raise TypeError(f"{env_cls.__name__}.env_config_cls must subclass BaseEnvConfig")
@@ -112,7 +148,7 @@ def load_defaults(env_cls: type) -> Defaults:
     if init is None:
         # model_validate({}) rather than Model(): inference/config.py's positional Field defaults
         # are invisible to mypy's dataclass_transform support
-        return Defaults(model.model_validate({}), ServerBaseline.model_validate({}), "defaults")
+        return Defaults(model.model_validate({}), [local_server_config()], "defaults", True)
     origin = f"{env_cls.__name__}.config_init()"
     result = init()
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -134,7 +170,38 @@ def load_defaults(env_cls: type) -> Defaults:
             f"{origin}: servers must be ServerBaseline, APIServerConfig or a list of"
             f" APIServerConfig, got {type(servers).__name__}"
         )
+    if _inherits_base_config_init(env_cls):
+        return Defaults(env, [local_server_config()], origin, True)
     return Defaults(env, servers, origin)
+
+
+def _inherits_base_config_init(env_cls: type) -> bool:
+    """Whether `env_cls.config_init` is BaseEnv's own (which names no servers)."""
+    from atropos.envs.base import BaseEnv
+
+    init = getattr(env_cls, "config_init", None)
+    base = BaseEnv.__dict__["config_init"].__func__
+    return getattr(init, "__func__", None) is base
+
+
+def default_tokenizer(servers: Servers) -> tuple[str, str]:
+    """The tokenizer of an environment that names none, and why: its servers' tokenizer
+    (`tokenizer_name`, else `model_name`), `"tiny"` for the local tiny policy, and upstream's
+    default only for servers of an unnamed model (a bare `ServerBaseline`, as upstream).
+
+    >>> default_tokenizer([local_server_config()])
+    ('tiny', 'the tokenizer of the local tiny policy (atropos-tiny)')
+    >>> default_tokenizer([APIServerConfig(model_name="Qwen/Qwen3-8B")])[0]
+    'Qwen/Qwen3-8B'
+    """
+    listed = servers if isinstance(servers, list) else [servers]
+    names = {s.tokenizer_name if s.tokenizer_name != "none" else s.model_name for s in listed}
+    name = names.pop() if len(names) == 1 else "default"
+    if name == LOCAL_MODEL_NAME:
+        return TINY, f"the tokenizer of the local tiny policy ({LOCAL_MODEL_NAME})"
+    if name != "default":
+        return name, "the servers' model"
+    return UPSTREAM_TOKENIZER, "upstream's default: the servers name no model"
 
 
 def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer:
@@ -152,7 +219,7 @@ def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer
         raise ConfigError(f"{name}: expected a mapping (env:, openai:, ...) at the top level")
     layer = Layer("file", name)
     extra = tuple(extra)
-    _check_keys(data, (*FILE_KEYS, *extra), lambda k: layer.where("", k))
+    _check_keys(data, (*FILE_KEYS, *extra), lambda k: layer.where("", k), str)
     for section in extra:
         given = data.get(section) or {}
         if not isinstance(given, dict):
@@ -243,14 +310,41 @@ def resolve_config(
     extra = tuple(namespaces(type(defaults.env)))
     layers = [file_layer(config_path, extra)] if config_path is not None else []
     layers += [environ_layer(extra), *([flags] if flags is not None else [])]
-    env = _resolve_env(env_cls, mode, defaults, layers)
-    servers = _resolve_servers(defaults, layers)
     values: dict[str, Any] = ServerManagerConfig.model_validate({}).model_dump()
     labels: dict[str, str] = {}
     for layer in layers:
         _apply(values, labels, layer, "", layer.manager, ServerManagerConfig)
     manager = _validate(ServerManagerConfig, values, labels, "--")
-    return ResolvedConfig(env=env, servers=servers, manager=manager, mode=mode)
+    if defaults.servers_unset and manager.slurm:  # upstream's discovery, as before
+        defaults = dataclasses.replace(defaults, servers=ServerBaseline.model_validate({}))
+    servers = _resolve_servers(defaults, layers)
+    env, tokenizer_why = _resolve_env(env_cls, mode, defaults, layers, servers)
+    resolved = ResolvedConfig(env=env, servers=servers, manager=manager, mode=mode)
+    if not manager.testing:  # --testing replaces the servers and the tokenizer
+        resolved.notes = _notes(defaults, layers, resolved, tokenizer_why)
+    return resolved
+
+
+def _notes(
+    defaults: Defaults, layers: list[Layer], resolved: ResolvedConfig, tokenizer_why: str | None
+) -> list[str]:
+    """What was chosen for settings nobody gave, in words (the run's first log lines)."""
+    tokenizer = resolved.env.tokenizer_name
+    servers = resolved.servers
+    if defaults.servers_unset and not any(layer.openai for layer in layers):
+        if isinstance(servers, list) and len(servers) == 1:
+            server = servers[0]
+            return [
+                f"no inference server given: using the local CPU server at {server.base_url}"
+                f" (model {server.model_name}, tokenizer {tokenizer}); start it with"
+                f" `{local_serve_command()}` or pass --openai.base_url"
+            ]
+    if tokenizer_why is not None:
+        return [
+            f"no tokenizer given: using {tokenizer}, {tokenizer_why}"
+            " (set --env.tokenizer_name to change it)"
+        ]
+    return []
 
 
 def env_base(
@@ -269,12 +363,18 @@ def env_base(
 
 
 def _resolve_env(
-    env_cls: type, mode: Mode, defaults: Defaults, layers: list[Layer]
-) -> BaseEnvConfig:
+    env_cls: type, mode: Mode, defaults: Defaults, layers: list[Layer], servers: Servers
+) -> tuple[BaseEnvConfig, str | None]:
+    """The validated env config, and why its tokenizer was chosen when nobody named one."""
     model = type(defaults.env)
     values, labels = env_base(env_cls, mode, defaults)
     for layer in layers:
         _apply(values, labels, layer, "env", layer.env, model)
+    tokenizer_why = None
+    unset = model.model_fields["tokenizer_name"].default == TINY
+    if unset and "tokenizer_name" not in labels:
+        values["tokenizer_name"], tokenizer_why = default_tokenizer(servers)
+        labels["tokenizer_name"] = "the servers"
     for section, section_model in namespaces(model).items():
         given_values = _plain_values(values.get(section))
         for layer in layers:
@@ -290,7 +390,8 @@ def _resolve_env(
             f"--env.data_path_to_save_groups (from {where}): process mode writes groups to a"
             " file and needs a path"
         )
-    return _validate(model, values, labels, "--env.", tuple(namespaces(model)))
+    env = _validate(model, values, labels, "--env.", tuple(namespaces(model)))
+    return env, tokenizer_why
 
 
 def _plain_values(value: Any) -> dict[str, Any]:
@@ -315,7 +416,7 @@ def _resolve_servers(defaults: Defaults, layers: list[Layer]) -> Servers:
         servers = []
         for i, entry in enumerate(entries):
             prefix = f"{layer.origin}: openai[{i}]."
-            _check_keys(entry, model.model_fields, prefix.__add__)
+            _check_keys(entry, model.model_fields, prefix.__add__, f"openai[{i}].".__add__)
             servers.append(_validate(model, dict(entry), {}, prefix))
         return servers
     if not overrides:
@@ -345,7 +446,12 @@ def _apply(
     model: type[BaseModel],
 ) -> None:
     """Merge one layer's `given` settings of `section` into `values` (dicts merge deeply)."""
-    _check_keys(given, model.model_fields, lambda k: layer.where(section, k))
+    _check_keys(
+        given,
+        model.model_fields,
+        lambda k: layer.where(section, k),
+        lambda k: layer.key(section, k),
+    )
     for key, raw in given.items():
         try:
             value = coerce_text(model, key, raw) if layer.kind != "file" else raw
@@ -402,11 +508,19 @@ def _merge(old: Any, new: Any) -> Any:
     return new
 
 
-def _check_keys(given: Iterable[str], known: Iterable[str], where: Callable[[str], str]) -> None:
+def _check_keys(
+    given: Iterable[str],
+    known: Iterable[str],
+    where: Callable[[str], str],
+    show: Callable[[str], str] | None = None,
+) -> None:
+    """Refuse a key not in `known`: `where(key)` names it, `show` the suggestion (default
+    `where`; a file's suggestion is the key path alone, the file already named in front)."""
     known = list(known)
     for key in given:
         if key not in known:
-            raise ConfigError(f"{where(key)}: unknown setting{did_you_mean(key, known, where)}")
+            hint = did_you_mean(key, known, show or where)
+            raise ConfigError(f"{where(key)}: unknown setting{hint}")
 
 
 def _validate(
@@ -418,22 +532,52 @@ def _validate(
 ) -> M:
     """`model(**values)`, or a ConfigError naming the flag, its source and the rule (a field
     of a namespace in `sections` is named `--judge.NAME`, not `--env.judge.NAME`)."""
+
+    def name(loc: tuple[int | str, ...]) -> str:
+        dotted = ".".join(str(p) for p in loc)
+        if loc and loc[0] in sections:
+            return f"--{dotted}"
+        return f"{flag}{dotted}" if dotted else flag.rstrip(".: ")
+
     try:
         return model.model_validate(values)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            head = f"{flag}{loc}" if loc else flag.rstrip(".: ")
-            if err["loc"] and err["loc"][0] in sections:
-                head = f"--{loc}"
-            source = labels.get(str(err["loc"][0])) if err["loc"] else None
-            if source and source != head:
-                head += f" (from {source})"
-            shown = "input" in err and not _sensitive(model, err["loc"])
-            got = f" (got {err['input']!r})" if shown else ""
-            lines.append(f"{head}: {err['msg']}{got}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError("\n".join(validation_lines(e, model, name, labels))) from None
+
+
+def validation_lines(
+    err: ValidationError,
+    model: type[BaseModel],
+    name: Callable[[tuple[int | str, ...]], str],
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """One line per problem in `err`, as a command line names it: `FLAG (from SOURCE): RULE
+    (got VALUE)`, or `FLAG is required: DESCRIPTION` for a missing value.
+
+    `name` turns an error's location into the flag as typed (`("batch_size",)` ->
+    `--batch-size`); `labels` says where a top-level field's value came from, when not from
+    that flag (`ATROPOS_TRAIN_BATCH_SIZE`). A secret's value is never echoed, and pydantic's
+    error links are left out. Shared by the environments' and the trainer's command lines.
+    """
+    lines = []
+    for problem in err.errors(include_url=False):
+        loc = tuple(problem["loc"])
+        head = name(loc)
+        source = (labels or {}).get(str(loc[0])) if loc else None
+        if source and source != head:
+            head += f" (from {source})"
+        if problem["type"] == "missing":
+            info = model.model_fields.get(str(loc[0])) if len(loc) == 1 else None
+            about = f": {info.description}" if info is not None and info.description else ""
+            lines.append(f"{head} is required{about}")
+            continue
+        if problem["type"] == "value_error":  # a validator's own words, which name the value
+            lines.append(f"{head}: {problem.get('ctx', {}).get('error', problem['msg'])}")
+            continue
+        shown = "input" in problem and not _sensitive(model, loc)
+        got = f" (got {problem['input']!r})" if shown else ""
+        lines.append(f"{head}: {problem['msg']}{got}")
+    return lines
 
 
 def _sensitive(model: type[BaseModel], loc: tuple[int | str, ...]) -> bool:

@@ -2,6 +2,14 @@
 
 Third-party packages register through the `atropos.environments` entry-point group:
 `[project.entry-points."atropos.environments"] my-env-v1 = "my_pkg.env:MyEnv"`.
+
+`get` also takes what a user points at directly: `package.module:Class` (found from the current
+directory too), `path/to/env.py:Class`, or `path/to/env.py` alone when the file defines one
+environment class.
+
+An environment declares the optional modules it cannot run without, each with the extra of
+`atropos-rl` that installs it: `requires = {"math_verify": "envs"}` on the class or a base.
+`missing_extras` checks them before a run, so a missing one is named at once, in one line.
 """
 
 from __future__ import annotations
@@ -9,8 +17,15 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
+import inspect
+import os
 import re
+import sys
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -18,12 +33,20 @@ __all__ = [
     "EnvSpec",
     "describe",
     "get",
+    "missing_extras",
     "names",
+    "requirements",
     "register",
     "specs",
 ]
 
 ENTRY_POINT_GROUP = "atropos.environments"
+DISTRIBUTION = "atropos-rl"  # whose extras `requires` names
+_PIP_NAMES = {  # importable module -> the package pip installs it from, where they differ
+    "math_verify": "math-verify",
+    "PIL": "pillow",
+    "sentence_transformers": "sentence-transformers",
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -90,15 +113,21 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type:
-    """The environment class registered as `name` (imported now), or at `"module:Class"`.
+    """The environment class registered as `name` (imported now), at `"module:Class"` (a
+    module found on `sys.path` or in the current directory), or in a file: `"path/env.py"` (its
+    one environment class) or `"path/env.py:Class"`.
 
     Raises:
-        EnvNotFound: unknown name; the message suggests the closest id and lists them all.
+        EnvNotFound: unknown name (the message suggests the closest id and lists them all), a
+            missing file, or a file with no environment class or several (they are listed).
         ImportError: the target's module or attribute cannot be imported.
         TypeError: the target is not a class.
     """
+    path, attr = _file_target(name)
+    if path is not None:
+        return _load_file(name, path, attr)
     if ":" in name:
-        return _load(name, name)
+        return _load(name, name, from_cwd=True)
     known = specs()
     spec = known.get(name)
     if spec is None:
@@ -122,7 +151,51 @@ def describe(name: str) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def _load(name: str, target: str) -> type:
+def requirements(env_cls: type) -> dict[str, str]:
+    """The modules `env_cls` needs, each with its extra: the `requires` mappings of the class
+    and its bases, merged (a subclass adds to its bases' and may change an extra).
+
+    >>> class Needs:
+    ...     requires = {"math_verify": "envs"}
+    >>> class More(Needs):
+    ...     requires = {"PIL": "vision"}
+    >>> requirements(More)
+    {'math_verify': 'envs', 'PIL': 'vision'}
+    """
+    found: dict[str, str] = {}
+    for klass in reversed(env_cls.__mro__):
+        found.update(vars(klass).get("requires") or {})
+    return found
+
+
+def missing_extras(env_cls: type, name: str) -> str | None:
+    """One line naming what `env_cls` (called `name`) needs and cannot import, and the pip
+    command that installs it; None when everything it declares is importable.
+
+    >>> class Needs:
+    ...     requires = {"math_verify": "envs", "no_such_module_x": "envs"}
+    >>> missing_extras(Needs, "demo").endswith("no-such-module-x: pip install 'atropos-rl[envs]'")
+    True
+    """
+    missing = {m: extra for m, extra in requirements(env_cls).items() if not _importable(m)}
+    if not missing:
+        return None
+    packages = ", ".join(_PIP_NAMES.get(m, m.replace("_", "-")) for m in missing)
+    extras = ",".join(sorted(set(missing.values())))
+    return f"{name} needs {packages}: pip install '{DISTRIBUTION}[{extras}]'"
+
+
+def _importable(module: str) -> bool:
+    """Whether `import module` would find it (found, not imported)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _load(name: str, target: str, *, from_cwd: bool = False) -> type:
     if not _TARGET.fullmatch(target):
         raise ImportError(
             f"environment {name!r}: expected 'package.module:Class', got {target!r}"
@@ -130,19 +203,141 @@ def _load(name: str, target: str) -> type:
         )
     module_name, _, attr = target.partition(":")
     try:
-        obj: object = importlib.import_module(module_name)
+        module = _import(module_name, from_cwd)
     except ImportError as e:
         raise ImportError(f"environment {name!r}: cannot import {module_name}: {e}") from e
+    return _attribute(name, module, attr)
+
+
+def _import(module_name: str, from_cwd: bool) -> ModuleType:
+    """`import module_name`; when it is not found and `from_cwd`, again with the current
+    directory on `sys.path` (kept there, so the module's own imports of its neighbours work),
+    as `python -m` would find it."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.partition(".")[0]
+        cwd = os.getcwd()
+        if not from_cwd or e.name != top or _on_path(cwd):
+            raise
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
+def _on_path(directory: str) -> bool:
+    here = os.path.realpath(directory)
+    return any(os.path.realpath(p or os.curdir) == here for p in sys.path)
+
+
+def _attribute(name: str, module: ModuleType, attr: str) -> type:
+    """`module.attr` (dotted), which must be a class."""
+    obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ImportError(f"environment {name!r}: {module_name} has no attribute {attr!r}")
+            raise ImportError(f"environment {name!r}: {module.__name__} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    target = f"{module.__name__}:{attr}"
     if not isinstance(obj, type):
         raise TypeError(
             f"environment {name!r}: {target} is a {type(obj).__name__}, not a class;"
             " export the environment class itself (a BaseEnv subclass)"
         )
     return obj
+
+
+def _file_target(name: str) -> tuple[Path | None, str | None]:
+    """`("path/env.py", "Class")` for `path/env.py:Class`, `(path, None)` for a path alone,
+    `(None, None)` for a registered name or `module:Class`."""
+    head, sep, attr = name.rpartition(":")
+    if sep and head.endswith(".py"):
+        return Path(head), attr
+    if name.endswith(".py") or "/" in name or os.sep in name:
+        return Path(name), None
+    return None, None
+
+
+def _load_file(name: str, path: Path, attr: str | None) -> type:
+    """The environment class `attr` of the Python file at `path`, or its only one."""
+    if not path.is_file():
+        raise EnvNotFound(
+            f"environment file {str(path)!r} not found (a path is taken relative to the current"
+            f" directory, {os.getcwd()})"
+        )
+    if path.suffix != ".py":
+        raise EnvNotFound(f"environment file {str(path)!r}: expected a .py file")
+    module = _import_file(path)
+    found = _env_classes(module)
+    if attr is not None:
+        if not hasattr(module, attr.partition(".")[0]):
+            listed = ", ".join(f"{path}:{c.__name__}" for c in found) or "none"
+            raise EnvNotFound(
+                f"{path} has no {attr!r}{_hint(attr, found)} (its environments: {listed})"
+            )
+        return _attribute(name, module, attr)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise EnvNotFound(
+            f"{path} defines no environment class (a subclass of atropos.envs.BaseEnv or Env);"
+            f" name one with {path}:CLASS"
+        )
+    listed = ", ".join(f"{path}:{c.__name__}" for c in found)
+    raise EnvNotFound(f"{path} defines {len(found)} environment classes; pick one: {listed}")
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import `path` as a module named after the file, with its directory on `sys.path` (as
+    `python path` would), so `multiprocessing` and the file's own imports find it again."""
+    real = path.resolve()
+    directory = str(real.parent)
+    module_name = real.stem
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == real:
+            return loaded
+        module_name = f"_atropos_env_file_{abs(hash(str(real))):x}_{real.stem}"  # a name in use
+    if not _on_path(directory):
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(module_name, real)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"environment file {path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[module_name]
+        raise ImportError(f"environment file {path}: {_where(e, real)}") from e
+    return module
+
+
+def _where(error: Exception, file: Path) -> str:
+    """`"line 3: NameError: name 'x' is not defined"`: an import error in one line."""
+    line = getattr(error, "lineno", None) if isinstance(error, SyntaxError) else None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if Path(frame.filename).resolve() == file:
+            line = frame.lineno
+    at = f"line {line}: " if line else ""
+    return f"{at}{type(error).__name__}: {error}"
+
+
+def _env_classes(module: ModuleType) -> list[type]:
+    """The concrete environment classes defined (not imported) in `module`, in order."""
+    from atropos.envs.base import BaseEnv
+
+    defined = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and obj.__module__ == module.__name__ and issubclass(obj, BaseEnv)
+    ]
+    # an abstract base beside its subclass is not a candidate; an env that misses a hook is
+    return [c for c in defined if not inspect.isabstract(c)] or defined
+
+
+def _hint(attr: str, found: list[type]) -> str:
+    close = difflib.get_close_matches(attr, [c.__name__ for c in found], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _not_found(name: str, known: list[str]) -> str:

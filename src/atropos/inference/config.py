@@ -2,8 +2,8 @@
 
 `ServerBaseline` describes servers to discover (Slurm or the local default ports);
 `APIServerConfig` is one server at a known `base_url`; `ServerManagerConfig` tunes the manager.
-`local_server_config()` is the local CPU server with the tiny policy, the built-in
-environments' default.
+`local_server_config()` is the local CPU server with the tiny policy: the built-in
+environments' default, and any environment's when it names no server.
 """
 
 from __future__ import annotations
@@ -57,18 +57,27 @@ class ServerManagerConfig(BaseModel):
     deadline: float | None = Field(
         None, gt=0, description="seconds one call may take in all (None: the server timeout)"
     )
+    server_wait: float | None = Field(
+        None,
+        gt=0,
+        description="seconds a call waits while no server is healthy before it fails; a server"
+        " never reached then ends the run (None: 60, or 300 in serve mode)",
+    )
     health_check_interval: float = Field(5.0, gt=0, description="seconds between probes")
     health_check_timeout: float = Field(5.0, gt=0, description="seconds one probe may take")
 
 
 LOCAL_SERVER_URL = "http://127.0.0.1:9001/v1"  # `atropos local serve`'s default address
 LOCAL_MODEL_NAME = "atropos-tiny"  # the tiny policy's name as docs/demo-policy.md serves it
+# Prompt plus output tokens `atropos local serve tiny` allows: room for prompts longer than the
+# 128 positions the tiny policy was trained on (past them its answers are noise, not errors).
+LOCAL_MAX_MODEL_LEN = 4096
 
 
 def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
     """The local CPU server at its default address, serving the tiny policy: the server of
-    the built-in environments' `config_init` (`atropos local serve src/atropos/tiny/policy
-    --served-model-name atropos-tiny`). `server_type` "openai" reads it as a text-only API.
+    the built-in environments' `config_init` and of a new environment (`atropos local serve
+    tiny`). `server_type` "openai" reads it as a text-only API.
 
     >>> server = local_server_config()
     >>> server.base_url, server.model_name, server.server_type
@@ -77,3 +86,13 @@ def local_server_config(server_type: ServerType = "vllm") -> APIServerConfig:
     return APIServerConfig(
         base_url=LOCAL_SERVER_URL, server_type=server_type, model_name=LOCAL_MODEL_NAME
     )
+
+
+def local_serve_command() -> str:
+    """The command that starts `local_server_config()`'s server: `tiny` is the shipped tiny
+    policy, served as LOCAL_MODEL_NAME on LOCAL_SERVER_URL's port with LOCAL_MAX_MODEL_LEN.
+
+    >>> local_serve_command()
+    'atropos local serve tiny'
+    """
+    return "atropos local serve tiny"

@@ -9,6 +9,18 @@ third-party exception type.
 True
 >>> InferenceError.from_status(400, "context too long").retryable
 False
+
+Some errors repeat for every request and item, whatever is retried: a model the server does not
+serve (404), a refused key (401/403), a call the backend cannot make, a server never reached. They
+carry `fatal=True`, and `fatal_reason(err)` is how the runners tell them from per-item errors:
+they stop the run at the first one with its message, instead of failing every item the same way.
+A 400 is *not* fatal: it is usually about one request (a prompt longer than the context), and a
+run whose every item fails that way stops through the runner's "no group in N items" rule.
+
+>>> InferenceError.from_status(404, "model not found").fatal
+True
+>>> InferenceError.from_status(400, "context too long").fatal
+False
 """
 
 from __future__ import annotations
@@ -29,6 +41,45 @@ ErrorKind = Literal[
 RETRYABLE_STATUS = frozenset({408, 429})
 """4xx statuses that mean "try again later" rather than "this request is wrong"."""
 
+FATAL_STATUS: dict[int, str] = {
+    401: "the server refused the key: check --openai.api_key",
+    403: "the server refused the key: check --openai.api_key",
+    404: "check --openai.model_name (the model the server serves, see its /v1/models) and"
+    " --openai.base_url",
+    405: "the server does not take this call: check --openai.base_url and --openai.server_type",
+}
+"""4xx statuses that will be the same for every request (the configuration is wrong), and the
+fix to name. A 400 is left out on purpose: it is usually about one request (a prompt too long)."""
+
+
+class FatalError(Exception):
+    """An error that will be the same for every item (a missing package, a tokenizer that
+    cannot load, a wrong model name): the runners stop at the first one, with its message."""
+
+
+def fatal_reason(err: BaseException) -> str | None:
+    """The message to stop a run with when `err` will repeat for every item, else None.
+
+    Fatal: `FatalError`, an `InferenceError` marked `fatal`, and `ImportError` (a package the
+    scoring code needs is not installed; its message should name the extra to install). The
+    error's explicit cause (`raise ... from err`) is looked at too.
+
+    >>> fatal_reason(ImportError("the math rewards need math-verify: pip install x"))
+    'the math rewards need math-verify: pip install x'
+    >>> fatal_reason(ValueError("bad item")) is None
+    True
+    """
+    seen: BaseException | None = err
+    for _ in range(8):  # a short, bounded walk down the explicit causes
+        if seen is None:
+            return None
+        if isinstance(seen, (FatalError, ImportError)):
+            return str(seen) or type(seen).__name__
+        if isinstance(seen, InferenceError) and seen.fatal:
+            return str(seen)
+        seen = seen.__cause__
+    return None
+
 
 class InferenceError(Exception):
     """A call to an inference server failed.
@@ -39,6 +90,7 @@ class InferenceError(Exception):
         kind: a short label for metrics (`"timeout"`, `"http_5xx"`, ...).
         server: the base URL of the server that failed, when known.
         retry_after: seconds the server asked us to wait (`Retry-After`), when given.
+        fatal: whether every request will fail the same way (see `fatal_reason`).
     """
 
     def __init__(
@@ -50,8 +102,10 @@ class InferenceError(Exception):
         kind: ErrorKind = "protocol",
         server: str | None = None,
         retry_after: float | None = None,
+        fatal: bool = False,
     ) -> None:
         super().__init__(message)
+        self.fatal = fatal
         self.message = message
         self.status_code = status_code
         self.retryable = retryable
@@ -68,7 +122,8 @@ class InferenceError(Exception):
         server: str | None = None,
         retry_after: float | None = None,
     ) -> InferenceError:
-        """The error for an HTTP answer with status >= 400 (5xx, 408 and 429 are retryable)."""
+        """The error for an HTTP answer with status >= 400 (5xx, 408 and 429 are retryable;
+        the statuses of `FATAL_STATUS` are fatal, with the fix in the message)."""
         if status >= 500:
             kind: ErrorKind = "http_5xx"
         elif status in RETRYABLE_STATUS:
@@ -76,13 +131,16 @@ class InferenceError(Exception):
         else:
             kind = "http_4xx"
         text = " ".join(body.split())[:500]
+        message = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+        fix = FATAL_STATUS.get(status)
         return cls(
-            f"HTTP {status}: {text}" if text else f"HTTP {status}",
+            f"{message} ({fix})" if fix else message,
             status_code=status,
             retryable=kind != "http_4xx",
             kind=kind,
             server=server,
             retry_after=retry_after,
+            fatal=fix is not None,
         )
 
     def __str__(self) -> str:
@@ -107,4 +165,4 @@ class UnsupportedOperation(InferenceError, NotImplementedError):
     """The backend cannot perform this call at all (e.g. token ids from a plain OpenAI API)."""
 
     def __init__(self, message: str, *, server: str | None = None) -> None:
-        super().__init__(message, retryable=False, kind="unsupported", server=server)
+        super().__init__(message, retryable=False, kind="unsupported", server=server, fatal=True)

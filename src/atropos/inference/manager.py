@@ -48,6 +48,8 @@ NEEDS = {
     "get_logprobs": "supports_prompt_logprobs",
 }
 """Calls only some backends can answer, and the backend flag that says so."""
+DEFAULT_SERVER_WAIT = 60.0
+"""Seconds a call waits while no server is healthy, when `server_wait` is not set."""
 
 
 if sys.version_info >= (3, 11):
@@ -179,6 +181,7 @@ class ServerManager:
             self.servers,
             health_interval=self.config.health_check_interval,
             health_timeout=self.config.health_check_timeout,
+            server_wait=self.config.server_wait or DEFAULT_SERVER_WAIT,
         )
         self._weight = 1.0
         self._closed = False
@@ -401,6 +404,7 @@ class ServerManager:
                 ) from None
             else:
                 slot.stats.record(split, loop.time() - started, attempt)
+                slot.answered = True
                 return result
             finally:
                 if owned:

@@ -6,6 +6,12 @@ takes one unit of its split's budget on the least-loaded healthy server (in-flig
 when none has room it waits on that split's `asyncio.Condition` until a release or a health or
 weight change wakes it (no polling). Health is probed with the backend's cheap GET
 (`check_health`), by one task per server started lazily and cancelled by `aclose()`.
+
+While no server a call may use is healthy, the call waits at most `server_wait` seconds (not its
+whole deadline): the probe of each unhealthy server logs every `note_every` seconds for how long
+it has been unreachable and why, and a call that gives up raises `kind="unavailable"`, marked
+`fatal` when no server has ever answered (a wrong address or a server that was never started:
+every item would wait the same way, so the run should stop and say so).
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class ServerSlot:
         self.backend = backend
         self.stats = ServerStats(backend.config.rolling_buffer_length)
         self.healthy = True
+        self.answered = False  # a probe passed or a call succeeded at least once
+        self.down_since: float | None = None  # loop time it was last marked unhealthy
+        self.why = ""  # why it was last marked unhealthy
         self.weight = 1.0
         self.in_flight: Counter[Split] = Counter()
 
@@ -107,10 +116,14 @@ class ServerPool:
         *,
         health_interval: float,
         health_timeout: float,
+        server_wait: float = 60.0,
+        note_every: float = 10.0,
     ) -> None:
         self.slots = [ServerSlot(i, b) for i, b in enumerate(backends)]
         self.health_interval = health_interval
         self.health_timeout = health_timeout
+        self.server_wait = server_wait
+        self.note_every = note_every
         self._room = {s: asyncio.Condition() for s in SPLITS}
         self._waiting: Counter[Split] = Counter()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -191,11 +204,17 @@ class ServerPool:
     ) -> ServerSlot:
         loop = asyncio.get_running_loop()
         room = self._room[split]
+        started = loop.time()
         async with room:
             self._waiting[split] += 1
             try:
                 while (slot := self.pick(split, prefer, avoid, only)) is None:
-                    remaining = deadline - loop.time()
+                    limit = deadline
+                    if not any(s.healthy for s in self.slots if only is None or s.index in only):
+                        limit = min(deadline, started + self.server_wait)
+                        if limit < deadline and loop.time() >= limit:
+                            raise self._unreachable(only)
+                    remaining = limit - loop.time()
                     if remaining <= 0:
                         raise self._unavailable(split)
                     try:
@@ -217,6 +236,24 @@ class ServerPool:
             f"({healthy}/{len(self.slots)} healthy: {self.slots})",
             retryable=True,
             kind="unavailable",
+        )
+
+    def _unreachable(self, only: Set[int] | None) -> InferenceError:
+        slots = [s for s in self.slots if only is None or s.index in only]
+        never = not any(s.answered for s in slots)
+        where = "; ".join(f"{s.config.base_url}{s.why}" for s in slots)
+        check = (
+            "check that the server is running and --openai.base_url (the address ends in /v1"
+            " for OpenAI-compatible servers)"
+            if never
+            else "it answered before: it may be restarting"
+        )
+        return InferenceError(
+            f"no inference server was healthy for {self.server_wait:g} s ({where}); {check}"
+            " (--server_wait sets how long to wait)",
+            retryable=True,
+            kind="unavailable",
+            fatal=never,
         )
 
     async def release(self, slot: ServerSlot, split: Split) -> None:
@@ -253,14 +290,19 @@ class ServerPool:
 
     def set_health(self, slot: ServerSlot, healthy: bool, why: str = "") -> None:
         """Record a health change; a server coming back wakes the waiters."""
+        if healthy:
+            slot.answered = True
         if slot.healthy == healthy:
             return
         slot.healthy = healthy
         if healthy:
+            slot.down_since = None
             log.info("inference server %s is healthy again", slot.config.base_url)
-            self.wake_all()
         else:
+            slot.why = why
+            slot.down_since = asyncio.get_running_loop().time()
             log.warning("inference server %s is unhealthy%s", slot.config.base_url, why)
+        self.wake_all()  # back: waiters can go; down: waiters start their server_wait
 
     def mark_failed(self, slot: ServerSlot, error: InferenceError) -> None:
         """After a connection failure, take the server out until its probe passes again."""
@@ -269,9 +311,22 @@ class ServerPool:
 
     async def _watch(self, slot: ServerSlot) -> None:
         failures = 0
+        loop = asyncio.get_running_loop()
+        noted = loop.time()
         while True:
             ok = await slot.backend.check_health(timeout=self.health_timeout)
             self.set_health(slot, ok, ": health probe failed")
             failures = 0 if ok else failures + 1
+            now = loop.time()
+            if slot.down_since is not None and now - noted >= self.note_every:
+                noted = now
+                log.warning(
+                    "waiting for inference server %s: unreachable for %.0f s%s (calls give up"
+                    " after %g s without a healthy server)",
+                    slot.config.base_url,
+                    now - slot.down_since,
+                    slot.why,
+                    self.server_wait,
+                )
             delay = self.health_interval if ok else 0.25 * 2 ** min(failures - 1, 10)
             await asyncio.sleep(min(delay, self.health_interval))

@@ -17,6 +17,8 @@ import weakref
 from types import ModuleType
 from typing import Any, ClassVar
 
+from atropos.inference.errors import FatalError
+
 TINY = "tiny"
 
 
@@ -46,6 +48,10 @@ def import_transformers_quietly() -> ModuleType:
     return module
 
 
+class TokenizerError(FatalError, ValueError):
+    """A tokenizer that cannot be loaded: fatal to a run (every item needs it)."""
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name: str) -> Any:
     """The tokenizer called `name`, loaded once per process."""
@@ -57,7 +63,7 @@ def load_tokenizer(name: str) -> Any:
     try:
         return transformers.AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
-        raise ValueError(
+        raise TokenizerError(
             f"could not load tokenizer {name!r} ({type(err).__name__}: {err}); set"
             " --env.tokenizer_name to a local directory, a model id your machine can reach,"
             f" or {TINY!r} for the small tokenizer that ships with atropos"

@@ -37,6 +37,8 @@ from atropos.local.protocol import RequestError, Result, Sampling, parse_chat, p
 from atropos.local.responses import Shaper, models_body
 
 if TYPE_CHECKING:
+    import socket
+
     from atropos.local.engine import Engine
 
 log = logging.getLogger("atropos.local")
@@ -255,35 +257,32 @@ def create_app(
 
 def run(
     model_dir: str,
+    sock: socket.socket,
     *,
-    host: str = "127.0.0.1",
-    port: int = 9001,
     served_model_name: str | None = None,
     api_key: str | None = None,
     log_level: str = "warning",
     **engine_options: Any,
 ) -> None:
-    """Load the model, then serve until interrupted (`engine_options` go to `Engine`)."""
-    import uvicorn
-
+    """Load the model, then serve on `sock` (bound by the caller, so a busy port fails before
+    the model loads and before anything says it listens) until interrupted (`engine_options`
+    go to `Engine`)."""
+    from atropos.cli.listen import base_url, serve
     from atropos.local.engine import Engine
 
-    engine = Engine(model_dir, **engine_options).start()
+    try:
+        engine = Engine(model_dir, **engine_options).start()
+    except BaseException:
+        sock.close()
+        raise
     try:
         app = create_app(engine, served_model_name=served_model_name, api_key=api_key)
         print(
-            f"atropos local: http://{host}:{port}/v1 model={served_model_name or model_dir}"
+            f"atropos local: {base_url(sock)}/v1 model={served_model_name or model_dir}"
             f" device={engine.device} policy_version={engine.policy_version}"
             f"{' (api key required)' if api_key else ''}",
             flush=True,
         )
-        uvicorn.run(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
+        serve(app, sock, log_level)
     finally:
         engine.close()

@@ -17,23 +17,28 @@ checkpoint every `--checkpoint-every` steps and only then acknowledge the batche
 crash loses nothing and trains nothing twice. Resumes from the newest checkpoint in `--out-dir`.
 Metrics per step go to ``{out_dir}/metrics.jsonl`` and, with `--wandb`, to a W&B run whose
 project and group are registered with the API so the environments log beside it
-(docs/metrics.md).
+(docs/metrics.md). SIGTERM or SIGINT finishes the step in progress, checkpoints and returns; one
+that comes while the trainer waits (for its inference server, the API, registration or a batch)
+ends the wait at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atropos.metrics import MetricsSink, WandbRun, run_name
@@ -42,43 +47,61 @@ log = logging.getLogger("atropos.trainer")
 
 
 class TrainConfig(BaseSettings):
-    """Everything `atropos train` takes; flags are the field names in kebab case."""
+    """Everything `atropos train` takes: each field is a flag in kebab case (`--batch-size`),
+    parsed by `atropos.cli.train`, or an `ATROPOS_TRAIN_<FIELD>` variable below the flags."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="ATROPOS_TRAIN_",
-        cli_prog_name="atropos train",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
+    model_config = SettingsConfigDict(env_prefix="ATROPOS_TRAIN_")
+
+    model: str = Field(
+        description="the weights to start from: a Hugging Face model directory (config.json,"
+        " weights, tokenizer), a Hub model id this machine can download, or the tiny policy"
+        " that ships with atropos: --model tiny"
     )
-
-    model: str = Field(description="starting weights: a directory in Hugging Face format")
-    api_url: str = "http://127.0.0.1:8000"
-    api_key: SecretStr | None = None
-    out_dir: Path = Path("runs/train")
+    api_url: str = Field("http://127.0.0.1:8000", description="the trajectory API to train from")
+    api_key: SecretStr | None = Field(
+        None, description="the trajectory API's key, sent as 'Authorization: Bearer KEY'"
+    )
+    out_dir: Path = Field(
+        Path("runs/train"),
+        description="checkpoints, weights, metrics.jsonl and config.json; a run resumes from"
+        " the newest checkpoint here",
+    )
     steps: int = Field(100, ge=1, description="optimizer steps to reach (one API batch each)")
     batch_size: int = Field(64, ge=1, description="sequences per optimizer step")
-    micro_batch_size: int = Field(16, ge=1)
-    seq_len: int = Field(2048, ge=2, description="registered as the API's max_token_len")
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    max_grad_norm: float = 1.0
+    micro_batch_size: int = Field(
+        16, ge=1, description="sequences per forward/backward pass (gradients accumulate)"
+    )
+    seq_len: int = Field(
+        2048, ge=2, description="longest sequence in tokens; registered as the API's max_token_len"
+    )
+    lr: float = Field(1e-5, ge=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear warmup to --lr")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range: ratios outside 1 +- eps")
+    kl_coef: float = Field(0.0, ge=0, description="weight of a KL penalty to the starting model")
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
     lease_seconds: float = Field(600.0, gt=0, description="how long a leased batch is held")
-    checkpoint_every: int = Field(10, ge=0, description="0: only at the end")
-    keep_checkpoints: int = Field(2, ge=1)
-    sync: Literal["none", "reload", "restart", "lora"] = "reload"
-    sync_every: int = Field(1, ge=1)
-    server_url: str = "http://127.0.0.1:9001/v1"
-    server_command: str = Field("", description="restart mode: command with {model} and {port}")
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_targets: list[str] = ["q_proj", "v_proj"]
-    lora_name: str = "policy"
-    seed: int = 0
-    device: str = "auto"
-    patience: float = Field(120.0, description="seconds to keep retrying an unreachable API")
+    checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints; 0: at the end")
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
+    sync: Literal["none", "reload", "restart", "lora"] = Field(
+        "reload", description="how new weights reach the inference server (docs/trainer.md)"
+    )
+    sync_every: int = Field(1, ge=1, description="steps between weight syncs")
+    server_url: str = Field(
+        "http://127.0.0.1:9001/v1", description="the inference server's OpenAI base URL"
+    )
+    server_command: str = Field(
+        "", description="restart mode: the command that starts the server, with {model}, {port}"
+    )
+    lora_r: int = Field(16, ge=1, description="lora mode: rank of the adapters")
+    lora_alpha: float = Field(32.0, gt=0, description="lora mode: scale of the adapters")
+    lora_targets: list[str] = Field(
+        ["q_proj", "v_proj"], min_length=1, description="lora mode: modules that get adapters"
+    )
+    lora_name: str = Field("policy", description="lora mode: the adapter's name on the server")
+    seed: int = Field(0, description="seed of torch")
+    device: str = Field("auto", description="'auto' (cuda when available, else cpu), 'cpu', 'cuda'")
+    patience: float = Field(120.0, ge=0, description="seconds to keep retrying an unreachable API")
     wandb: bool = Field(False, description="also log metrics to W&B (needs the wandb extra)")
     wandb_project: str = Field(
         "atropos", description="W&B project, registered with the API for the environments too"
@@ -87,6 +110,31 @@ class TrainConfig(BaseSettings):
         None, description="W&B group the environments join (unset: the run's name)"
     )
     wandb_name: str | None = Field(None, description="W&B run name (unset: trainer-DATE-XXXXXX)")
+
+    @field_validator("model")
+    @classmethod
+    def _model_source(cls, value: str) -> str:
+        """'tiny' becomes the shipped policy's directory; a path must be a model directory."""
+        if value == "tiny":
+            from atropos.tiny.warmstart import policy_path
+
+            return str(policy_path())
+        path = Path(value).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ValueError(f"{value} has no config.json: not a Hugging Face model directory")
+            return value
+        if path.exists():
+            raise ValueError(f"{value} is a file: pass the model's directory")
+        if not _HUB_ID.fullmatch(value):
+            raise ValueError(
+                f"no directory {value}: pass a Hugging Face model directory, a Hub model id,"
+                " or the tiny policy that ships with atropos: --model tiny"
+            )
+        return value
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "org/name" or "name", never "./x"
 
 
 # The JSONL keeps the short names (docs/trainer.md); W&B gets upstream's names where they exist
@@ -185,30 +233,37 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     api = TrainerClient(
         cfg.api_url, cfg.api_key.get_secret_value() if cfg.api_key else None, cfg.patience
     )
-    stopping, restore_signals = _stop_on_sigterm()
+    stopping, restore_signals, waiting = _stop_on_sigterm()
     (out / "config.json").write_text(cfg.model_dump_json(indent=2, exclude={"api_key"}))
     sink: MetricsSink | None = None
     last: dict[str, Any] = {}
     unacked: list[str] = []
     try:
         sink, wandb_group, wandb_project = open_metrics(cfg)
-        if cfg.sync == "restart":
-            sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
-        elif step > 0 or lora:  # the server may hold older weights than the ones we resume from
-            sync.publish(model, tokenizer, step)
-        api.wait_ready()
-        api.register(
+        with waiting("the inference server"):
+            if cfg.sync == "restart":
+                sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
+            elif step > 0 or lora:  # the server may hold older weights than we resume from
+                sync.publish(model, tokenizer, step)
+        with waiting("the API"):
+            api.wait_ready()
+            api.register(
             wandb_group=wandb_group, wandb_project=wandb_project, batch_size=cfg.batch_size,
             max_token_len=cfg.seq_len, checkpoint_dir=str(out / "checkpoints"),
             save_checkpoint_interval=cfg.checkpoint_every or cfg.steps,
-            starting_step=step, num_steps=cfg.steps,
-        )  # fmt: skip
+                starting_step=step, num_steps=cfg.steps,
+            )  # fmt: skip
         for batch_id in covered:  # in the checkpoint; a crash may have come before their ack
             api.ack(batch_id, missing_ok=True)
         log.info("registered with %s; training steps %d..%d", cfg.api_url, step + 1, cfg.steps)
         while step < cfg.steps and not stopping():
             t0 = time.perf_counter()
-            batch = api.next_batch(cfg.lease_seconds, stop=stopping)
+            try:
+                with waiting("a batch"):
+                    batch = api.next_batch(cfg.lease_seconds, stop=stopping)
+            except _Interrupted as why:
+                log.warning("%s; stopping after step %d", why, step)
+                batch = None
             if batch is None:
                 break
             t_data = time.perf_counter() - t0
@@ -281,6 +336,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 step, cfg.steps, last["loss"], last["reward_mean"], last["mean_ratio"],
                 last["clip_fraction"], _fmt(last["logprob_mismatch"]), grad_norm,
             )  # fmt: skip
+    except _Interrupted as why:  # before the first step: nothing to save
+        log.warning("%s; stopping before training", why)
+    else:
         if unacked and step > latest_step(out):
             save_state(out, step, model, tokenizer, opt, lora_args, cfg.keep_checkpoints, unacked)
         if latest_step(out) == step:
@@ -327,23 +385,43 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2e}"
 
 
-def _stop_on_sigterm() -> tuple[Any, Any]:
-    """`stop()`, true after SIGTERM/SIGINT (finish the step, checkpoint, exit), and `restore()`."""
-    flag = {"stop": False}
+class _Interrupted(Exception):
+    """A signal came while the trainer waited (for the API, the server or a batch)."""
+
+
+def _stop_on_sigterm() -> tuple[Any, Any, Any]:
+    """`stop()`, true after SIGTERM/SIGINT (finish the step, checkpoint, exit), `restore()`,
+    and `waiting(what)`: a context manager inside which a signal interrupts the wait at once
+    (`_Interrupted`, from the handler) instead of after it (a wait for the API or a batch may
+    last minutes, and a step in progress must not be cut)."""
+    flag: dict[str, Any] = {"stop": False, "waiting": None}
 
     def handler(signum: int, frame: Any) -> None:
-        log.info("signal %d: finishing this step, then stopping", signum)
         flag["stop"] = True
+        name = signal.Signals(signum).name
+        if flag["waiting"] is not None:
+            raise _Interrupted(f"received {name} while waiting for {flag['waiting']}")
+        log.info("received %s: finishing this step, then stopping", name)
+
+    @contextlib.contextmanager
+    def waiting(what: str) -> Iterator[None]:
+        if flag["stop"]:
+            raise _Interrupted(f"stopping: asked to before waiting for {what}")
+        flag["waiting"] = what
+        try:
+            yield
+        finally:
+            flag["waiting"] = None
 
     if threading.current_thread() is not threading.main_thread():
-        return (lambda: flag["stop"]), (lambda: None)
+        return (lambda: flag["stop"]), (lambda: None), waiting
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def restore() -> None:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-    return (lambda: flag["stop"]), restore
+    return (lambda: flag["stop"]), restore, waiting
 
 
 # ----- checkpoints: {out}/checkpoints/step_N, written whole then renamed --------------------------

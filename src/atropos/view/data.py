@@ -1,10 +1,13 @@
 """The page's data: each group reduced to what the page shows, as plain JSON values.
 
 Scores get their statistics here (the page sorts and filters on them); messages are
-normalised to `{role, content, images, extra}`; images are kept only as `data:image/*` URLs
-(bare base64 is sniffed and wrapped; remote URLs are never loaded); numbers that JSON cannot
-carry (NaN, infinities) become null. With a tokenizer each sequence also gets its token
-pieces and mask runs (see `atropos.view.tokens`), within a budget of tokens per page.
+normalised to `{role, content, images, extra}`; each group gets a one-line preview of its prompt
+(the last user message) and of its best answer (the highest-scored sequence's last assistant
+message), and the count of leading messages all its sequences share (shown once); images are
+kept only as `data:image/*` URLs (bare base64 is sniffed and wrapped; remote URLs are never
+loaded); numbers that JSON cannot carry (NaN, infinities) become null. With a tokenizer each
+sequence also gets its token pieces and mask runs (see `atropos.view.tokens`), within a budget
+of tokens per page.
 
 >>> score_stats([1.0, 0.0, 0.5])
 {'min': 0.0, 'mean': 0.5, 'max': 1.0, 'spread': 1.0}
@@ -31,6 +34,9 @@ their messages and counts only."""
 
 IMAGE_BUDGET = 64 * 2**20
 """Bytes of image data embedded in one page at most."""
+
+PREVIEW_CHARS = 200
+"""Characters of a collapsed group's prompt and answer previews at most."""
 
 _DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|gif|webp|bmp);base64,[A-Za-z0-9+/=\s]+\Z")
 _MAGIC = (
@@ -253,6 +259,8 @@ def group_data(entry: Entry, tokenizer: Any, budget: Budget) -> dict[str, Any]:
     seqs = [sequence(g, i, tokenizer, budget) for i in range(count)]
     scores = [s["score"] for s in seqs]
     env = g.get("env_id")
+    best = best_index(scores)
+    prompt, answer = previews(seqs, best)
     return {
         "where": entry.where,
         "received": entry.received,
@@ -261,10 +269,74 @@ def group_data(entry: Entry, tokenizer: Any, budget: Budget) -> dict[str, Any]:
         "policy_version": _str_or_none(g.get("policy_version")),
         "token_source": _str_or_none(g.get("token_source")),
         "stats": score_stats(scores),
+        "best": best,
+        "prompt_preview": prompt,
+        "answer_preview": answer,
+        "shared": shared_prefix([s["messages"] for s in seqs]),
         "seqs": seqs,
         "images": budget.images(g.get("images")),
         "group_overrides": jsonable(g.get("group_overrides")) or None,
     }
+
+
+def best_index(scores: list[float | None]) -> int | None:
+    """The index of the highest finite score (the first of equals); None when there is none.
+
+    >>> best_index([0.5, None, 1.0, 1.0]), best_index([None])
+    (2, None)
+    """
+    best: int | None = None
+    top = 0.0
+    for i, score in enumerate(scores):
+        if score is not None and (best is None or score > top):
+            best, top = i, score
+    return best
+
+
+def shared_prefix(conversations: list[list[dict[str, Any]] | None]) -> int:
+    """How many leading messages every conversation of a group has in common, leaving each
+    at least its last message (its own part). 0 for a single sequence, or when any sequence
+    has no messages.
+
+    >>> q, a, b = ({"role": r, "content": c} for r, c in [("user", "q"), ("a", "1"), ("a", "2")])
+    >>> shared_prefix([[q, a], [q, b]]), shared_prefix([[q, a], [q, a]]), shared_prefix([[q, a]])
+    (1, 1, 0)
+    """
+    if len(conversations) < 2 or any(not c for c in conversations):
+        return 0
+    convs = [c for c in conversations if c]
+    limit = min(len(c) for c in convs) - 1
+    k = 0
+    while k < limit and all(c[k] == convs[0][k] for c in convs[1:]):
+        k += 1
+    return k
+
+
+def one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """`text` on one line (runs of whitespace as one space), cut to `limit` characters.
+
+    >>> one_line("What is\\n\\n  2 + 2?"), one_line("x" * 10, 4)
+    ('What is 2 + 2?', 'xxx…')
+    """
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _last(messages: list[dict[str, Any]] | None, role: str) -> str | None:
+    for m in reversed(messages or []):
+        if m["role"].lower() == role and m["content"].strip():
+            return one_line(m["content"])
+    return None
+
+
+def previews(seqs: list[dict[str, Any]], best: int | None) -> tuple[str | None, str | None]:
+    """(prompt, answer) previews of a group: the last user message and the best sequence's
+    last assistant message, each on one line (taken from the first sequence when no score
+    is known)."""
+    if not seqs:
+        return None, None
+    chosen = seqs[best if best is not None else 0]["messages"]
+    return _last(chosen, "user"), _last(chosen, "assistant")
 
 
 def _count(n: int, noun: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from atropos.environments.evals.answers import check_math, normalize
 from atropos.environments.evals.base import EvalEnv, Graded, Problem, boxed_contents
@@ -37,6 +37,7 @@ class AIMEEval(EvalEnv):
     """AIME problems; the \\boxed{} integer must equal the gold (0 to 999)."""
 
     name = "eval_aime"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     benchmark = "aime"
     fixture = "aime.jsonl"
     hub_dataset, hub_config, hub_split = "HuggingFaceH4/aime_2024", None, "train"

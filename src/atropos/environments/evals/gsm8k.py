@@ -13,7 +13,7 @@ is unanswered and boxes with different answers are wrong.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from atropos.environments.evals.answers import grade_boxed
 from atropos.environments.evals.base import EvalEnv, Graded, Problem
@@ -26,6 +26,7 @@ class GSM8KEval(EvalEnv):
     """GSM8K word problems; a \\boxed{} answer checked by math-verify (string fallback)."""
 
     name = "eval_gsm8k"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     benchmark = "gsm8k"
     fixture = "gsm8k.jsonl"
     hub_dataset, hub_config, hub_split = "openai/gsm8k", "main", "test"

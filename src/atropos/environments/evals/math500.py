@@ -15,7 +15,7 @@ with different answers are wrong. Accuracy is also broken down by `level` and `s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from atropos.environments.evals.answers import grade_boxed
 from atropos.environments.evals.base import EvalEnv, Graded, Problem
@@ -29,6 +29,7 @@ class Math500Eval(EvalEnv):
     """MATH-500 competition problems; a \\boxed{} answer checked by math-verify."""
 
     name = "eval_math500"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     benchmark = "math500"
     fixture = "math500.jsonl"
     hub_dataset, hub_config, hub_split = "HuggingFaceH4/MATH-500", None, "test"

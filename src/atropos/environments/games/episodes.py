@@ -184,6 +184,7 @@ class GameEnv(BaseEnv):
     (the same deal, so the episodes differ only by the policy's moves)."""
 
     env_config_cls: ClassVar[type[BaseEnvConfig]] = GameConfig
+    requires: ClassVar[dict[str, str]] = {"gymnasium": "games"}  # checked before a run
     config: GameConfig
     rules: ClassVar[str] = ""  # the system turn
 

@@ -19,7 +19,7 @@ import asyncio
 import random
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -89,6 +89,7 @@ class MathEnv(JudgedEnv, Env):
     """Math problems in normal, judge, self-correct and rlaif modes (+1/-1 by math-verify)."""
 
     name = "math"
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     env_config_cls = MathConfig
     config: MathConfig
     system_prompt = SYSTEM_PROMPT

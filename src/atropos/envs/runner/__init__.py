@@ -2,6 +2,11 @@
 
 `run(env_cls, resolved)` is where `MyEnv.cli()` and `atropos env serve|process|evaluate NAME`
 end: it builds the env from the resolved configuration and runs the mode's loop.
+
+Exit status, the same for the three runners: 0 when the run ended on its own, 1 on a failure
+(said in one message), 130 after SIGINT (Ctrl-C) and 143 after SIGTERM, once what the run made
+is flushed and its summary printed (`stop.Stopper`). A signal before the runner's loop starts
+(while the env is built) gives the same status, without a summary.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import asyncio
 import gc
 import logging
 import os
+import signal
+import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -87,23 +94,9 @@ async def run_async(env: Any, resolved: ResolvedConfig) -> int:
 
         return await ProcessRunner(env, resolved).run()
     if resolved.mode == "evaluate":
-        from atropos.metrics.envs import open_env_sink
+        from atropos.envs.runner.evaluate import EvaluateRunner
 
-        out = resolved.env.data_dir_to_save_evals
-        folder = Path(out) if out else Path("runs") / name
-        env.metrics_sink = open_env_sink(
-            env, folder / "metrics.jsonl", config=resolved.redacted(), wandb_dir=folder
-        )
-        try:
-            await env.setup()
-            await env.evaluate()
-        finally:
-            await env.aclose()
-            env.metrics_sink.close()
-            env.metrics_sink = None
-        if out:
-            resolved.save(Path(out) / "evaluate_config.yaml")
-        return 0
+        return await EvaluateRunner(env, resolved, name).run()
     raise ValueError(f"unknown mode {resolved.mode!r}: use serve, process or evaluate")
 
 
@@ -130,6 +123,28 @@ def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
     shipped tiny tokenizer) instead of real servers: the whole loop runs with no model.
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _run(env_cls, resolved)
+    except KeyboardInterrupt as err:  # a signal before a runner took the signals over
+        log.warning("interrupted before the run started")
+        return 143 if isinstance(err, _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM before a runner installed its own handlers."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def _run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
     if not resolved.manager.testing:
         return run_loop(run_async(build_env(env_cls, resolved), resolved))
     from atropos.inference.config import APIServerConfig

@@ -2,7 +2,9 @@
 
 One aiohttp session for the whole run (upstream opened a new one per status poll). `/status-env`
 is sent as a GET with a JSON body, as upstream clients do, so our envs also work against
-upstream's `run-api`.
+upstream's `run-api`. Its body also carries the env's cumulative drop and failure counts,
+`{"env_id": N, "dropped": {"<reason>": n}, "failed": {"<kind>": n}}` (each left out when
+empty), for the API's dashboard; upstream's API ignores the extra fields.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+
+from atropos.envs.runner.stop import Stopper
+from atropos.wire import REPORT_MAX_COUNT, REPORT_MAX_NAME_LENGTH, REPORT_MAX_NAMES
 
 log = logging.getLogger("atropos.env")
 
@@ -51,21 +57,37 @@ class ControlClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise ApiError(f"{method} {path}: {type(err).__name__}: {err}") from None
 
-    async def register(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
-        """Register, waiting for the trainer with a log line every 10 s, up to `deadline` s."""
+    async def register(
+        self, request: dict[str, Any], deadline: float, stopper: Stopper | None = None
+    ) -> dict[str, Any]:
+        """Register, waiting for the trainer with a log line every 10 s, up to `deadline` s.
+
+        Raises ApiError at the deadline (naming what to check), `Stopped` when `stopper` is
+        set meanwhile."""
+        stopper = stopper or Stopper()
         start = time.monotonic()
         next_note = start
         while True:
             try:
-                reply: dict[str, Any] = await self.call("POST", "/register-env", request)
+                reply: dict[str, Any] = await stopper.race(
+                    self.call("POST", "/register-env", request)
+                )
                 if reply.get("status") == "success":
                     return reply
-                reason = "the trainer has not started"
+                reason = "the API is up; no trainer has started"
+                check = "start the trainer (`atropos train`), which registers with the API"
             except ApiError as err:
                 reason = str(err)
+                check = (
+                    f"start the API (`atropos api serve`) at {self.url}, or set"
+                    " --env.rollout_server_url"
+                )
             waited = time.monotonic() - start
             if waited > deadline:
-                raise ApiError(f"gave up registering after {waited:.0f} s: {reason}")
+                raise ApiError(
+                    f"gave up registering with {self.url} after {waited:.0f} s ({reason}):"
+                    f" {check}; --env.register_timeout sets how long to wait"
+                )
             if time.monotonic() >= next_note:
                 log.warning(
                     "waiting to register with %s (%s); %.0f s of %.0f s",
@@ -75,15 +97,47 @@ class ControlClient:
                     deadline,
                 )
                 next_note += 10
-            await asyncio.sleep(1.0)
+            await stopper.sleep(1.0)
 
     async def info(self) -> dict[str, Any]:
         reply: dict[str, Any] = await self.call("GET", "/info")
         return reply
 
-    async def status(self, env_id: int) -> dict[str, Any]:
-        reply: dict[str, Any] = await self.call("GET", "/status-env", {"env_id": env_id})
+    async def status(
+        self,
+        env_id: int,
+        dropped: Mapping[str, int] | None = None,
+        failed: Mapping[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """`/status-env`, sending the env's cumulative drop and failure counts (when any)."""
+        body: dict[str, Any] = {"env_id": env_id}
+        if dropped:
+            body["dropped"] = _report_counts(dropped)
+        if failed:
+            body["failed"] = _report_counts(failed)
+        reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 
     async def disconnect(self, env_id: int) -> None:
         await self.call("POST", "/disconnect-env", {"env_id": env_id})
+
+
+def _report_counts(counts: Mapping[str, int]) -> dict[str, int]:
+    """`counts` within the API's rules for a report (`atropos.wire.REPORT_MAX_*`), which refuses
+    the whole status poll otherwise: names cut to their longest, the smallest counts past the
+    most names folded into "other".
+
+    >>> [len(name) for name in _report_counts({"x" * 200: 1})]
+    [100]
+    >>> folded = _report_counts({f"r{i}": i for i in range(100)})
+    >>> len(folded), folded["other"] == sum(range(37))
+    (64, True)
+    """
+    out: dict[str, int] = {}
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    for i, (name, n) in enumerate(ranked):
+        key = (name or "unnamed")[:REPORT_MAX_NAME_LENGTH]
+        if i >= REPORT_MAX_NAMES - 1 and len(ranked) > REPORT_MAX_NAMES:
+            key = "other"
+        out[key] = min(out.get(key, 0) + int(n), REPORT_MAX_COUNT)
+    return out

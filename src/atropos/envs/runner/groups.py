@@ -90,6 +90,15 @@ def prepare(
     return out
 
 
+def plural(n: int, noun: str) -> str:
+    """`n` and `noun`, plural when `n` is not 1.
+
+    >>> plural(1, "group"), plural(2, "group"), plural(0, "group")
+    ('1 group', '2 groups', '0 groups')
+    """
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def unused_path(path: Path) -> Path:
     """`path`, or `stem_1`, `stem_2`, ... beside it if it exists (never overwrite a run)."""
     if not path.exists():
@@ -115,22 +124,30 @@ def encode_line(group: dict[str, Any]) -> bytes:
 
 
 class JsonlSink:
-    """Groups to a JSONL file, one per line, flushed as written (a kill loses nothing)."""
+    """Groups to a JSONL file, one per line, flushed as written (a kill loses nothing).
+
+    The file is created with the first group, so a run that writes none leaves no empty file;
+    `path` is chosen at once (`unused_path`: a name no earlier run has taken)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = unused_path(path)
-        self._file: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115
+        self._file: IO[bytes] | None = None
+        self._closed = False
         self.count = 0
 
     def write(self, group: dict[str, Any]) -> None:
         if self._file is None:
-            raise ValueError(f"{self.path} is closed")
+            if self._closed:
+                raise ValueError(f"{self.path} is closed")
+            self._file = open(unused_path(self.path), "wb")  # noqa: SIM115
+            self.path = Path(self._file.name)
         self._file.write(encode_line(group))
         self._file.flush()
         self.count += 1
 
     def close(self) -> None:
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None

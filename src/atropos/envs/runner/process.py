@@ -2,14 +2,25 @@
 
 Items run concurrently (up to `max_num_workers` at once; atroposlib 0.4.0 ran one at a time)
 with a progress bar; items an env hands back from `collect_trajectories` (judge passes, retries)
-run before new ones, as in serve mode. An exception in one item is counted and logged and the
-run goes on; a run whose last `max(100, 2 x max_num_workers)` items all gave no group (every one
-dropped or failed) stops with status 1 and the drop counts, rather than sampling forever. Each
-group is written and flushed as soon as it is scored, so a killed run keeps what it made. At the
-end: `<name>.html` beside the JSONL, `<name>.metrics.json` with counts, timings and score
-statistics, and `<name>.config.yaml` (the resolved configuration, secrets removed). The same
-metrics plus the env's own (`wandb_log`) go as one record to `<name>.metrics.jsonl`, and to W&B
-when `use_wandb` is on and `$WANDB_PROJECT` names a project (`atropos.metrics.envs`).
+run before new ones, as in serve mode. An exception in one item is counted and logged (once per
+distinct message, `watch.FailureLog`) and the run goes on; a run whose last
+`max(100, 2 x max_num_workers)` items all gave no group (every one dropped or failed) stops with
+status 1 and the drop counts, rather than sampling forever. An error that will repeat for every
+item (a missing package, a tokenizer that cannot load, a model the server does not serve, an
+inference server never reached within `--server_wait` seconds: `errors.fatal_reason`) stops the
+run at the first one, with one message naming the fix and status 1. While most groups are
+dropped, a line says so every 30 s (`watch.DropReport`).
+
+Each group is written and flushed as soon as it is scored, so a killed run keeps what it made;
+the JSONL file is created with the first group (a run that makes none leaves none). SIGINT or
+SIGTERM, in any state (setup, waiting for a server, mid-rollout), stops the run: in-flight items
+get `grace` seconds to finish and are then cancelled, what was made is kept, the summary is
+printed and the status is 130 (SIGINT) or 143 (SIGTERM); a second signal cancels at once
+(`stop.Stopper`). At the end: `<name>.html` beside the JSONL, `<name>.metrics.json` with counts,
+timings and score statistics, and `<name>.config.yaml` (the resolved configuration, secrets
+removed). The same metrics plus the env's own (`wandb_log`) go as one record to
+`<name>.metrics.jsonl`, and to W&B when `use_wandb` is on and `$WANDB_PROJECT` names a project
+(`atropos.metrics.envs`).
 """
 
 from __future__ import annotations
@@ -28,9 +39,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
-from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
 from atropos.envs.runner.html import write_html
+from atropos.envs.runner.stop import Stopped, Stopper
+from atropos.envs.runner.watch import DropReport, FailureLog
 from atropos.inference.base import PolicyVersions
+from atropos.inference.errors import fatal_reason
 from atropos.metrics import MetricsError, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
 
@@ -41,6 +55,8 @@ class ProcessRunner:
     """Runs one env in process mode."""
 
     barren_limit = 100  # items in a row without a group before the run gives up (at least)
+    grace = 1.0  # seconds in-flight items get to finish after a stop signal
+    report_every = 1.0  # seconds between checks of the drop share (DropReport)
 
     def __init__(self, env: BaseEnv, resolved: ResolvedConfig) -> None:
         self.env = env
@@ -51,6 +67,9 @@ class ProcessRunner:
         self.target = cfg.total_steps
         self.drops: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.errors = FailureLog(self.failures)
+        self.drop_report = DropReport()
+        self.stopper = Stopper()
         self.scores: list[float] = []
         self.durations: list[float] = []
         self.lengths: list[int] = []  # trained tokens per sequence written
@@ -58,6 +77,10 @@ class ProcessRunner:
         self.backlog: deque[Any] = deque()  # items an env asked to run next (judge, retries)
 
     async def run(self, show_progress: bool = True) -> int:
+        with self.stopper.install("stopping: in-flight items get a moment, then the summary"):
+            return await self._run_all(show_progress)
+
+    async def _run_all(self, show_progress: bool) -> int:
         env, cfg = self.env, self.env.config
         started = time.time()
         try:
@@ -73,7 +96,19 @@ class ProcessRunner:
             return 1
         env.metrics_sink = sink
         try:
-            await env.setup()
+            try:
+                await self.stopper.race(env.setup())
+            except Stopped:
+                await env.aclose()
+                log.warning("stopped by %s during setup; wrote no groups", self.stopper.name)
+                return self.stopper.exit_code
+            except Exception as err:  # one clear line for a fatal error; a traceback otherwise
+                reason = fatal_reason(err)
+                if reason is None:
+                    raise
+                await env.aclose()
+                log.error("setup failed: %s; stopping (wrote no groups)", reason)
+                return 1
             with self.heap:
                 return await self._run(env, cfg, started, show_progress)
         finally:
@@ -88,15 +123,16 @@ class ProcessRunner:
         workers = max(1, cfg.max_num_workers)
         # barren: items in a row that gave no group; alive: worker tasks not yet returned
         state = {"made": 0, "in_flight": 0, "barren": 0, "alive": workers}
-        stop = asyncio.Event()
+        stop = self.stopper.event  # a signal sets it too
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
 
         async def worker() -> None:
             try:
                 await work()
-            except Exception:  # get_next_item failed: end the run with what was written
-                log.exception("%s.get_next_item failed; stopping", type(env).__name__)
-                self.failures["get_next_item"] += 1
+            except Exception as err:  # get_next_item failed: end the run with what was written
+                if not self.errors.record(err, "get_next_item"):
+                    log.error("%s.get_next_item failed; stopping", type(env).__name__)
+                stop.set()
             finally:
                 state["alive"] -= 1
                 if state["alive"] == 0:  # the last worker out ends the wait, whatever happened
@@ -118,6 +154,8 @@ class ProcessRunner:
                     state["in_flight"] -= 1
                 state["made"] += written
                 state["barren"] = 0 if written else state["barren"] + 1
+                if self.errors.fatal is not None:
+                    stop.set()
                 bar.update(progress, completed=min(state["made"], target))
                 if state["made"] >= target:
                     stop.set()
@@ -131,18 +169,26 @@ class ProcessRunner:
                     )
                     stop.set()
 
+        async def watch_drops() -> None:
+            while True:
+                await asyncio.sleep(self.report_every)
+                self.drop_report.check(self.drops, self.failures, state["made"])
+
         with Progress(*columns, TimeElapsedColumn(), disable=not show_progress) as bar:
             progress = bar.add_task(f"{env.name or type(env).__name__}: groups", total=target)
             tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+            watcher = asyncio.create_task(watch_drops())
             try:
                 await stop.wait()
+                if self.stopper.signum is not None and self.errors.fatal is None:
+                    await self._grace(tasks)
             finally:
-                for t in tasks:
+                for t in [*tasks, watcher]:
                     t.cancel()  # workers still sampling past the target or a stop
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*tasks, watcher, return_exceptions=True)
         made = state["made"]
         self.sink.close()
-        page = write_html(self.sink.path)
+        page = write_html(self.sink.path) if made else None
         totals = self._totals(made)
         try:  # one record: these totals and the env's own counters (judge votes, ...)
             await env.wandb_log(dict(totals))
@@ -152,7 +198,29 @@ class ProcessRunner:
         self._write_metrics(started, made, own)
         self.resolved.save(self.sink.path.with_suffix(".config.yaml"))
         await env.aclose()
-        log.warning("wrote %d groups to %s (%s)", made, self.sink.path, page.name)
+        return self._summary(made, page)
+
+    async def _grace(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Give in-flight items `grace` seconds to finish (less after a second signal)."""
+        pending = {t for t in tasks if not t.done()}
+        urgent = asyncio.ensure_future(self.stopper.urgent.wait())
+        try:
+            await asyncio.wait(pending | {urgent}, timeout=self.grace)
+        finally:
+            urgent.cancel()
+
+    def _summary(self, made: int, page: Path | None) -> int:
+        """Log the run's last line; return its exit status."""
+        where = f" to {self.sink.path} ({page.name})" if page is not None else ""
+        wrote = f"wrote {plural(made, 'group')}{where}"
+        counts = f"dropped {dict(self.drops)}, failed {dict(self.failures)}"
+        if self.errors.fatal is not None:
+            log.error("%s; stopping: %s (%s)", self.errors.fatal, wrote, counts)
+            return 1
+        if self.stopper.signum is not None:
+            log.warning("stopped by %s: %s (%s)", self.stopper.name, wrote, counts)
+            return self.stopper.exit_code
+        log.warning("%s (%s)", wrote, counts)
         return 0 if made > 0 or self.target == 0 else 1
 
     async def _one(self, item: Any) -> int:
@@ -164,9 +232,9 @@ class ProcessRunner:
                 result, more = await env.collect_trajectories(item)
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
-        except Exception as err:  # one bad item never ends the run
-            self.failures[type(err).__name__] += 1
-            log.exception("item failed: %s", err)
+        except Exception as err:  # one bad item never ends the run, unless all will fail alike
+            if self.errors.record(err):
+                self.stopper.event.set()
             return 0
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()

@@ -17,9 +17,20 @@ session per poll, and three failed polls killed the env). Step changes trigger e
 checkpoints by crossing multiples of their period, so a jump of several periods still triggers
 once (upstream's modulo test missed any jump of a whole period). Each step change also logs one
 metrics record through the env's `wandb_log` to `{run_dir}/metrics.jsonl`, and to W&B when on
-(docs/metrics.md). SIGTERM or SIGINT stops admission, lets in-flight rollouts finish (up to
-`drain_timeout`), flushes the sender, disconnects and exits 0 (upstream handled no signals and
-never disconnected).
+(docs/metrics.md). Each poll also sends the env's cumulative drop and failure counts, and while
+most groups are dropped a line says so every 30 s (`watch.DropReport`).
+
+Serve ends on its own, with status 0 and a line saying why, when the trainer is done: the step
+reaches the `num_steps` the trainer registered (or `total_steps`, when lower), the queue holds
+the data the remaining steps need, or the API no longer knows the env (the run was reset). It
+gives up with status 1 when the API stays unreachable for `api_patience` seconds (the spool
+keeps the groups), and at the first error that will repeat for every item (a missing package, a
+model the server does not serve, an inference server never reached: `errors.fatal_reason`),
+with one message naming the fix. SIGTERM or SIGINT, in any state (setup, waiting to register,
+rolling out), stops admission, lets in-flight rollouts finish (up to `drain_timeout`; at once
+when none is in flight or after a second signal), flushes the sender, disconnects, prints the
+summary and exits 143 (SIGTERM) or 130 (SIGINT) (`stop.Stopper`; upstream handled no signals
+and never disconnected).
 """
 
 from __future__ import annotations
@@ -28,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import signal
 import socket
 import sys
 import time
@@ -41,10 +51,13 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.control import ApiError, ControlClient
-from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
 from atropos.envs.runner.sender import Sender
+from atropos.envs.runner.stop import Stopped, Stopper
+from atropos.envs.runner.watch import DropReport, FailureLog
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
+from atropos.inference.errors import fatal_reason
 from atropos.metrics import MetricsError, MetricsSink, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
 
@@ -72,6 +85,10 @@ class ServeRunner:
     status_interval = 0.5  # seconds between /status-env polls
     stale_after = 60.0  # seconds without a status before admission pauses
     drain_timeout = 60.0  # seconds in-flight rollouts get to finish at shutdown
+    fatal_drain = 2.0  # ... after a fatal error (they will fail alike)
+    api_patience = 600.0  # seconds without an answer from the API before serve gives up
+    note_every = 10.0  # seconds between "still failing" lines of a wait
+    server_wait = 300.0  # --server_wait when unset: vLLM may still be loading its model
     sender_backlog = 512  # groups waiting for the sender before admission pauses
     window_limit = 100_000  # sequences whose length and score a metrics window keeps
 
@@ -86,7 +103,13 @@ class ServeRunner:
         self.backlog: deque[Any] = deque()  # items to retry first, oldest first
         self.drops: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.errors = FailureLog(self.failures, "rollout")
+        self.drop_report = DropReport()
         self.stopping = asyncio.Event()
+        self.stopper = Stopper(self.stopping)
+        self.ended = ""  # why the run ended on its own (trainer done, ...)
+        self.failed = ""  # why the run gave up (exit status 1)
+        self.trainer_steps = -1  # the num_steps the trainer registered
         self.wake = asyncio.Event()
         self.eval_task: asyncio.Task[Any] | None = None
         self.eval_pending = False
@@ -110,6 +133,9 @@ class ServeRunner:
             spool / f"{self._identity()}.jsonl",
             api_key=self.api_key,
         )
+        managing = getattr(env, "manager_config", None)
+        if managing is not None and getattr(managing, "server_wait", 0) is None:
+            managing.server_wait = self.server_wait
 
     def _identity(self) -> str:
         name = self.config.env_key or self.config.wandb_name or type(self.env).__name__
@@ -118,17 +144,31 @@ class ServeRunner:
     # ----- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._on_signal, sig)
+        """Serve until the trainer is done, a signal, or a failure; return the exit status."""
+        with self.stopper.install("finishing in-flight rollouts, then exiting"):
+            return await self._run()
+
+    async def _run(self) -> int:
+        stopper = self.stopper
         async with ControlClient(self.config.rollout_server_url, self.api_key) as api:
             self.api = api
-            await self.env.setup()
             try:
+                await stopper.race(self.env.setup())
                 await self._register()
+            except Stopped:
+                await self.env.aclose()
+                log.warning("stopped by %s before registering: sent no groups", stopper.name)
+                return stopper.exit_code
             except ApiError as err:
+                await self.env.aclose()
                 log.error("%s", err)
+                return 1
+            except Exception as err:  # one clear line for a fatal error; a traceback otherwise
+                reason = fatal_reason(err)
+                if reason is None:
+                    raise
+                await self.env.aclose()
+                log.error("setup failed: %s; stopping", reason)
                 return 1
             try:
                 self._open_metrics(await self._wandb_info())
@@ -151,14 +191,9 @@ class ServeRunner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await poller
                 await self._shutdown()
-        return 0
-
-    def _on_signal(self, sig: int) -> None:
-        log.warning(
-            "received %s: finishing in-flight rollouts, then exiting", signal.Signals(sig).name
-        )
-        self.stopping.set()
-        self.wake.set()
+        if self.errors.fatal is not None or self.failed:
+            return 1
+        return stopper.exit_code
 
     async def _register(self) -> None:
         cfg = self.config
@@ -170,8 +205,9 @@ class ServeRunner:
             "min_batch_allocation": cfg.min_batch_allocation,
             "env_key": cfg.env_key or f"{socket.gethostname()}:{self._identity()}",
         }
-        reply = await self.api.register(request, cfg.register_timeout)
+        reply = await self.api.register(request, cfg.register_timeout, self.stopper)
         env = self.env
+        self.trainer_steps = int(reply.get("num_steps", -1) or -1)
         env.env_id = reply["env_id"]
         env.wandb_prepend = reply.get("wandb_name")
         env.curr_step = int(reply.get("starting_step", 0))
@@ -181,7 +217,7 @@ class ServeRunner:
             cfg.total_steps = int(reply.get("num_steps", -1))
             if cfg.total_steps == -1:
                 raise ApiError("total_steps is -1 and the trainer registered num_steps -1")
-        info = await self.api.info()
+        info = await self.stopper.race(self.api.info())
         if info.get("batch_size", -1) != -1:
             cfg.batch_size = int(info["batch_size"])
         env.max_token_len = int(info.get("max_token_len", -1))
@@ -296,10 +332,10 @@ class ServeRunner:
             self.durations["failed"].append(time.monotonic() - started)
             log.warning("rollout timed out after %.0f s; dropped", cfg.worker_timeout)
             return
-        except Exception as err:  # a failed rollout is counted, never fatal to the env
-            self.failures[type(err).__name__] += 1
+        except Exception as err:  # a failed rollout is counted; fatal only when all will fail
             self.durations["failed"].append(time.monotonic() - started)
-            log.exception("rollout failed: %s", err)
+            if self.errors.record(err):
+                self._stop()
             return
         self.durations["succeeded"].append(time.monotonic() - started)
         groups = as_groups(result)
@@ -331,15 +367,59 @@ class ServeRunner:
 
     # ----- status, evaluations, checkpoints -----------------------------------------------------
 
+    def _stop(self, ended: str = "", failed: str = "") -> None:
+        """End admission: the run is over (`ended`), or gave up (`failed`, status 1)."""
+        if ended and not self.ended:
+            self.ended = ended
+            log.warning("%s: stopping", ended)
+        if failed and not self.failed:
+            self.failed = failed
+            log.error("%s", failed)
+        self.done = True
+        self.stopping.set()
+        self.wake.set()
+
     async def _poll_status(self) -> None:
-        assert self.env.env_id is not None
+        env_id = self.env.env_id
+        assert env_id is not None
+        answered = False
+        failing_since: float | None = None
+        noted = 0.0
         while True:
             asked_at, pending = self.submitted, self.sender.pending + self.sender.in_flight
+            self.drop_report.check(self.drops, self.failures, self.submitted)
             try:
-                status = await self.api.status(self.env.env_id)
+                status = await self.api.status(env_id, self.drops, self.failures)
             except ApiError as err:
-                log.warning("status poll failed (will retry): %s", err)
+                now = time.monotonic()
+                if answered and "HTTP 404" in str(err):
+                    self._stop(
+                        ended=f"the API no longer knows env {env_id} ({err}): the run was"
+                        " reset, or the API restarted without its store"
+                    )
+                    return
+                if failing_since is None:
+                    failing_since, noted = now, now
+                    log.warning("status poll failed (will retry): %s", err)
+                elif now - failing_since > self.api_patience:
+                    self._stop(
+                        failed=f"the API at {self.config.rollout_server_url} has not"
+                        f" answered for {now - failing_since:.0f} s ({err}); check that it"
+                        " runs; the groups not sent are in the spool"
+                    )
+                    return
+                elif now - noted >= self.note_every:
+                    noted = now
+                    log.warning(
+                        "waiting for the API: no status for %.0f s of %.0f s (%s)",
+                        now - failing_since,
+                        self.api_patience,
+                        err,
+                    )
             else:
+                if failing_since is not None:
+                    log.warning("the API answers again")
+                answered, failing_since = True, None
                 self.last_status = time.monotonic()
                 self.submitted_at_poll, self.pending_at_poll = asked_at, pending
                 self.env.status_dict = status
@@ -356,6 +436,10 @@ class ServeRunner:
         weight = status.get("env_weight")
         if weight is not None and env._server is not None:  # the share of inference capacity
             env._server.update_weight(float(weight))
+        last = self.trainer_steps
+        if last > 0 and new >= last:
+            self._stop(ended=f"the trainer reached its last step ({new} of {last})")
+            return
         if new != old:
             env.curr_step = new
             if cfg.steps_per_eval > 0 and new // cfg.steps_per_eval > old // cfg.steps_per_eval:
@@ -369,13 +453,11 @@ class ServeRunner:
                 env.items_sent_this_step = 0
         if self.eval_pending and (self.eval_task is None or self.eval_task.done()):
             self._start_eval()
-        b = cfg.batch_size
-        if b > 0 and new + int(status.get("queue_size", 0)) * cfg.group_size // b > cfg.total_steps:
-            log.warning(
-                "step %d: the trainer has all the data its %d steps need", new, cfg.total_steps
-            )
-            self.done = True
-            self.wake.set()
+        b, total = cfg.batch_size, cfg.total_steps
+        if last > 0:
+            total = min(total, last)
+        if b > 0 and new + int(status.get("queue_size", 0)) * cfg.group_size // b > total:
+            self._stop(ended=f"step {new}: the trainer has all the data its {total} steps need")
 
     def _start_eval(self) -> None:
         if self.eval_task is not None and not self.eval_task.done():
@@ -428,12 +510,31 @@ class ServeRunner:
         self.durations = {"succeeded": [], "failed": []}
         return metrics
 
+    async def _drain(self) -> None:
+        """Let in-flight rollouts finish: up to `drain_timeout` s, `fatal_drain` s after a
+        fatal error, and no longer once a second signal comes."""
+        if not self.workers:
+            return
+        limit = self.drain_timeout if self.errors.fatal is None else self.fatal_drain
+        log.warning("waiting up to %.0f s for %d in-flight rollouts", limit, len(self.workers))
+        urgent = asyncio.ensure_future(self.stopper.urgent.wait())
+        try:
+            end = time.monotonic() + limit
+            while self.workers and not urgent.done() and time.monotonic() < end:
+                await asyncio.wait(
+                    {*self.workers, urgent},
+                    timeout=end - time.monotonic(),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        finally:
+            urgent.cancel()
+
     async def _shutdown(self) -> None:
-        if self.workers:
-            log.warning("waiting for %d in-flight rollouts", len(self.workers))
-            await asyncio.wait(set(self.workers), timeout=self.drain_timeout)
-        for task in list(self.workers):
+        await self._drain()
+        cancelled = list(self.workers)
+        for task in cancelled:
             task.cancel()
+        await asyncio.gather(*cancelled, return_exceptions=True)
         if self.eval_task is not None and not self.eval_task.done():
             self.eval_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -448,10 +549,16 @@ class ServeRunner:
             with contextlib.suppress(ApiError):
                 await self.api.disconnect(self.env.env_id)
         await self.env.aclose()
-        log.warning(
-            "stopped: %d groups sent, %d spooled, drops %s, failures %s",
-            self.sender.stats.sent,
-            self.sender.stats.spooled,
-            dict(self.drops),
-            dict(self.failures),
+        stats = self.sender.stats
+        counts = (
+            f"{plural(stats.sent, 'group')} sent, {stats.spooled:,} spooled, drops"
+            f" {dict(self.drops)}, failures {dict(self.failures)}"
         )
+        if self.errors.fatal is not None:
+            log.error("%s; stopped: %s", self.errors.fatal, counts)
+        elif self.failed:
+            log.error("gave up: %s", counts)
+        elif self.stopper.signum is not None:
+            log.warning("stopped by %s: %s", self.stopper.name, counts)
+        else:
+            log.warning("stopped (%s): %s", self.ended or "asked to", counts)

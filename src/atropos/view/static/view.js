@@ -122,11 +122,21 @@
     });
     return box;
   }
-  function sequenceNode(s, i) {
+  function messageNode(m) {
+    var msg = el("div", "msg" + roleClass(m.role));
+    msg.appendChild(el("div", "role", m.role || "(no role)"));
+    renderText(msg, m.content);
+    addImages(msg, m.images);
+    if (m.extra) { msg.appendChild(el("pre", "extra", m.extra)); }
+    return msg;
+  }
+  // sequence i; its first `skip` messages are the group's shared prompt, shown once above
+  function sequenceNode(s, i, skip, best) {
     var box = el("div", "seq");
     var head = el("div", "seqhead");
     head.appendChild(el("strong", null, "sequence " + (i + 1)));
     head.appendChild(chip("score ", s.score));
+    if (best) { head.appendChild(el("span", "best", "best")); }
     if (s.n !== null) {
       head.appendChild(el("span", "dim", s.n + " tokens" +
         (s.trained !== null ? ", " + s.trained + " trained" : "")));
@@ -141,14 +151,7 @@
       Object.keys(s.overrides).forEach(function (k) { if (k !== "finish_reason") { rest[k] = s.overrides[k]; } });
       if (Object.keys(rest).length) { box.appendChild(el("pre", "extra", "overrides: " + JSON.stringify(rest))); }
     }
-    (s.messages || []).forEach(function (m) {
-      var msg = el("div", "msg" + roleClass(m.role));
-      msg.appendChild(el("div", "role", m.role || "(no role)"));
-      renderText(msg, m.content);
-      addImages(msg, m.images);
-      if (m.extra) { msg.appendChild(el("pre", "extra", m.extra)); }
-      box.appendChild(msg);
-    });
+    (s.messages || []).slice(skip).forEach(function (m) { box.appendChild(messageNode(m)); });
     if (!s.messages && !s.pieces) {
       box.appendChild(el("div", "dim", "no messages recorded" +
         (data.tokenizer ? "" : "; pass --tokenizer to see the tokens")));
@@ -188,7 +191,15 @@
     if (meta.childNodes.length) { body.appendChild(meta); }
     if (g.group_overrides) { body.appendChild(el("pre", "extra", "group_overrides: " + JSON.stringify(g.group_overrides))); }
     addImages(body, g.images);
-    g.seqs.forEach(function (s, i) { body.appendChild(sequenceNode(s, i)); });
+    var k = g.shared || 0;
+    if (k > 0) {
+      var shared = el("div", "shared");
+      shared.appendChild(el("div", "sharedhead", "prompt, shared by all " + g.seqs.length +
+        " sequences (" + k + (k === 1 ? " message" : " messages") + "); each sequence below shows its own part"));
+      g.seqs[0].messages.slice(0, k).forEach(function (m) { shared.appendChild(messageNode(m)); });
+      body.appendChild(shared);
+    }
+    g.seqs.forEach(function (s, i) { body.appendChild(sequenceNode(s, i, k, i === g.best)); });
     node.appendChild(body);
     node._q = state.q;
   }
@@ -209,6 +220,18 @@
     s.appendChild(scores);
     if (g.env !== null) { s.appendChild(el("span", "dim", "env " + g.env)); }
     s.appendChild(el("span", "where", g.where));
+    if (g.prompt_preview || g.answer_preview) {
+      var pv = el("span", "previews");
+      var line = function (label, text) {
+        var row = el("span", "pv");
+        row.appendChild(el("span", "pvlabel", label));
+        row.appendChild(el("span", "pvtext", text === null ? "(none)" : text));
+        pv.appendChild(row);
+      };
+      line("prompt", g.prompt_preview);
+      line(g.best !== null ? "best answer (" + fmt(g.seqs[g.best].score) + ")" : "answer", g.answer_preview);
+      s.appendChild(pv);
+    }
     d.appendChild(s);
     d.addEventListener("toggle", function () {
       if (d.open && d._q !== state.q) { buildBody(d, g); }
