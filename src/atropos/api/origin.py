@@ -164,7 +164,9 @@ def refusal(method: str, path: str, headers: Mapping[str, str], site: Site) -> R
         listed = origin is not None and origin.rstrip("/").lower() in site.cors_origins
         if origin is not None and not listed:
             if origin == "null":
-                return Refusal(403, "Origin: null (a sandboxed or file: page) may not use this API")
+                return Refusal(
+                    403, "Origin: null refused: a sandboxed or file: page may not use this API"
+                )
             own = host is not None and origin.lower().partition("://")[2] == host.lower()
             if not own or not origin.lower().startswith(("http://", "https://")):
                 return Refusal(
