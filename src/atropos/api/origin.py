@@ -42,9 +42,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from atropos.api.body import MSGPACK_TYPES
+
 OPEN_PATHS = ("/", "/health", "/dashboard")
 """Pages that answer without the API key and to other sites' links (they hold no data)."""
-BODY_TYPES = ("application/json", "application/msgpack", "application/x-msgpack")
+BODY_TYPES = ("application/json", *MSGPACK_TYPES)
 """Content types a request with a body may declare (or none at all)."""
 CROSS_SITE = ("cross-site", "same-site")
 
