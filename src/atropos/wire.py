@@ -21,41 +21,73 @@ from msgspec import Meta
 
 SCHEMA_VERSION = 1
 
+# ----- bounds at the door -------------------------------------------------------------------
+# Every number the API keeps or computes with is bounded here, once, as a msgspec constraint,
+# so a value that passes decoding can never overflow later (SQLite's 64-bit integers, float
+# arithmetic, JavaScript's 2^53) and one client's registration can never break another's.
+
+ENV_ID_MAX = 2**31 - 1
+"""The largest env id (ids are list indexes; 0 is the first env)."""
+STEP_MAX = 2**53 - 1
+"""The largest step or policy version (exact in JavaScript; +1 per batch never overflows)."""
+SIZE_MAX = 2**20
+"""The largest batch_size or group_size, in sequences."""
+INT32_MAX = 2**31 - 1
+"""Bound of the other integers a trainer or env registers (lengths, intervals, step counts)."""
+WEIGHT_MAX = 1e6
+"""The largest |weight| of an env (weights are relative; 1.0 is upstream's default)."""
+NAME_MAX = 1024
+"""Characters in a name, key or id string (wandb names, env names, group ids, batch ids)."""
+PATH_MAX = 4096
+"""Characters in a path (`checkpoint_dir`)."""
+DEPTH_MAX = 64
+"""Nesting of lists and maps in a free-form field (`messages`, `images`, `*_params`, ...)."""
+
+_FLOAT_MAX = 1.7976931348623157e308
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+"""A float that is not NaN or infinite (also when it comes as the string "nan" or "inf")."""
 PositiveInt = Annotated[int, Meta(ge=1)]
+Size = Annotated[int, Meta(ge=1, le=SIZE_MAX)]
+Int32 = Annotated[int, Meta(ge=-INT32_MAX - 1, le=INT32_MAX)]
+EnvId = Annotated[int, Meta(ge=0, le=ENV_ID_MAX)]
+Step = Annotated[int, Meta(ge=0, le=STEP_MAX)]
+Weight = Annotated[float, Meta(ge=-WEIGHT_MAX, le=WEIGHT_MAX)]
+Name = Annotated[str, Meta(max_length=NAME_MAX)]
+PathText = Annotated[str, Meta(max_length=PATH_MAX)]
 Message = dict[str, Any]
 
 
 class Registration(msgspec.Struct):
     """`POST /register`: the trainer's run parameters (all required, as upstream)."""
 
-    wandb_group: str
-    wandb_project: str
-    batch_size: PositiveInt
-    max_token_len: int
-    checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: Annotated[int, Meta(ge=0)]
-    num_steps: int
+    wandb_group: Name
+    wandb_project: Name
+    batch_size: Size
+    max_token_len: Int32
+    checkpoint_dir: PathText
+    save_checkpoint_interval: Int32
+    starting_step: Step
+    num_steps: Int32
 
 
 class RegisterEnv(msgspec.Struct):
     """`POST /register-env`: an environment announcing itself."""
 
-    max_token_length: int
-    desired_name: str
-    weight: float
-    group_size: PositiveInt
+    max_token_length: Int32
+    desired_name: Name
+    weight: Weight
+    group_size: Size
     # intended range 0..1; like upstream, other finite values are accepted (negative = none,
     # above 1 = scaled down with the other envs' shares)
-    min_batch_allocation: float | None = None
+    min_batch_allocation: Finite | None = None
     # extension: an env that registers again with the same name and key gets its id back
-    env_key: str | None = None
+    env_key: Name | None = None
 
 
 class EnvIdentifier(msgspec.Struct):
     """`POST /disconnect-env` and the JSON body of `GET /status-env`."""
 
-    env_id: int
+    env_id: EnvId
 
 
 REPORT_MAX_NAMES = 64
@@ -89,7 +121,7 @@ class EnvStatusRequest(EnvIdentifier):
 class BatchAck(msgspec.Struct):
     """`POST /batch/ack` (extension): the trainer is done with a leased batch."""
 
-    batch_id: str
+    batch_id: Name
 
 
 class ScoredData(msgspec.Struct):
@@ -101,18 +133,18 @@ class ScoredData(msgspec.Struct):
 
     tokens: list[list[int]]
     masks: list[list[int]]
-    scores: list[float]
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
+    scores: list[Finite]
+    advantages: list[list[Finite]] | None = None
+    ref_logprobs: list[list[Finite]] | None = None
     messages: list[list[Message]] | None = None
     generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
+    inference_logprobs: list[list[Finite]] | None = None
     overrides: list[dict[str, Any]] | None = None
     group_overrides: dict[str, Any] | None = None
     images: Any = None
-    env_id: int | None = None
+    env_id: EnvId | None = None
     distill_token_ids: list[list[list[int]]] | None = None
-    distill_logprobs: list[list[list[float]]] | None = None
+    distill_logprobs: list[list[list[Finite]]] | None = None
 
 
 # Extension fields sit in their own struct so that a stored group encodes as exactly upstream's
@@ -120,17 +152,17 @@ class ScoredData(msgspec.Struct):
 class GroupExtension(msgspec.Struct, omit_defaults=True):
     """Extension fields of a group (all optional)."""
 
-    group_id: str | None = None  # idempotency key: a retried send is stored once
-    policy_version: int | None = None  # trainer step whose weights generated the group
-    token_source: str | None = None  # "server" (ids from the inference server) or "retokenized"
+    group_id: Name | None = None  # idempotency key: a retried send is stored once
+    policy_version: Step | None = None  # trainer step whose weights generated the group
+    token_source: Name | None = None  # "server" (ids from the inference server) or "retokenized"
 
 
 class Group(ScoredData):
     """A group as received: upstream's fields plus the extension fields."""
 
-    group_id: str | None = None
-    policy_version: int | None = None
-    token_source: str | None = None
+    group_id: Name | None = None
+    policy_version: Step | None = None
+    token_source: Name | None = None
 
     def upstream_part(self) -> ScoredData:
         """The group without extension fields."""
@@ -156,11 +188,58 @@ _mp_group_decoder = msgspec.msgpack.Decoder(Group, strict=False)
 _mp_group_list_decoder = msgspec.msgpack.Decoder(list[Group], strict=False)
 
 
-def _finite(rows: list[list[float]]) -> bool:
-    # sum() runs in C and propagates NaN and inf; only when it fails do we look closer.
-    return all(math.isfinite(sum(r)) for r in rows) or all(
-        math.isfinite(x) for r in rows for x in r
-    )
+FREE_FORM = ("messages", "generation_params", "overrides", "group_overrides", "images")
+"""Fields of a group whose contents are the sender's own (any JSON value)."""
+_INT_LOW, _INT_HIGH = -(2**63), 2**64 - 1  # what msgspec encodes; msgpack carries no more
+_PLAIN = (str, float, bool, type(None), bytes)
+
+
+def check_free_form(value: Any, where: str) -> None:
+    """Refuse a free-form value that JSON cannot carry back faithfully or that nests deeper
+    than `DEPTH_MAX` levels: maps must have string keys, integers fit in 64 bits, and msgpack
+    extension types (Ext, timestamps) have no JSON form. Bytes (msgpack `bin`) are kept.
+
+    >>> check_free_form({"a": [1, "x", None]}, "$.images")
+    >>> check_free_form({1: 2}, "$.images")
+    Traceback (most recent call last):
+    ...
+    atropos.wire.ProtocolError: $.images: map keys must be strings, found a int key
+    """
+    level: list[Any] = [value]
+    depth = 0  # levels of lists and maps seen so far
+    while level:
+        inner: list[Any] = []
+        containers = False
+        for v in level:
+            kind = type(v)
+            if kind is list:
+                containers = True
+                inner.extend(v)
+            elif kind is dict:
+                containers = True
+                for key in v:
+                    if type(key) is not str:
+                        raise ProtocolError(
+                            f"{where}: map keys must be strings, found a {type(key).__name__} key",
+                            400,
+                        )
+                inner.extend(v.values())
+            elif kind is int:
+                if not _INT_LOW <= v <= _INT_HIGH:
+                    raise ProtocolError(f"{where}: integer {v} does not fit in 64 bits", 400)
+            elif kind not in _PLAIN:
+                raise ProtocolError(
+                    f"{where}: holds a {kind.__name__}, which has no JSON form (msgpack"
+                    " extension types are refused)",
+                    400,
+                )
+        if containers:
+            depth += 1
+            if depth > DEPTH_MAX:
+                raise ProtocolError(
+                    f"{where}: nested deeper than {DEPTH_MAX} levels of lists and maps", 400
+                )
+        level = inner
 
 
 def check_group(group: Group, where: str = "$") -> list[str]:
@@ -212,8 +291,6 @@ def check_group(group: Group, where: str = "$") -> list[str]:
                 f"{where}.{name}: has {len(rows)} rows but tokens has {n} sequences;"
                 " there must be one row per sequence"
             )
-        if not _finite(rows):
-            raise ProtocolError(f"{where}.{name}: holds NaN or infinity; values must be finite")
         if any(len(r) != len(t) for r, t in zip(rows, group.tokens, strict=True)):
             findings.append(f"{name}_row_length")
     for name in ("overrides", "distill_token_ids", "distill_logprobs"):
@@ -223,6 +300,10 @@ def check_group(group: Group, where: str = "$") -> list[str]:
                 f"{where}.{name}: has {len(seq_rows)} rows but tokens has {n} sequences;"
                 " there must be one row per sequence"
             )
+    for name in FREE_FORM:
+        value = getattr(group, name)
+        if value is not None:
+            check_free_form(value, f"{where}.{name}")
     if group.messages is not None:
         for i, conversation in enumerate(group.messages):
             for j, message in enumerate(conversation):
@@ -235,9 +316,25 @@ def check_group(group: Group, where: str = "$") -> list[str]:
     return findings
 
 
-def _explain_malformed(body: bytes, err: msgspec.DecodeError) -> ProtocolError:
-    """Turn a decoder error into a message a person can act on."""
+def _explain(body: bytes, err: Exception) -> ProtocolError:
+    """Turn a decoder error into a message a person can act on (naming the field)."""
+    if isinstance(err, UnicodeDecodeError):
+        return ProtocolError(
+            f"body is not valid UTF-8 ({err.reason}): strings must be UTF-8 without surrogates",
+            status=400,
+        )
+    if isinstance(err, RecursionError):
+        return ProtocolError(
+            f"body nests lists or maps too deeply (free-form fields allow {DEPTH_MAX} levels)",
+            status=400,
+        )
     text = str(err)
+    if "truncated" in text and b"\\u" in body.lower():
+        return ProtocolError(
+            "body is not valid JSON: truncated, or a \\u escape names a lone surrogate"
+            " (\\ud800-\\udfff not in a pair)",
+            status=400,
+        )
     if "malformed" in text:
         for token in (b"NaN", b"Infinity"):
             if token in body:
@@ -246,25 +343,31 @@ def _explain_malformed(body: bytes, err: msgspec.DecodeError) -> ProtocolError:
                     " must be finite numbers"
                 )
         return ProtocolError(f"body is not valid JSON: {text}", status=400)
+    where = text.rpartition(" - at ")[2] if " - at " in text else "$"
+    if f"{_FLOAT_MAX:e}"[:6] in text or text.startswith("Number out of range"):
+        return ProtocolError(f"{where}: must be a finite number (NaN and infinity are refused)")
     if "out of range" in text:
         return ProtocolError(f"{text}: numbers must be finite and fit in 64 bits")
     return ProtocolError(text)
+
+
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 def decode_group(body: bytes, msgpack: bool = False) -> Group:
     """Decode one group; raise ProtocolError naming the field on any type error."""
     try:
         return (_mp_group_decoder if msgpack else _group_decoder).decode(body)
-    except msgspec.DecodeError as err:
-        raise _explain_malformed(body, err) from None
+    except _DECODE_ERRORS as err:
+        raise _explain(body, err) from None
 
 
 def decode_group_list(body: bytes, msgpack: bool = False) -> list[Group]:
     """Decode a list of groups (`/scored_data_list`)."""
     try:
         return (_mp_group_list_decoder if msgpack else _group_list_decoder).decode(body)
-    except msgspec.DecodeError as err:
-        raise _explain_malformed(body, err) from None
+    except _DECODE_ERRORS as err:
+        raise _explain(body, err) from None
 
 
 def decode(body: bytes, kind: type[Any], msgpack: bool = False) -> Any:
@@ -273,8 +376,8 @@ def decode(body: bytes, kind: type[Any], msgpack: bool = False) -> Any:
         if msgpack:
             return msgspec.msgpack.decode(body, type=kind, strict=False)
         return msgspec.json.decode(body, type=kind, strict=False)
-    except msgspec.DecodeError as err:
-        raise _explain_malformed(body, err) from None
+    except _DECODE_ERRORS as err:
+        raise _explain(body, err) from None
 
 
 def encode_group(group: Group) -> bytes:

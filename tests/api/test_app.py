@@ -69,7 +69,8 @@ def test_registration_and_env_flow(client):
         "num_steps": 100,
     }
     assert client.post("/disconnect-env", json={"env_id": 0}).json() == {"status": "success"}
-    assert client.post("/disconnect-env", json={"env_id": -1}).status_code == 404
+    assert client.post("/disconnect-env", json={"env_id": 5}).status_code == 404
+    assert client.post("/disconnect-env", json={"env_id": -1}).status_code == 422
 
 
 def test_status_env_takes_a_get_body_a_query_or_a_post(client):
@@ -89,7 +90,7 @@ def test_status_env_takes_a_get_body_a_query_or_a_post(client):
     }
     assert by_body.json()["self_queue_size"] == 1
     assert client.get("/status-env", params={"env_id": 5}).status_code == 404
-    assert client.get("/status-env", params={"env_id": "x"}).status_code == 422
+    assert client.get("/status-env", params={"env_id": "x"}).status_code == 400
     assert client.get("/status-env").status_code == 422
 
 
@@ -129,12 +130,12 @@ def test_leases_and_acks_over_http(client):
     assert ack.json() == {"status": "acknowledged"}
     assert client.post("/batch/ack", json={"batch_id": "nope"}).status_code == 404
     for bad in ("0", "-1", "nan", "x", "1e9"):
-        assert client.get("/batch", params={"lease": bad}).status_code == 422
+        assert client.get("/batch", params={"lease": bad}).status_code == 400
 
 
 BAD_GROUPS = [
     ({"env_id": 7}, "env_id 7"),
-    ({"env_id": -1}, "env_id -1"),
+    ({"env_id": -1}, "$.env_id"),
     ({"masks": [[1, 2], [1, 2, 3]]}, "masks[0]"),
     ({"masks": [[1, 2, 3]]}, "masks"),
     ({"scores": [1.0]}, "scores"),
@@ -272,7 +273,7 @@ def test_rollouts_are_read_without_consuming_anything(client):
     assert len(again["rollouts"]) == 5
     for bad in ({"limit": 0}, {"limit": "x"}, {"after": -2}):
         r = client.get("/rollouts", params=bad)
-        assert r.status_code == 422 and next(iter(bad)) in r.json()["detail"]
+        assert r.status_code == 400 and next(iter(bad)) in r.json()["detail"]
 
 
 def test_stats_history_samples_over_time():

@@ -7,9 +7,11 @@ deep paths. `/reset_data` is left out so the state stays interesting for the who
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -122,3 +124,130 @@ def test_mutated_groups_get_2xx_or_a_clean_4xx_and_never_half_write(live_groups,
         assert after == before  # all or nothing
     if not any(mutated for _, mutated in bodies):
         assert reply.status_code == 200, reply.text
+
+
+# ----- hostile input on every endpoint ---------------------------------------------------------
+
+HOSTILE_SENT = {"requests": 0, "5xx": 0}  # tallied for the closing note (printed with -s)
+ENDPOINTS = [
+    ("POST", "/register"),
+    ("POST", "/register-env"),
+    ("POST", "/disconnect-env"),
+    ("POST", "/batch/ack"),
+    ("POST", "/scored_data"),
+    ("POST", "/scored_data_list"),
+    ("POST", "/status-env"),
+    ("GET", "/status-env"),
+    ("GET", "/batch"),
+    ("GET", "/rollouts"),
+    ("GET", "/stats"),
+    ("GET", "/health"),
+    ("GET", "/dashboard"),
+    ("GET", "/metrics"),
+]
+GROUP = b'{"tokens":[[1,2]],"masks":[[-100,2]],"scores":[0.5],"env_id":0,"images":%s}'
+json_values = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=12,
+)
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.floats()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.binary(max_size=6)
+    | st.builds(msgspec.msgpack.Ext, st.integers(0, 127), st.binary(max_size=4)),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.integers() | st.text(max_size=3) | st.none(), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> tuple[bytes, str | None]:
+    """A hostile body and its content type."""
+    kind = draw(st.sampled_from(["deep", "bigint", "nonfinite", "utf8", "msgpack", "json", "raw"]))
+    if kind == "deep":
+        n = draw(st.integers(1, 4000))
+        o, c = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
+        return GROUP % (o * n + b"1" + c * n), "application/json"
+    if kind == "bigint":
+        digits = draw(st.integers(18, 5000))
+        field = draw(st.sampled_from([b"policy_version", b"env_id", b"images", b"tokens"]))
+        value = b"9" * digits if field != b"tokens" else b"[[" + b"9" * digits + b"]]"
+        return GROUP.replace(b'"images":%s', b'"%s":%s' % (field, value)), "application/json"
+    if kind == "nonfinite":
+        bad = draw(st.sampled_from([b'"nan"', b'"-inf"', b"1e999", b"NaN", b"-Infinity"]))
+        field = draw(st.sampled_from([b"scores", b"inference_logprobs", b"distill_logprobs"]))
+        rows = {b"scores": b"[%s]", b"distill_logprobs": b"[[[%s]]]"}.get(field, b"[[%s,0]]")
+        body = GROUP.replace(b'"images":%s', b'"%s":%s' % (field, rows % bad))
+        return body, "application/json"
+    if kind == "utf8":
+        junk = draw(
+            st.sampled_from([b"\xff\xfe", b"\xed\xa0\x80", b"\xc0\xaf", b"\\ud800", b"\x00"])
+        )
+        return GROUP % (b'"' + junk + b'"'), draw(st.sampled_from([None, "application/json"]))
+    if kind == "msgpack":
+        body = msgspec.msgpack.encode(
+            {"tokens": [[1]], "masks": [[1]], "scores": [0.5], "images": draw(msgpack_values)}
+        )
+        return body, "application/msgpack"
+    if kind == "json":
+        return msgspec.json.encode(draw(json_values)), "application/json"
+    return draw(st.binary(max_size=64)), draw(
+        st.sampled_from([None, "application/json", "application/msgpack", "text/plain"])
+    )
+
+
+query_values = st.sampled_from(["--1", "²", "9" * 5000, "1_0", "-1", "nan", "0", "1e9", ""]) | (
+    st.text(max_size=6)
+)
+hostile_headers = st.sampled_from(
+    [
+        {},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.1:1"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Host": "attacker.example"},
+        {"Content-Encoding": "gzip"},
+        {"Authorization": "Bearer " + "x" * 200},
+    ]
+)
+
+
+@given(
+    st.sampled_from(ENDPOINTS),
+    hostile_bodies(),
+    st.dictionaries(st.sampled_from(["env_id", "lease", "after", "limit"]), query_values),
+    hostile_headers,
+)
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+def test_hostile_input_never_gets_a_5xx_and_leaves_the_queue(
+    live_groups, endpoint, body, query, extra
+):
+    live = live_groups
+    method, path = endpoint
+    payload, ctype = body
+    headers = dict(extra)
+    if ctype is not None:
+        headers.setdefault("Content-Type", ctype)
+    before = live.get("/status").json()
+    t0 = time.monotonic()
+    reply = live.request(method, path, content=payload, params=query, headers=headers)
+    took = time.monotonic() - t0
+    HOSTILE_SENT["requests"] += 1
+    HOSTILE_SENT["5xx"] += reply.status_code >= 500
+    assert reply.status_code < 500, (method, path, payload[:200], query, headers, reply.text)
+    assert took < 2.0, (method, path, took)
+    if reply.status_code >= 400:
+        assert reply.json()["detail"]
+        assert live.get("/status").json() == before  # refused input changes nothing
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_hostile_tally() -> Iterator[None]:
+    yield
+    print(f"\ntest_fuzz hostile: {HOSTILE_SENT['requests']} requests, {HOSTILE_SENT['5xx']} 5xx")

@@ -4,6 +4,11 @@ Every route of atroposlib 0.4.0 is here with its request and response shapes; th
 (`/batch?lease=`, `/batch/ack`, `/health`, `/stats`, `/metrics`, `/openapi.json`, msgspec bodies)
 are invisible to old clients. Errors are 4xx JSON `{"error": {"type", "message"}, "detail"}`;
 `detail` is what FastAPI clients read.
+
+Every route runs inside `Api.guard`: the browser and Host rules of `origin.py`, the API key,
+strict query integers, and a last line of defence: an exception a handler did not expect is
+answered (4xx when the input provoked it, else 500), logged once with its traceback and counted
+in `/stats` (`internal_errors`), and the connection and the server carry on.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +26,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -28,6 +35,7 @@ from atropos.api import body, dashboard, stats
 from atropos.api.body import GzipPolicy
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
+from atropos.api.origin import OPEN_PATHS, Site, refusal
 from atropos.api.store import Store, open_store
 from atropos.wire import (
     EnvIdentifier,
@@ -38,7 +46,10 @@ from atropos.wire import (
 )
 
 Handler = Callable[[Request], Awaitable[Response]]
-OPEN_PATHS = ("/", "/health", "/dashboard")  # answer without the API key (the page holds no data)
+log = logging.getLogger("atropos.api")
+# Exceptions that only input can provoke where they escape a handler (too deep, too large or
+# undecodable values that a check missed): answered 400, but still logged and counted.
+INPUT_FAULTS = (RecursionError, UnicodeError, OverflowError)
 
 _EMPTY_EXAMPLE = wire.encode(
     {
@@ -64,6 +75,8 @@ class ApiConfig:
 
     store: str = "memory"
     api_key: str | None = None
+    host: str = "127.0.0.1"  # the bound address: decides which Host names are served
+    allowed_hosts: list[str] = field(default_factory=list)  # `--allowed-host` names ('*': any)
     env_timeout: float = 120.0
     max_staleness: int | None = None
     max_body_bytes: int = 256 * 2**20
@@ -85,27 +98,57 @@ class Api:
         self.hub = hub
         self.config = config
         self.history = stats.History(config.history_interval)
+        self.site = Site.of(
+            config.host, config.allowed_hosts, config.api_key is not None, config.cors_origins
+        )
 
     def guard(self, fn: Handler) -> Handler:
-        """Wrap a route: API key check, `?env_id=` heartbeat, protocol errors -> 4xx."""
+        """Wrap a route: browser and Host rules, API key check, `?env_id=` heartbeat,
+        protocol errors -> 4xx, anything unexpected -> logged, counted, answered."""
         key = self.config.api_key
 
         async def route(request: Request) -> Response:
+            refused = refusal(request.method, request.url.path, request.headers, self.site)
+            if refused is not None:
+                return await _error(request, refused.status, refused.message, "Refused")
             if key is not None and request.url.path not in OPEN_PATHS:
                 given = request.headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                     return await _error(
                         request, 401, "missing or wrong 'Authorization: Bearer KEY'", "AuthError"
                     )
-            env_id = request.query_params.get("env_id")
-            if env_id is not None and env_id.lstrip("-").isdigit():
-                self.hub.heartbeat(int(env_id))
             try:
+                env_id = _int_param(request, "env_id", -1, 0, wire.ENV_ID_MAX)
+                if env_id >= 0:
+                    self.hub.heartbeat(env_id)
                 return await fn(request)
             except ProtocolError as err:
                 return await _error(request, err.status, str(err), type(err).__name__)
+            except ClientDisconnect:
+                return Response(status_code=400)  # nobody is listening for an answer
+            except Exception as err:
+                return await self._unexpected(request, err)
 
         return route
+
+    async def _unexpected(self, request: Request, err: Exception) -> Response:
+        """An exception no check foresaw: one log record with its traceback, one count, and an
+        answer on the same connection (400 when only input can cause it, else 500)."""
+        self.hub.internal_errors += 1
+        number = self.hub.internal_errors
+        log.error(
+            "internal error #%d on %s %s: %s",
+            number,
+            request.method,
+            request.url.path,
+            type(err).__name__,
+            exc_info=err,
+        )
+        if isinstance(err, INPUT_FAULTS):
+            message = f"the request could not be processed ({type(err).__name__}): check its values"
+            return await _error(request, 400, message, "BadRequest")
+        message = f"internal error #{number} ({type(err).__name__}); the API's log has the details"
+        return await _error(request, 500, message, "InternalError")
 
     async def _body(self, request: Request) -> bytes:
         return await body.read_body(
@@ -129,10 +172,6 @@ class Api:
 
     async def register_env(self, request: Request) -> Response:
         req = wire.decode(await self._body(request), RegisterEnv, body.is_msgpack(request))
-        if not math.isfinite(req.weight):
-            raise ProtocolError("$.weight: must be a finite number")
-        if req.min_batch_allocation is not None and not math.isfinite(req.min_batch_allocation):
-            raise ProtocolError("$.min_batch_allocation: must be a finite number")
         return await self._json(request, self.hub.register_env(req))
 
     async def disconnect_env(self, request: Request) -> Response:
@@ -206,7 +245,7 @@ class Api:
     async def status_env(self, request: Request) -> Response:
         """The env's id from the body (`{"env_id", "dropped"?, "failed"?}`) or `?env_id=`;
         a body's `dropped` and `failed` counts are kept as the env's latest report."""
-        query = request.query_params.get("env_id")
+        query = _int_param(request, "env_id", -1, 0, wire.ENV_ID_MAX)
         raw = await self._body(request)
         report: EnvStatusRequest | None = None
         if raw:
@@ -215,17 +254,13 @@ class Api:
             except ProtocolError as err:
                 raise ProtocolError(_report_hint(str(err)), err.status) from None
             env_id = report.env_id
-        if query is not None:
-            try:
-                asked = int(query)
-            except ValueError:
-                raise ProtocolError(f"env_id: expected an integer, got {query!r}") from None
-            if report is not None and report.env_id != asked:
+        if query >= 0:
+            if report is not None and report.env_id != query:
                 raise ProtocolError(
-                    f"env_id: the query says {asked} but the body says {report.env_id};"
+                    f"env_id: the query says {query} but the body says {report.env_id};"
                     " give one, or the same in both"
                 )
-            env_id = asked
+            env_id = query
         elif report is None:
             raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
         answer = self.hub.status_env(env_id)
@@ -314,16 +349,20 @@ def _report_hint(message: str) -> str:
     )
 
 
+_QUERY_INT = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: int() also takes "²", "1_0"
+
+
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """The query parameter `name` as an integer in low..high (`default` when absent); a 400
+    naming the parameter for anything else (a sign where none fits, other digits, 5000 digits).
+    """
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ProtocolError(f"{name}: expected an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ProtocolError(f"{name}: expected {low}..{high}, got {value}")
+    value = int(raw) if _QUERY_INT.fullmatch(raw) else None
+    if value is None or not low <= value <= high:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ProtocolError(f"{name}: expected an integer from {low} to {high}, got {shown!r}", 400)
     return value
 
 
@@ -344,7 +383,8 @@ def _lease_seconds(request: Request) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0 or value > 7 * 24 * 3600:
-        raise ProtocolError(f"lease: expected seconds in (0, 604800], got {raw!r}")
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ProtocolError(f"lease: expected seconds in (0, 604800], got {shown!r}", 400)
     return value
 
 

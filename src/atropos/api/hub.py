@@ -121,6 +121,7 @@ class Hub:
         self.counters: dict[int | None, EnvCounters] = {}
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
         self._recent_acks: deque[str] = deque(maxlen=1024)
+        self.internal_errors = 0  # requests that met an exception no check foresaw (app.py)
         self.recent: deque[Recent] = deque()  # newest last; whether consumed or not
         self.recent_bytes = 0
         self._load()

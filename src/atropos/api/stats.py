@@ -93,6 +93,7 @@ def stats(hub: Hub) -> dict[str, Any]:
         "drops": drops,
         "env_dropped": env_dropped,
         "env_failed": env_failed,
+        "internal_errors": hub.internal_errors,
         "batch_latency_seconds": {
             "count": len(latencies),
             "p50": _quantile(latencies, 0.5),
@@ -126,6 +127,9 @@ def prometheus(hub: Hub) -> str:
         f"atropos_queued_sequences {doc['queued_sequences']}",
         "# TYPE atropos_leased_batches gauge",
         f"atropos_leased_batches {doc['leased_batches']}",
+        "# HELP atropos_internal_errors_total Requests that met an unexpected exception.",
+        "# TYPE atropos_internal_errors_total counter",
+        f"atropos_internal_errors_total {doc['internal_errors']}",
     ]
     per_env = [
         ("queued_groups", "gauge"),

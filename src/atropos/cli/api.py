@@ -1,17 +1,24 @@
-"""`atropos api serve`: run the trajectory API."""
+"""`atropos api serve`: run the trajectory API.
+
+A key never needs to be on the command line, where every user of the machine can read it
+(`ps`, `/proc/PID/cmdline`): `--api-key-file PATH` or the environment variable carry it.
+`--api-key KEY` still works, with a warning.
+"""
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from atropos.api.app import ApiConfig, create_app
+from atropos.api.origin import is_loopback
 from atropos.cli.argtypes import non_negative_int, usage_error
+
+__all__ = ["add_access_arguments", "add_serve_arguments", "config_from_args", "is_loopback"]
 
 log = logging.getLogger("atropos.api")
 
@@ -51,6 +58,15 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         help="allow this browser origin (repeatable; never with credentials)",
     )
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this Host name (repeatable; '*': any). Served without"
+        " it: localhost, loopback IPs and the bound address; on a non-loopback address also"
+        " any IP and this machine's name, and any name when an API key is set",
+    )
+    p.add_argument(
         "--response-gzip",
         choices=["auto", "always", "never"],
         default="auto",
@@ -60,13 +76,60 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
+class _KeyOnCommandLine(argparse.Action):
+    """`--api-key KEY`: kept for compatibility, with a warning that the key is public."""
+
+    def __init__(self, *args: Any, variable: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variable = variable
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, *_: Any
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: --api-key puts the key in `ps` and /proc/PID/cmdline,"
+            f" readable by every user of this machine; use --api-key-file PATH or set"
+            f" ${self.variable} instead",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+class _KeyFile(argparse.Action):
+    """`--api-key-file PATH`: the key is the file's content (surrounding whitespace removed)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, *_: Any
+    ) -> None:
+        try:
+            key = Path(values).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            why = getattr(err, "strerror", None) or str(err)
+            parser.error(f"--api-key-file {values}: cannot read it ({why})")
+        if not key:
+            parser.error(f"--api-key-file {values}: the file is empty; write the key in it")
+        namespace.api_key = key
+
+
 def add_access_arguments(p: argparse.ArgumentParser, key_variable: str, open_paths: str) -> None:
-    """`--api-key` (default: the environment variable) and `--insecure`, for any server."""
-    p.add_argument(
+    """`--api-key-file` or `--api-key` (default: the environment variable) and `--insecure`,
+    for any server."""
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key-file",
+        action=_KeyFile,
+        metavar="PATH",
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but {open_paths}, with"
+        f" KEY read from this file (or set ${key_variable})",
+    )
+    keys.add_argument(
         "--api-key",
+        action=_KeyOnCommandLine,
+        variable=key_variable,
         default=os.environ.get(key_variable),
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but {open_paths}"
-        f" (default: ${key_variable})",
+        metavar="KEY",
+        help=f"the key itself (default: ${key_variable}); visible to every user in `ps`:"
+        " prefer --api-key-file or the variable",
     )
     p.add_argument(
         "--insecure",
@@ -75,39 +138,21 @@ def add_access_arguments(p: argparse.ArgumentParser, key_variable: str, open_pat
     )
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` only accepts connections from this machine.
-
-    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
-    (True, True, False)
-    """
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
-            )
-        except (OSError, ValueError):
-            return False
-
-
 def config_from_args(args: argparse.Namespace, prog: str = "atropos api serve") -> ApiConfig:
     """Check the flags and turn them into an ApiConfig; a usage error (exit 2) on bad values."""
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
         usage_error(
             prog,
             f"refusing to bind {args.host} without an API key: anyone who can reach it could"
-            " read and wipe your data. Pass --api-key KEY (or set ATROPOS_API_KEY), or"
+            " read and wipe your data. Pass --api-key-file PATH (or set ATROPOS_API_KEY), or"
             " --insecure if this network is trusted.",
         )
     store = args.store or f"sqlite:{Path(args.run_dir) / 'api.db'}"
     return ApiConfig(
         store=store,
         api_key=args.api_key or None,
+        host=args.host,
+        allowed_hosts=list(args.allowed_host),
         env_timeout=args.env_timeout,
         max_staleness=args.max_staleness,
         max_body_bytes=int(args.max_body_mb * 2**20),
