@@ -339,3 +339,18 @@ for path in ({str(private)!r}, {str(public)!r}):
     assert "api-key-42" not in result.stdout
     assert "python refused PermissionError" in result.stdout
     assert "python hello" in result.stdout and "cat 0 hello" in result.stdout  # the control
+
+
+def test_weaker_isolation_than_asked_is_logged_once(caplog):
+    from atropos.environments.code.sandbox import SandboxResult
+
+    sandbox = Sandbox(LIMITS, max_concurrency=1)
+    weak = {"filesystem": "shared (no mount namespace: Operation not permitted)", "pids": "shared"}
+    with caplog.at_level("WARNING", logger="atropos.environments.code.sandbox"):
+        for _ in range(2):
+            sandbox._warn_once(SandboxResult("ok", 0, None, "", "", 0.1, dict(weak)))
+    assert [r.getMessage() for r in caplog.records if "weaker isolation" in r.getMessage()] == [
+        "sandbox: weaker isolation on this machine (filesystem: shared (no mount namespace: "
+        "Operation not permitted); pids: shared): the code may write to world-writable places "
+        "and see other processes"
+    ]
