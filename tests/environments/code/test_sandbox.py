@@ -78,7 +78,7 @@ def assert_nothing_left() -> None:
 def test_a_program_runs_with_stdin_and_reports_how_it_was_isolated(box):
     result = box.run("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="hi\n")
     assert result.ok and result.stdout == "HI\n" and result.exit_code == 0
-    assert set(result.isolation) == {"network", "user", "processes"}
+    assert set(result.isolation) == {"network", "filesystem", "pids", "user", "processes"}
     if os.geteuid() == 0:
         assert result.isolation["user"].startswith("dedicated uid")
 

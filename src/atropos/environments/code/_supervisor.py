@@ -2,8 +2,11 @@
 
 `atropos.environments.code.sandbox` runs this file as `python -I -S _supervisor.py CONFIG` in a
 fresh temporary directory; it is never imported there, and uses the standard library only. It
-isolates the network, forks the child that runs `main.py` (privileges dropped, resource limits
-set, audit hook installed), enforces the wall-clock limit, and kills every descendant at the end.
+isolates the network, unshares mount and PID namespaces (every mount read-only but the run's
+directory), forks the child that runs `main.py` (privileges dropped, resource limits set, audit
+hook installed) through a first process of the PID namespace that mounts its own /proc, enforces
+the wall-clock limit, and kills every descendant at the end. With tests, the child is the judge
+of `_harness.py` (loaded by path).
 What it does and does not protect against is in `sandbox.py`'s docstring.
 """
 
@@ -20,10 +23,25 @@ from typing import Any
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SETUP_FAILED = 125  # the child's exit code when the sandbox itself could not be set up
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
+MOUNT_FLAGS = {  # per-mount options kept when a mount is remounted read-only
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 
 # Imported before privileges are dropped when the dedicated uid cannot read the interpreter's
 # files (e.g. a Python under /root, as `preload` says); they cover what solutions import.
@@ -120,6 +138,50 @@ def isolate_network(libc: Any, is_root: bool) -> str:
     return f"audit hook only (no network namespace: {_errno_text()})"
 
 
+def mount_points() -> list[tuple[str, int]]:
+    """This mount namespace's mount points, in order, with their per-mount flags."""
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            flags = sum(MOUNT_FLAGS.get(option, 0) for option in fields[5].split(","))
+            found.append((point, flags))
+    return found
+
+
+def isolate_filesystem(libc: Any, workdir: str) -> tuple[bool, str]:
+    """Unshare mount and PID namespaces (children of this process start a new PID namespace);
+    then make every mount read-only, except the run's directory, bound onto itself writable.
+    Returns whether the namespaces exist, and what the filesystem is like."""
+    if libc.unshare(CLONE_NEWNS | CLONE_NEWPID) != 0:
+        return False, f"shared (no mount namespace: {_errno_text()})"
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return True, f"shared (mounts not private: {_errno_text()})"
+    root = os.path.realpath(workdir)
+    if libc.mount(os.fsencode(root), os.fsencode(root), None, MS_BIND, None) != 0:
+        return True, f"shared (cannot bind the run's directory: {_errno_text()})"
+    os.chdir(root)  # the cwd now goes through the writable bind mount
+    failed = []
+    for point, flags in mount_points():
+        if point == root:
+            continue
+        remount = MS_REMOUNT | MS_BIND | MS_RDONLY | flags
+        if libc.mount(None, os.fsencode(point), None, remount, None) != 0:
+            failed.append(point)
+    if failed:
+        return True, f"read-only but the run's directory, except {' '.join(failed[:5])}"
+    return True, "read-only but the run's directory"
+
+
+def mount_own_proc(libc: Any) -> str:
+    """In a new PID namespace (as its first process): a /proc that shows only its processes."""
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
+        return f"namespace, but /proc is the host's ({_errno_text()})"
+    return "namespace"
+
+
 def drop_privileges(uid: int | None, caller: int) -> str:
     """Become the dedicated `uid` (when given; we are root); describe who we run as."""
     if uid is None:
@@ -131,6 +193,19 @@ def drop_privileges(uid: int | None, caller: int) -> str:
     except OSError as e:
         return f"same as the caller (uid {caller}): setuid({uid}) failed: {e}"
     return f"dedicated uid {uid}"
+
+
+def drop_capabilities(libc: Any) -> None:
+    """Give up every capability, now and across exec (root without a dedicated uid, or any uid
+    in a new user namespace holds them all): no ptrace of the undumpable judge, no mounts."""
+    import ctypes
+
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the kernel's last capability
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), f"capset: {_errno_text()}")
 
 
 def set_limits(cfg: dict[str, Any], nproc: int | None) -> None:
@@ -219,18 +294,24 @@ def install_guard(workdir: str, block_processes: bool) -> None:
         del sys.modules[name]
 
 
-def run_program(path: str) -> int:
-    """Run `path` as `__main__`; its exit code (1 and a traceback on an uncaught exception)."""
+def add_exit_builtins() -> None:
+    """`exit` and `quit`, which `site` adds and -S skips."""
     import builtins
-    import traceback
-    import types
 
     def leave(code: object = None) -> None:
         raise SystemExit(code)
 
-    for name in ("exit", "quit"):  # `site` adds them, and -S skips `site`
+    for name in ("exit", "quit"):
         if not hasattr(builtins, name):
             setattr(builtins, name, leave)
+
+
+def run_program(path: str) -> int:
+    """Run `path` as `__main__`; its exit code (1 and a traceback on an uncaught exception)."""
+    import traceback
+    import types
+
+    add_exit_builtins()
     module = types.ModuleType("__main__")
     module.__file__ = path
     sys.modules["__main__"] = module
@@ -256,14 +337,66 @@ def run_program(path: str) -> int:
     return code
 
 
-def child(cfg: dict[str, Any], libc: Any, base_tasks: int, caller: int) -> None:
-    """The forked child: set up the jail, then run the untrusted `main.py`; never returns."""
+def judge_tests(
+    cfg: dict[str, Any], libc: Any, harness: Any, tests: str, block_processes: bool
+) -> int:
+    """Fork the candidate process running `main.py`, run `tests` against it here, and report
+    the verdict (see `_harness`); the exit code: 0 when every test passed."""
+    report_fd = cfg["report_fd"]
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the candidate (same uid) cannot read our memory
+    request_read, request_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the candidate: nothing it could report with, nothing secret
+        code = 1
+        try:
+            for fd in (report_fd, request_write, reply_read):
+                os.close(fd)
+            install_guard(cfg["workdir"], block_processes)
+            add_exit_builtins()
+            with open("main.py", encoding="utf-8") as f:
+                source = f.read()
+            code = harness.serve(request_read, reply_write, source, "main.py")
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        os._exit(code)
+    os.close(request_read)
+    os.close(reply_write)
+    install_guard(cfg["workdir"], block_processes)
+    passed, reason = harness.judge(harness.Peer(request_write, reply_read), tests, "tests.py")
+    verdict = {"tests": "passed" if passed else (reason or "failed")}
+    os.write(report_fd, json.dumps(verdict).encode() + b"\n")
+    os.close(report_fd)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        passed = False
+    return 0 if passed else 1
+
+
+def child(
+    cfg: dict[str, Any], libc: Any, base_tasks: int, caller: int, harness: Any, namespaced: bool
+) -> None:
+    """The forked child: set up the jail, then run the untrusted `main.py` (or, with a harness,
+    judge it against the tests); never returns."""
     report_fd, supervisor = cfg["report_fd"], os.getppid()
+    tests = None
     try:
         os.setpgid(0, 0)  # its own group, so the supervisor can kill it and its children at once
         stdin = os.open("input.txt", os.O_RDONLY)
         os.dup2(stdin, 0)
         os.close(stdin)
+        if harness is not None:  # read while privileged, and gone before the candidate starts
+            with open("tests.py", encoding="utf-8") as f:
+                tests = f.read()
+            os.unlink("tests.py")
         for name in PRELOAD if cfg["preload"] else ():
             try:
                 __import__(name)
@@ -275,17 +408,25 @@ def child(cfg: dict[str, Any], libc: Any, base_tasks: int, caller: int) -> None:
         if os.getppid() != supervisor:
             os._exit(SETUP_FAILED)  # the supervisor died before the line above
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries (sudo) from here on
-        nproc = base_tasks + 1 + cfg["max_processes"]
+        if not user.startswith("dedicated"):
+            drop_capabilities(libc)
+            user += ", no capabilities"
+        nproc = base_tasks + 1 + cfg["max_processes"] + (tests is not None)
         set_limits(cfg, nproc if enforced else None)
         processes = f"RLIMIT_NPROC {nproc}" if enforced else "audit hook (root ignores NPROC)"
-        line = {"pid": os.getpid(), "user": user, "processes": processes}
+        line: dict[str, Any] = {"pid": os.getpid(), "user": user, "processes": processes}
+        if not namespaced:  # the caller's backstop kills this group (a pid it can see)
+            line["group"] = os.getpid()
         os.write(report_fd, json.dumps(line).encode() + b"\n")
-        os.close(report_fd)
         sys.dont_write_bytecode = True
-        install_guard(cfg["workdir"], block_processes=not enforced)
+        if tests is None:
+            os.close(report_fd)
+            install_guard(cfg["workdir"], block_processes=not enforced)
     except BaseException as e:
         print(f"sandbox setup failed: {e!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
+    if tests is not None:
+        os._exit(judge_tests(cfg, libc, harness, tests, block_processes=not enforced))
     os._exit(run_program("main.py"))
 
 
@@ -341,8 +482,34 @@ def supervise(pid: int, wall: float) -> dict[str, Any]:
             time.sleep(0.005)
 
 
+def load_harness() -> Any:
+    """`_harness.py` beside this file, loaded by path (this directory is not on sys.path)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_harness.py")
+    spec = importlib.util.spec_from_file_location("atropos_sandbox_harness", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_child(
+    cfg: dict[str, Any], libc: Any, base_tasks: int, caller: int, harness: Any, namespaced: bool
+) -> dict[str, Any]:
+    """Fork the child, supervise it, kill what is left; the outcome."""
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        child(cfg, libc, base_tasks, caller, harness, namespaced)
+    outcome = supervise(pid, cfg["wall_seconds"])
+    kill_descendants(pid)
+    return outcome
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1])
+    sys.dont_write_bytecode = True
     libc = _libc()
     caller = os.getuid()
     is_root = caller == 0
@@ -351,16 +518,32 @@ def main(argv: list[str]) -> int:
     network = isolate_network(libc, is_root) if cfg["network_namespace"] else "audit hook only"
     if network.startswith("user") and kernel_at_least(5, 14):
         base_tasks = 1  # NPROC now counts per user namespace: only us in this new one
+    harness = load_harness() if cfg["harness"] else None
+    namespaced, filesystem = False, "shared (namespaces off)"
+    if cfg["namespaces"]:
+        namespaced, filesystem = isolate_filesystem(libc, cfg["workdir"])
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: STOP.append(1))
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        child(cfg, libc, base_tasks, caller)
-    outcome = supervise(pid, cfg["wall_seconds"])
-    kill_descendants(pid)
-    outcome["network"] = network
-    os.write(cfg["report_fd"], json.dumps(outcome).encode() + b"\n")
+    line = {"network": network, "filesystem": filesystem}
+    if not namespaced:
+        outcome = run_child(cfg, libc, base_tasks, caller, harness, namespaced)
+        outcome.update(line, pids="shared")
+        os.write(cfg["report_fd"], json.dumps(outcome).encode() + b"\n")
+        return 0
+    init = os.fork()  # the first process of the new PID namespace: supervises the child there
+    if init == 0:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        pids = mount_own_proc(libc)
+        tasks = base_tasks + (not is_root)  # this process counts for a non-root NPROC
+        outcome = run_child(cfg, libc, tasks, caller, harness, namespaced)
+        outcome["pids"] = pids
+        os.write(cfg["report_fd"], json.dumps(outcome).encode() + b"\n")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGTERM))
+    if STOP:
+        os.kill(init, signal.SIGTERM)
+    os.waitpid(init, 0)  # its end ends every process in the namespace
+    os.write(cfg["report_fd"], json.dumps(line).encode() + b"\n")
     return 0
 
 

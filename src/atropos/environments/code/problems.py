@@ -20,7 +20,6 @@ True
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -164,12 +163,13 @@ def load_problems(
 
 @dataclass(frozen=True)
 class Job:
-    """One sandbox run of a check: the program, its stdin, and what must come out."""
+    """One sandbox run of a check: the program, its stdin, and what must come out (the output
+    of a stdin/stdout case, or the tests' verdict)."""
 
     program: str
     stdin: str = ""
     expected_output: str | None = None  # stdin/stdout cases
-    nonce: str | None = None  # assert tests: printed only once every test has passed
+    tests: str | None = None  # assert problems: run against `program`'s names, apart from it
 
 
 @dataclass(frozen=True)
@@ -183,15 +183,15 @@ class Verdict:
 
 
 def jobs_for(item: Mapping[str, Any], code: str) -> list[Job]:
-    """The runs that check `code` against `item`: one per stdin/stdout case, or one program
-    holding the preamble, the code, the setup and every assert, then a random marker printed
-    last (so `sys.exit(0)` in the solution does not pass)."""
+    """The runs that check `code` against `item`: one per stdin/stdout case, or one run of the
+    preamble and the code, judged by the preamble, the setup and every assert in another
+    process (`Sandbox.run` with `tests`), whose verdict the code cannot forge."""
     if item.get("io"):
         return [Job(code, case["input"], case["output"]) for case in item["io"]]
-    nonce = f"atropos-tests-passed-{secrets.token_hex(8)}"
-    parts = [item.get("preamble", ""), code, item.get("setup", ""), *item["tests"]]
-    program = "\n\n".join(p for p in parts if p) + f"\n\nprint({nonce!r})\n"
-    return [Job(program, nonce=nonce)]
+    preamble = item.get("preamble", "")
+    program = "\n\n".join(p for p in (preamble, code) if p) + "\n"
+    tests = "\n\n".join(p for p in (preamble, item.get("setup", ""), *item["tests"]) if p)
+    return [Job(program, tests=tests + "\n")]
 
 
 def _lines(text: str) -> list[str]:
@@ -200,11 +200,13 @@ def _lines(text: str) -> list[str]:
 
 def judge(job: Job, result: SandboxResult) -> Verdict:
     """The verdict of one run."""
+    if job.tests is not None and result.tests == "exited_early" and result.status != "timeout":
+        return Verdict(False, "exited_early", "the code under test ended before the tests did")
     if not result.ok:
         tail = result.stderr.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
         return Verdict(False, result.status, tail[0][:300])
-    if job.nonce is not None:
-        if not result.stdout.rstrip().endswith(job.nonce):
+    if job.tests is not None:
+        if result.tests != "passed":
             return Verdict(False, "exited_early", "the tests did not run to the end")
         return Verdict(True, "ok")
     if job.expected_output is not None and _lines(result.stdout) != _lines(job.expected_output):
@@ -219,7 +221,7 @@ def check_solution(sandbox: Sandbox, item: Mapping[str, Any], completion: str) -
         return Verdict(False, "no_code", "no fenced Python code block")
     verdict = Verdict(False, "no_tests")
     for job in jobs_for(item, code):
-        verdict = judge(job, sandbox.run(job.program, job.stdin))
+        verdict = judge(job, sandbox.run(job.program, job.stdin, job.tests))
         if not verdict.passed:
             break
     return verdict
@@ -232,7 +234,7 @@ async def acheck_solution(sandbox: Sandbox, item: Mapping[str, Any], completion:
         return Verdict(False, "no_code", "no fenced Python code block")
     verdict = Verdict(False, "no_tests")
     for job in jobs_for(item, code):
-        verdict = judge(job, await sandbox.arun(job.program, job.stdin))
+        verdict = judge(job, await sandbox.arun(job.program, job.stdin, job.tests))
         if not verdict.passed:
             break
     return verdict

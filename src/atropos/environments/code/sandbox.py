@@ -3,7 +3,9 @@
 Each run gets a fresh temporary directory (its cwd, removed afterwards) holding the program,
 and a process `python -I -S _supervisor.py` (isolated mode, no site-packages, environment
 scrubbed to PATH, HOME, TMPDIR and LANG). The supervisor forks the child that runs the
-program and kills every descendant when it ends.
+program and kills every descendant when it ends; in a new PID namespace a first process there
+does this (its end ends every process of the namespace). With `tests`, the child is a judge
+that runs the tests against the program, which it forks into another process (`_harness`).
 
 Threat model. The sandbox is for *accidents and sloppiness* of generated code during RL: it
 stops the usual failure modes from hurting the trainer or the machine.
@@ -27,13 +29,30 @@ What it protects against:
 - **Network**: the supervisor unshares a new network namespace (root, or an unprivileged user
   namespace where the kernel allows one) in which no interface is up, and in every case an
   audit hook refuses creating sockets (`socket.*` events). `SandboxResult.isolation` says which
-  layers applied.
-- **Secrets**: the environment is scrubbed; the audit hook refuses opening other processes'
-  `/proc/<pid>/` files (environ, cmdline, mem), and a dedicated uid cannot read them anyway.
-- **Stray writes**: the audit hook refuses opening files for writing, and removing, renaming,
-  chmod-ing or linking paths, outside the temporary directory (`/dev/null` is allowed); a
-  dedicated uid also lacks the permission for most places. `PR_SET_NO_NEW_PRIVS` stops setuid
-  binaries (`sudo`) from gaining privileges.
+  layers applied (`network`, `filesystem`, `pids`, `user`, `processes`); a weaker setup than
+  asked for is logged once per `Sandbox` as a warning.
+- **Stray writes** (kernel-enforced where namespaces are allowed: root, or an unprivileged user
+  namespace): the supervisor unshares a mount namespace and remounts every mount read-only,
+  except the run's directory (bound onto itself, writable). So no process of the run, exec'd
+  programs included, creates, links, renames or changes anything elsewhere, world-writable
+  `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock` included (`os.mknod` and `os.mkfifo` fail with
+  EROFS; writing to devices such as `/dev/null` still works). Always, as defence in depth, the
+  audit hook refuses Python-level opening for writing, removing, renaming, chmod-ing and linking
+  outside the directory; it cannot see `os.mknod` and `os.mkfifo` (no audit events), so without
+  namespaces only a dedicated uid's permissions stop those, and not in world-writable places.
+- **Other processes** (kernel-enforced with namespaces): a new PID namespace with its own /proc,
+  so the run sees only its own processes: no other process's cmdline, environ or fds. Without
+  it, a dedicated uid cannot read other users' `environ`, `fd` or `mem` (owner-only) but can
+  read any process's `cmdline`; the audit hook refuses Python-level opening of
+  `/proc/<other pid>/` either way. The environment is scrubbed.
+- **The invoking user's files**: a dedicated uid reads only what any user may, so files of mode
+  0600 (an API's store) are out of reach. Without one, the code runs as the invoking user.
+- **Capabilities**: root without a dedicated uid, or any uid in a new user namespace, gives up
+  every capability (bounding set and capset) and `PR_SET_NO_NEW_PRIVS` stops setuid binaries
+  (`sudo`) from gaining privileges.
+- **Forged test verdicts** (`run(..., tests=...)`): the tests run in a separate, undumpable
+  process that alone can report; the code under test gets no marker, file or descriptor to
+  forge the verdict with (see `_harness`).
 
 What it does NOT protect against (it is not a security boundary; use a VM or gVisor, or a
 service such as Modal, for code written to attack you):
@@ -44,8 +63,11 @@ service such as Modal, for code written to attack you):
   import blocked, but C extensions, `/proc/self/mem`, or any process the code `exec`s, such as
   `bash`, are not audited). With a network namespace the network stays closed for those too;
   without one it does not.
-- Disk: RLIMIT_FSIZE caps each file, not their number; a dedicated uid can still write to
-  world-writable places (`/tmp`, `/dev/shm`) through an exec'd program. CPU: each process
+- Reading: the file system stays readable as far as the uid's permissions go (world-readable
+  files, the dataset when it is such a file; everything the caller can read, without a
+  dedicated uid). Without namespaces, a dedicated uid can still create files in world-writable
+  places (`/tmp`, `/dev/shm`) through `os.mknod`/`os.mkfifo` or an exec'd program.
+- Disk: RLIMIT_FSIZE caps each file, not their number, inside the directory. CPU: each process
   gets its own RLIMIT_CPU, so a capped fork tree may use up to `max_processes` CPU-seconds
   budgets before the wall clock stops it.
 - Cleanup relies on the supervisor: if it is killed (SIGKILL from outside), the child dies with
@@ -62,6 +84,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import pwd
@@ -82,6 +105,7 @@ __all__ = ["DEFAULT_UID_BASE", "Sandbox", "SandboxLimits", "SandboxResult"]
 
 SUPERVISOR = str(Path(__file__).with_name("_supervisor.py"))
 DEFAULT_UID_BASE = 1_500_000_000  # far above the uids of real users and of container maps
+log = logging.getLogger(__name__)
 SETUP_FAILED = 125  # `_supervisor.SETUP_FAILED`
 GRACE_SECONDS = 3.0  # the supervisor's start and cleanup, beyond the wall-clock limit
 
@@ -120,6 +144,7 @@ class SandboxResult:
     stderr: str
     duration: float
     isolation: dict[str, str] = field(default_factory=dict)
+    tests: str | None = None  # `run(..., tests=...)`: "passed", "error" or "exited_early"
 
     @property
     def ok(self) -> bool:
@@ -134,6 +159,8 @@ class Sandbox:
         limits: per-run limits.
         max_concurrency: runs at once; more wait for a slot (`run` blocks, `arun` awaits).
         network_namespace: unshare a network namespace when the kernel allows it.
+        namespaces: unshare mount and PID namespaces when the kernel allows it (every mount
+            read-only but the run's directory; a /proc showing only the run's processes).
         drop_privileges: when running as root, run as a dedicated uid per slot.
         uid_base: the first dedicated uid (uids `uid_base` .. `uid_base + max_concurrency - 1`
             must belong to nobody: every process they own is killed after a run).
@@ -145,6 +172,7 @@ class Sandbox:
         *,
         max_concurrency: int = 4,
         network_namespace: bool = True,
+        namespaces: bool = True,
         drop_privileges: bool = True,
         uid_base: int = DEFAULT_UID_BASE,
     ) -> None:
@@ -153,6 +181,8 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.max_concurrency = max_concurrency
         self.network_namespace = network_namespace
+        self.namespaces = namespaces
+        self._warned = False
         self._uids: list[int] | None = None
         if drop_privileges and os.geteuid() == 0:
             self._uids = [uid_base + i for i in range(max_concurrency)]
@@ -181,29 +211,60 @@ class Sandbox:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def run(self, program: str, stdin: str = "") -> SandboxResult:
-        """Run `program` (Python source) with `stdin`; block until a slot is free and it ends."""
+    def run(self, program: str, stdin: str = "", tests: str | None = None) -> SandboxResult:
+        """Run `program` (Python source) with `stdin`; block until a slot is free and it ends.
+
+        With `tests` (Python source: asserts), `program` is the code under test and `tests` run
+        against its names in another process (`_harness`); `SandboxResult.tests` is the verdict,
+        which the program cannot forge.
+        """
         slot = self._slots.get()
         start = time.monotonic()
         try:
             uid = self._uids[slot] if self._uids is not None else None
-            options = {"network_namespace": self.network_namespace, "preload": self._preload}
-            return _execute(program, stdin, self.limits, uid, options)
+            options = {
+                "network_namespace": self.network_namespace,
+                "namespaces": self.namespaces,
+                "preload": self._preload,
+            }
+            result = _execute(program, stdin, tests, self.limits, uid, options)
         except OSError as e:  # no process, no temporary directory: a failed run, not a crash
             return SandboxResult("sandbox_error", None, None, "", repr(e), time.monotonic() - start)
         finally:
             self._slots.put(slot)
+        self._warn_once(result)
+        return result
 
-    async def arun(self, program: str, stdin: str = "") -> SandboxResult:
+    async def arun(self, program: str, stdin: str = "", tests: str | None = None) -> SandboxResult:
         """`run` in a worker thread, so many runs proceed concurrently (bounded)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.max_concurrency, "atropos-sandbox")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.run, program, stdin)
+        return await loop.run_in_executor(self._executor, self.run, program, stdin, tests)
+
+    def _warn_once(self, result: SandboxResult) -> None:
+        """Log once when the kernel refused the mount and PID namespaces we asked for."""
+        isolation = result.isolation
+        if self._warned or not self.namespaces or "filesystem" not in isolation:
+            return
+        if isolation["filesystem"].startswith("read-only") and isolation.get("pids") == "namespace":
+            return
+        self._warned = True
+        log.warning(
+            "sandbox: weaker isolation on this machine (filesystem: %s; pids: %s): the code "
+            "may write to world-writable places and see other processes",
+            isolation["filesystem"],
+            isolation.get("pids", "?"),
+        )
 
 
 def _execute(
-    program: str, stdin: str, limits: SandboxLimits, uid: int | None, options: dict[str, bool]
+    program: str,
+    stdin: str,
+    tests: str | None,
+    limits: SandboxLimits,
+    uid: int | None,
+    options: dict[str, bool],
 ) -> SandboxResult:
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="atropos-sandbox-")
@@ -215,6 +276,10 @@ def _execute(
             Path(workdir, name).write_text(text, encoding="utf-8")
             if uid is not None:
                 os.chown(Path(workdir, name), uid, uid)
+        if tests is not None:  # stays ours (0600): the harness reads and removes it as root
+            descriptor = os.open(Path(workdir, "tests.py"), os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+                f.write(tests)
         if uid is not None:
             os.chown(workdir, uid, uid)
         read_fd, write_fd = os.pipe()
@@ -222,6 +287,7 @@ def _execute(
             "workdir": workdir,
             "uid": uid,
             "report_fd": write_fd,
+            "harness": tests is not None,
             **options,
             "wall_seconds": limits.wall_seconds,
             "cpu_seconds": limits.cpu_seconds,
@@ -252,7 +318,7 @@ def _execute(
         if read_fd >= 0:
             lines = _read_report(read_fd)
         if proc is not None:
-            _backstop([line["pid"] for line in lines if "pid" in line], uid)
+            _backstop([line["group"] for line in lines if "group" in line], uid)
         _remove(workdir)
     return _result(lines, out, err, cut, time.monotonic() - start, limits)
 
@@ -426,7 +492,9 @@ def _result(
     for line in lines:
         report.update(line)
     isolation: dict[str, str] = {
-        k: str(report[k]) for k in ("network", "user", "processes") if k in report
+        k: str(report[k])
+        for k in ("network", "filesystem", "pids", "user", "processes")
+        if k in report
     }
     exit_code, sig = report.get("exit_code"), report.get("signal")
     stdout = out.decode("utf-8", "replace")
@@ -447,7 +515,9 @@ def _result(
         status = "killed"
     else:
         status = "ok" if exit_code == 0 else "error"
-    return SandboxResult(status, exit_code, sig, stdout, stderr, duration, isolation)
+    tests = report.get("tests")
+    tests = str(tests) if tests is not None else None
+    return SandboxResult(status, exit_code, sig, stdout, stderr, duration, isolation, tests)
 
 
 def _over_cpu(report: dict[str, Any], limits: SandboxLimits) -> bool:
