@@ -151,16 +151,17 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
     max_leaves=12,
 )
+msgpack_ints = st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry at all
 msgpack_values = st.recursive(
     st.none()
     | st.booleans()
     | st.floats()
-    | st.integers(-(2**63), 2**64 - 1)
+    | msgpack_ints
     | st.binary(max_size=6)
     | st.builds(msgspec.msgpack.Ext, st.integers(0, 127), st.binary(max_size=4)),
     lambda inner: (
         st.lists(inner, max_size=4)
-        | st.dictionaries(st.integers() | st.text(max_size=3) | st.none(), inner, max_size=3)
+        | st.dictionaries(msgpack_ints | st.text(max_size=3) | st.none(), inner, max_size=3)
     ),
     max_leaves=12,
 )
