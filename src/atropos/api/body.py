@@ -2,7 +2,11 @@
 
 Upstream (atroposlib 0.4.0) decompressed request bodies without a limit (a gzip bomb took the
 server down). Here the body is read in chunks up to `max_body` bytes as sent and inflated up to
-`max_inflated` bytes; past either the request gets a 413 naming the limit.
+`max_inflated` bytes; past either the request gets a 413 naming the limit. Inflation stops as
+soon as the output passes the limit (a bomb costs at most the limit in memory, not its inflated
+size) and runs in a worker thread, at most `INFLATE_SLOTS` at a time per app, so bombs delay
+no one else: `/health` answers in milliseconds while five arrive at once. A body too small to
+inflate past 1 MiB inflates on the event loop, where a thread would cost more than it saves.
 
 Responses: upstream gzipped every response over 1000 bytes for any client that accepts gzip.
 Compression at zlib's fastest level runs at about 80 MB/s on one core, slower than loopback and
@@ -16,8 +20,11 @@ at inflating, same formats) and fall back to the standard library where it is no
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
 
 from starlette.concurrency import run_in_threadpool
@@ -39,6 +46,12 @@ MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack")
 GZIP_MIN_SIZE = 1000  # bytes; smaller responses are never compressed (as upstream)
 GZIP_LEVEL = 1  # token ids compress well even at level 1, at a fraction of the CPU
 THREAD_MIN_SIZE = 256 * 1024  # compress payloads at least this large off the event loop
+MAX_GZIP_RATIO = 1032  # deflate's largest ratio: a body of N bytes inflates to at most ~1032 N
+INLINE_INFLATE_MAX = 1 << 20  # gzip bodies that cannot inflate past this inflate on the loop
+INFLATE_SLOTS = 2  # gzip bodies inflating at once (CPU-bound; each holds up to the limit)
+INFLATE_WAIT = 30.0  # seconds a gzip body waits for a slot before its request gets 503
+_FEED = 64 * 1024  # input given to the decompressor at a time (its unconsumed tail is copied)
+_PIECE = 1 << 20  # output taken from the decompressor at a time
 GzipPolicy = Literal["auto", "always", "never"]
 
 
@@ -58,12 +71,40 @@ async def read_body(request: Request, max_body: int, max_inflated: int) -> bytes
         chunks.append(chunk)
     body = b"".join(chunks)
     if "gzip" in request.headers.get("content-encoding", "").lower():
-        body = inflate(body, max_inflated)
+        if len(body) * MAX_GZIP_RATIO <= INLINE_INFLATE_MAX:
+            return inflate(body, max_inflated)
+        async with _inflation_slot(request):
+            body = await run_in_threadpool(inflate, body, max_inflated)
     return body
+
+
+@contextlib.asynccontextmanager
+async def _inflation_slot(request: Request) -> AsyncIterator[None]:
+    """One of the app's `INFLATE_SLOTS`, or a 503 after `INFLATE_WAIT` seconds without one."""
+    state = request.app.state
+    slots: asyncio.Semaphore | None = getattr(state, "inflation_slots", None)
+    if slots is None:  # one per app, made on its event loop
+        slots = state.inflation_slots = asyncio.Semaphore(INFLATE_SLOTS)
+    try:
+        await asyncio.wait_for(slots.acquire(), INFLATE_WAIT)
+    except asyncio.TimeoutError:
+        raise ProtocolError(
+            f"waited {INFLATE_WAIT:g} s for one of the {INFLATE_SLOTS} gzip inflation slots,"
+            " all busy with other requests: retry later",
+            status=503,
+        ) from None
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 def inflate(data: bytes, limit: int) -> bytes:
     """Gunzip `data`, refusing output larger than `limit` bytes.
+
+    The input is fed in pieces of `_FEED` bytes and the output taken in pieces of at most
+    `_PIECE` bytes, so the running size is checked every megabyte and a bomb is refused as
+    soon as it passes `limit`: memory never holds more than `limit` plus one piece.
 
     >>> import gzip
     >>> inflate(gzip.compress(b"hello"), 10)
@@ -75,28 +116,35 @@ def inflate(data: bytes, limit: int) -> bytes:
     """
     out: list[bytes] = []
     total = 0
+    pending = memoryview(data)  # input not yet given to the decompressor
+    tail: bytes | memoryview = b""  # input given to it but not yet consumed
+    d: Any = _zlib.decompressobj(wbits=31)
+    full = False  # the last call stopped at its output bound: call again even without input
     try:
-        while data:
-            d: Any = _zlib.decompressobj(wbits=31)
-            while data:
-                piece = d.decompress(data, limit + 1 - total)
-                total += len(piece)
-                if total > limit:
-                    raise ProtocolError(
-                        f"gzip body inflates past the limit of {limit} bytes", status=413
-                    )
-                out.append(piece)
-                if d.eof or (not piece and d.unconsumed_tail == data):
-                    break  # done with this member, or no progress: truncated or not gzip
-                data = d.unconsumed_tail
-            if not d.eof:
-                raise zlib.error("truncated or not gzip")
-            data = d.unused_data  # concatenated gzip members are allowed
+        while tail or pending or full:
+            if not tail and not full:
+                tail, pending = pending[:_FEED], pending[_FEED:]
+            bound = min(_PIECE, limit + 1 - total)
+            piece = d.decompress(tail, bound)
+            total += len(piece)
+            if total > limit:
+                raise ProtocolError(
+                    f"gzip body inflates past the limit of {limit} bytes", status=413
+                )
+            out.append(piece)
+            full = len(piece) == bound and not d.eof
+            if d.eof:  # end of a member; concatenated members are allowed
+                tail = d.unused_data
+                if not tail and not pending:
+                    return b"".join(out)
+                d = _zlib.decompressobj(wbits=31)
+            else:
+                tail = d.unconsumed_tail
+        raise zlib.error("truncated")
     except _INFLATE_ERRORS:
         raise ProtocolError(
             "Content-Encoding is gzip but the body is not valid gzip", status=400
         ) from None
-    return b"".join(out)
 
 
 def is_msgpack(request: Request) -> bool:
