@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import time
 
 import httpx
@@ -42,6 +43,17 @@ def test_concatenated_members_split_across_feeds_round_trip():
     assert body.inflate(data, sum(map(len, parts))) == b"".join(parts)
 
 
+def test_an_inflation_stopped_on_the_loop_goes_on_where_it_stopped():
+    parts = [os.urandom(300_000) * 3, b"z" * 5_000_000]
+    data = b"".join(gzip.compress(p, 1) for p in parts)
+    inflater = body.Inflater(data, 10 << 20)
+    assert not inflater.run(1 << 20)
+    assert 1 << 20 <= inflater.total < 3 << 20
+    assert inflater.finish() == b"".join(parts)
+    small = body.Inflater(gzip.compress(b"{}"), 10)
+    assert small.run(1 << 20) and small.result() == b"{}"
+
+
 def test_bombs_get_413_while_health_stays_fast(tmp_path):
     data = bomb(1024)
 
@@ -68,3 +80,24 @@ def test_bombs_get_413_while_health_stays_fast(tmp_path):
     assert len(latencies) > 5
     # measured about 10 ms worst on 2 busy cores; the bound leaves room for a loaded CI
     assert max(latencies) < 0.2, sorted(latencies)[-5:]
+
+
+def test_a_gzip_body_waits_for_a_slot_then_gets_503(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from atropos.api.app import create_app
+
+    monkeypatch.setattr(body, "INFLATE_WAIT", 0.2)
+    data = gzip.compress(os.urandom(2 * body.INLINE_INFLATE_MAX))  # too large to inflate inline
+    app = create_app()
+    with TestClient(app) as client:
+        app.state.inflation_slots = asyncio.Semaphore(0)  # every slot taken
+        start = time.perf_counter()
+        busy = client.post("/register", content=data, headers=GZIP_JSON)
+        assert busy.status_code == 503, busy.text
+        assert "inflation slots" in busy.json()["detail"]
+        assert 0.2 <= time.perf_counter() - start < 2
+        app.state.inflation_slots = slots = asyncio.Semaphore(2)
+        assert client.post("/register", content=data, headers=GZIP_JSON).status_code == 400
+        assert client.post("/register", content=bomb(512), headers=GZIP_JSON).status_code == 413
+        assert slots._value == 2  # every slot given back, refused or not
