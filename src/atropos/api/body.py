@@ -111,13 +111,16 @@ class Inflater:
 
     The input is fed in pieces of `_FEED` bytes and the output taken in pieces of at most
     `_PIECE` bytes, so the running size is checked every megabyte and a bomb is refused as
-    soon as it passes `limit`: memory never holds more than `limit` plus one piece.
+    soon as it passes `limit`: memory never holds more than `limit` plus one piece. The output
+    grows in one buffer, which the allocator maps on its own once large and so gives back to
+    the system when a bomb is refused (a list of 1 MiB pieces stayed in the heap: 500 MiB of
+    RSS kept after a few bombs).
     """
 
     def __init__(self, data: bytes, limit: int) -> None:
         self.limit = limit
         self.total = 0  # bytes out so far
-        self._out: list[bytes] = []
+        self._out = bytearray()
         self._pending = memoryview(data)  # input not yet given to the decompressor
         self._tail: bytes | memoryview = b""  # input given to it but not yet consumed
         self._d: Any = _zlib.decompressobj(wbits=31)
@@ -137,11 +140,11 @@ class Inflater:
                 piece = self._d.decompress(self._tail, bound)
                 self.total += len(piece)
                 if self.total > self.limit:
-                    self._out.clear()
+                    self._out = bytearray()
                     raise ProtocolError(
                         f"gzip body inflates past the limit of {self.limit} bytes", status=413
                     )
-                self._out.append(piece)
+                self._out += piece
                 self._full = len(piece) == bound and not self._d.eof
                 if self._d.eof:  # end of a member; concatenated members are allowed
                     self._tail = self._d.unused_data
@@ -152,14 +155,15 @@ class Inflater:
                     self._tail = self._d.unconsumed_tail
             raise zlib.error("truncated")
         except _INFLATE_ERRORS:
-            self._out.clear()
+            self._out = bytearray()
             raise ProtocolError(
                 "Content-Encoding is gzip but the body is not valid gzip", status=400
             ) from None
 
     def result(self) -> bytes:
-        """The inflated body, once `run` returned True."""
-        return b"".join(self._out)
+        """The inflated body, once `run` returned True (taken: a second call gives b"")."""
+        out, self._out = self._out, bytearray()
+        return bytes(out)
 
     def finish(self) -> bytes:
         """Inflate the rest and return the body (in a worker thread: the join is big too)."""
