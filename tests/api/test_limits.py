@@ -110,3 +110,12 @@ def test_health_answers_while_a_huge_header_arrives_slowly(api):
     assert_refused(answer)
     assert len(latencies) > 3
     assert max(latencies) < 0.2, sorted(latencies)[-5:]
+
+
+def test_refusals_leave_no_parser_warning_or_traceback_in_the_log(api):
+    assert_refused(send_head(api.url, request(b"X-a: v\r\n" * (MAX_HEADERS + 5))))
+    assert_refused(send_head(api.url, request(b"X-Big: " + b"a" * (MAX_HEAD_BYTES * 2) + b"\r\n")))
+    assert httpx.get(f"{api.url}/health").status_code == 200  # the server is still there
+    log = api.service.log_path.read_text()
+    assert "Invalid HTTP request" not in log
+    assert "Traceback" not in log

@@ -21,12 +21,12 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 
 
-class _HeadRefused(Exception):
-    """Raised from a parser callback to stop parsing a head we have answered with 431."""
-
-
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with bounded request heads (see the module docstring)."""
+    """uvicorn's httptools protocol with bounded request heads (see the module docstring).
+
+    Once a head is refused, every parser callback is ignored for the rest of the read in hand
+    (no request starts) and nothing more is read.
+    """
 
     _head_open = True  # between the first byte of a request and the end of its headers
     _head_begun_in_chunk = False
@@ -48,6 +48,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         self._head_open = True
         self._head_begun_in_chunk = True
         self._head_bytes = 0
@@ -56,30 +58,39 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
         self._field_bytes += len(url)
         if self._field_bytes > MAX_HEAD_BYTES:
             self._refuse(f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
-            raise _HeadRefused
+            return
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
         self._header_count += 1
         self._field_bytes += len(name) + len(value) + 4  # ": " and CRLF
         if self._header_count > MAX_HEADERS:
             self._refuse(f"more than {MAX_HEADERS} header fields")
-            raise _HeadRefused
-        if self._field_bytes > MAX_HEAD_BYTES:
+        elif self._field_bytes > MAX_HEAD_BYTES:
             self._refuse(f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
-            raise _HeadRefused
-        super().on_header(name, value)
+        else:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._head_open = False
         super().on_headers_complete()
 
-    def send_400_response(self, msg: str) -> None:
-        if not self._refused:  # a refused head stops the parser with an error: 431 is sent
-            super().send_400_response(msg)
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
 
     def _refuse(self, why: str) -> None:
         """Answer 431 naming the limit and close without reading the rest."""
