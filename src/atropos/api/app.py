@@ -80,7 +80,7 @@ class ApiConfig:
     env_timeout: float = 120.0
     max_staleness: int | None = None
     max_body_bytes: int = 256 * 2**20
-    max_inflated_bytes: int = 1024 * 2**20
+    max_inflated_bytes: int = 256 * 2**20  # as max_body_bytes: gzip carries no more than plain
     cors_origins: list[str] = field(default_factory=list)
     response_gzip: GzipPolicy = "auto"
     history_interval: float = 2.0  # seconds between `/stats/history` samples

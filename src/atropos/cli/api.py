@@ -50,7 +50,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         help="drop groups whose policy_version is more than N steps old at batch time",
     )
     p.add_argument("--max-body-mb", type=float, default=256.0, help="largest body as sent")
-    p.add_argument("--max-inflated-mb", type=float, default=1024.0, help="largest gunzipped body")
+    p.add_argument("--max-inflated-mb", type=float, default=256.0, help="largest gunzipped body")
     p.add_argument(
         "--cors-origin",
         action="append",

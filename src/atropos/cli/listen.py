@@ -68,11 +68,20 @@ def base_url(sock: socket.socket) -> str:
 
 def serve(app: Any, sock: socket.socket, log_level: str) -> None:
     """Serve `app` on `sock` until SIGINT or SIGTERM (then up to 5 s for open requests);
-    SystemExit(3) when the app fails to start, as `uvicorn.run` does."""
+    SystemExit(3) when the app fails to start, as `uvicorn.run` does. Request heads are bounded
+    (`http_limits`: 431 past 64 KiB or 100 header fields)."""
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    from atropos.cli.http_limits import LimitedHttpToolsProtocol
+
+    config = uvicorn.Config(
+        app,
+        http=LimitedHttpToolsProtocol,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])

@@ -3,6 +3,9 @@
 SQLite runs in WAL mode with `synchronous=NORMAL`: a commit survives the API process being
 killed (SIGKILL, OOM) but not a power cut; `sqlite-full:PATH` fsyncs every commit (and the
 segment bytes before it). Bodies live in `PATH.bodies/` (see `segments.py` for why).
+
+Every file is the owner's only: the database is created 0600 before SQLite opens it, and SQLite
+gives its `-wal` and `-shm` files the database's mode; directories created here are 0700.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.api.store.base import SEEN_KEYS_KEPT, BatchRow, GroupRow, NewGroup, Snapshot
-from atropos.api.store.segments import SegmentLog
+from atropos.api.store.segments import SegmentLog, private_dir, private_file
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -39,7 +42,12 @@ class SQLiteStore:
 
     def __init__(self, path: str | Path, fsync: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent, own=False)
+        private_file(self.path)
+        for suffix in ("-wal", "-shm"):  # left by an older version with a wider mode
+            extra = Path(f"{self.path}{suffix}")
+            if extra.exists():
+                extra.chmod(0o600)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per call.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -101,9 +109,28 @@ class SQLiteStore:
             self._set_meta(meta)
 
     def add_groups(self, groups: Sequence[NewGroup]) -> list[int | None]:
-        db = self._db
         out: list[int | None] = []
         added: list[tuple[int, Place]] = []
+        places: list[Place] = []
+        try:
+            self._add(groups, out, added, places)
+        except BaseException:
+            self._log.undo(places)  # not committed: its bodies leave the disk
+            raise
+        # committed: only now do the bodies count as live
+        for seq, place in added:
+            self._places[seq] = place
+            self._log.track(place[0])
+        return out
+
+    def _add(
+        self,
+        groups: Sequence[NewGroup],
+        out: list[int | None],
+        added: list[tuple[int, Place]],
+        places: list[Place],
+    ) -> None:
+        db = self._db
         with _Transaction(db):
             fresh: list[int] = []  # indices of groups that are not duplicates
             keys: set[str] = set()
@@ -117,7 +144,7 @@ class SQLiteStore:
                     keys.add(key)
                 out.append(None)
                 fresh.append(i)
-            places = self._log.append([groups[i].body for i in fresh])
+            places.extend(self._log.append([groups[i].body for i in fresh]))
             for i, place in zip(fresh, places, strict=True):
                 g = groups[i]
                 cur = db.execute(
@@ -132,11 +159,6 @@ class SQLiteStore:
                         db.execute("DELETE FROM seen WHERE seq <= ?", (seq - SEEN_KEYS_KEPT,))
                 out[i] = seq
                 added.append((seq, place))
-        # committed: only now do the bodies count as live
-        for seq, place in added:
-            self._places[seq] = place
-            self._log.track(place[0])
-        return out
 
     def bodies(self, seqs: Sequence[int]) -> list[bytes]:
         return [self._log.read(*self._places[s]) for s in seqs]
@@ -213,4 +235,12 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is not None:
+            self._db.execute("ROLLBACK")
+            return
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            if self._db.in_transaction:  # a failed COMMIT leaves it open: end it, uncommitted
+                self._db.execute("ROLLBACK")
+            raise
