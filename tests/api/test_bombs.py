@@ -101,7 +101,7 @@ def test_a_gzip_body_waits_for_a_slot_then_gets_503(monkeypatch):
     monkeypatch.setattr(body, "INFLATE_WAIT", 0.2)
     data = gzip.compress(b"\0" + os.urandom(2 * body.INLINE_INFLATE_MAX))  # not inflated inline
     app = create_app()
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         app.state.inflation_slots = asyncio.Semaphore(0)  # every slot taken
         start = time.perf_counter()
         busy = client.post("/register", content=data, headers=GZIP_JSON)
