@@ -18,6 +18,7 @@ from atropos.environments.arithmetic import (
     score_answer,
 )
 from atropos.envs import registry
+from atropos.inference.tokenize import template_ids
 from atropos.inference.tokenizer import load_tokenizer
 from atropos.testing import FakeInferenceServer
 
@@ -71,7 +72,7 @@ def test_answers_and_prompts_tokenize_short():
     tok = load_tokenizer("tiny")
     assert max(len(tok.encode(str(n))) for n in range(2 * MAX_OPERAND + 1)) <= 3
     lengths = {
-        len(tok.apply_chat_template([{"role": "user", "content": i["question"]}])["input_ids"])
+        len(template_ids(tok, [{"role": "user", "content": i["question"]}]))
         for i in sample_items("eval", 100)
     }
     assert max(lengths) <= 24
