@@ -1,6 +1,7 @@
 """Loading a model and replacing its weights in place from a checkpoint directory.
 
-`load_model` is `AutoModelForCausalLM.from_pretrained` in float32 on the chosen device.
+`load_fp32` is `AutoModelForCausalLM.from_pretrained` in float32 (the trainer's too), `load_model`
+that on the chosen device for inference.
 `read_checkpoint` and `check_checkpoint` read a HF checkpoint (`model.safetensors`, or shards
 listed in `model.safetensors.index.json`) and make sure it fits the served model (same tensor
 names and shapes; weights tied to another, which `save_pretrained` omits, may be absent) before
@@ -31,16 +32,23 @@ def pick_device(device: str) -> str:
     return device
 
 
-def load_model(model_dir: str, device: str) -> Any:
-    """`AutoModelForCausalLM.from_pretrained(model_dir)` in float32 on `device`, for inference."""
+def load_fp32(model_dir: str) -> Any:
+    """`AutoModelForCausalLM.from_pretrained(model_dir)` in float32, whatever the transformers
+    release calls the argument (`dtype` from 5 on, `torch_dtype` before: an unknown keyword
+    would land in the model's config)."""
     from atropos.inference.tokenizer import import_transformers_quietly
 
     transformers = import_transformers_quietly()
     major = int(transformers.__version__.split(".")[0])
-    dtype_key = "dtype" if major >= 5 else "torch_dtype"  # transformers 5 renamed it
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    dtype_key = "dtype" if major >= 5 else "torch_dtype"
+    return transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, **{dtype_key: torch.float32}
     )
+
+
+def load_model(model_dir: str, device: str) -> Any:
+    """`load_fp32(model_dir)` on `device`, for inference."""
+    model = load_fp32(model_dir)
     model.to(device).eval().requires_grad_(False)
     return model
 

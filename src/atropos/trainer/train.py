@@ -187,10 +187,10 @@ def step_lr(cfg: TrainConfig, step: int) -> float:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run until `cfg.steps` or SIGTERM; returns the last step's metrics."""
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from atropos.inference.tokenizer import load_tokenizer
+    from atropos.local.weights import load_fp32
     from atropos.trainer.client import TrainerClient
     from atropos.trainer.data import micro_batches, samples_from_groups
     from atropos.trainer.lora import apply_lora
@@ -209,7 +209,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model)
     lora = cfg.sync == "lora"
     source = cfg.model if (resume is None or lora) else str(resume)
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model: Any = load_fp32(source)
     model = model.to(device)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
     lora_args: dict[str, Any] = {}
