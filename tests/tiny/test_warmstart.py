@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from atropos.environments.arithmetic import make_item
+from atropos.inference.tokenize import template_ids
 from atropos.inference.tokenizer import import_transformers_quietly, load_tokenizer
 from atropos.tiny.warmstart import (
     WarmStartConfig,
@@ -31,9 +32,9 @@ SHORT = dataclasses.replace(TINY_RUN, warmup=1, log_every=1)
 def test_examples_train_only_the_answer_and_end_of_turn():
     tok = load_tokenizer("tiny")
     ids, labels = encode_example(tok, make_item(12, 7))
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 12 + 7?"}], add_generation_prompt=True
-    )["input_ids"]
+    prompt = template_ids(
+        tok, [{"role": "user", "content": "What is 12 + 7?"}], add_generation_prompt=True
+    )
     assert ids[: len(prompt)] == prompt and labels[: len(prompt)] == [-100] * len(prompt)
     trained = ids[len(prompt) :]
     assert labels[len(prompt) :] == trained and trained[-1] == tok.eos_token_id
