@@ -61,7 +61,9 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reference(model_dir: Path) -> Any:
     """A separate copy of the model for plain full-sequence forward passes."""
-    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from atropos.local.weights import load_fp32
+
+    return load_fp32(str(model_dir)).eval()
 
 
 class Live:

@@ -49,10 +49,9 @@ def assert_close(expected: list[float], got: list[float]) -> None:
 def test_update_weights_from_disk_reloads_in_place_and_counts_versions(
     model_dir, other_model_dir, start_server, forward_logprobs
 ):
-    from atropos.inference.tokenizer import import_transformers_quietly
+    from atropos.local.weights import load_fp32
 
-    transformers = import_transformers_quietly()
-    other = transformers.AutoModelForCausalLM.from_pretrained(other_model_dir, dtype=torch.float32)
+    other = load_fp32(str(other_model_dir))
     with start_server(model_dir, policy_version=3) as live:
         base = greedy(live)
         assert base["version"] == 3
