@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if backend == "local":
         return _local(plan, args)
     if backend == "ray":
-        from atropos.launch import ray as ray_backend
+        from atropos.launch import ray_backend
 
         return ray_backend.main(plan, run_file, dry_run=args.dry_run, live=_live(args))
     from atropos.launch import slurm

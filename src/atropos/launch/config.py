@@ -136,9 +136,7 @@ class ApiSection(Placement):
         description="address the API binds; anything but loopback makes launch generate a key",
     )
     port: int | None = Field(None, ge=0, le=65535, description="port (default: a free one)")
-    store: str = Field(
-        "sqlite", description="sqlite (RUN_DIR/api.db), sqlite:PATH or memory"
-    )
+    store: str = Field("sqlite", description="sqlite (RUN_DIR/api.db), sqlite:PATH or memory")
     args: Args = Field(default_factory=dict, description=ARGS_HELP)
 
 

@@ -199,13 +199,13 @@ def drive(
             return
         for s in current:
             seen = shown.get(s.name)
-            if seen == (s.state, s.restarts):
+            if seen == (s.state, s.restarts) or s.state == "waiting":
                 continue
             shown[s.name] = (s.state, s.restarts)
             extra = f" (restart {s.restarts})" if s.restarts and s.state == "ready" else ""
             if s.state == "restarting":
                 extra = f": {s.reason.splitlines()[0]}"
-            console.print(f"[launch] {s.name}: {s.state}{extra}", highlight=False)
+            console.print(f"[launch] {s.name}: {s.state}{extra}", highlight=False, markup=False)
 
     exit_code = 1
     with Signals() as signals, _View(live, console) as view:
@@ -228,7 +228,7 @@ def drive(
             if not signals.event.is_set():
                 console.print(
                     f"[launch] all {len(plan.processes)} processes ready; logs in"
-                    f" {plan.run_dir / 'logs'}", highlight=False,
+                    f" {plan.run_dir / 'logs'}", highlight=False, markup=False,
                 )  # fmt: skip
             while not signals.event.is_set():
                 current = tick()
@@ -240,7 +240,9 @@ def drive(
                         exit_code = 1
                     if trainer.state == "failed":
                         record.error = trainer.reason.split("\n", 1)[0]
-                        console.print(f"[launch] error: {trainer.reason}", highlight=False)
+                        console.print(
+                            f"[launch] error: {trainer.reason}", highlight=False, markup=False
+                        )
                     break
                 failed = [s for s in current if s.state == "failed"]
                 if failed:
@@ -255,10 +257,11 @@ def drive(
                 console.print(
                     f"[launch] {signal.Signals(signals.signum).name}: stopping the run",
                     highlight=False,
+                    markup=False,
                 )
         except LaunchError as err:
             record.error = str(err).split("\n", 1)[0]
-            console.print(f"[launch] error: {err}", highlight=False)
+            console.print(f"[launch] error: {err}", highlight=False, markup=False)
             exit_code = 1
         finally:
             stop_all(plan, handles, console)
@@ -271,6 +274,7 @@ def drive(
     console.print(
         f"[launch] run ended with exit status {exit_code}{lost}; record: {record.path}",
         highlight=False,
+        markup=False,
     )
     return exit_code
 
@@ -311,7 +315,9 @@ def stop_all(plan: Plan, handles: Mapping[str, Handle], console: Console) -> Non
         for t, proc in zip(threads, tiers[tier], strict=True):
             t.join(proc.grace + 15)
             if t.is_alive():
-                console.print(f"[launch] {proc.name} did not stop in time", highlight=False)
+                console.print(
+                    f"[launch] {proc.name} did not stop in time", highlight=False, markup=False
+                )
 
 
 def _api_url(handles: Mapping[str, Handle]) -> str | None:

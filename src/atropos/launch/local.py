@@ -77,13 +77,8 @@ def run(plan: Plan, console: Console | None = None, live: bool | None = None) ->
     key = run_key(plan)
     book = book_of(plan)
     handles = {
-        proc.name: Supervisor(
-            proc, run_dir=plan.run_dir, book=book, python=sys.executable, key=key
-        )
+        proc.name: Supervisor(proc, run_dir=plan.run_dir, book=book, python=sys.executable, key=key)
         for proc in plan.processes
     }
-    placements = {
-        p.name: {"host": "localhost", "gpus": p.gpu_ids or []} for p in plan.processes
-    }
+    placements = {p.name: {"host": "localhost", "gpus": p.gpu_ids or []} for p in plan.processes}
     return drive(plan, handles, key=key, console=console, live=live, placements=lambda: placements)
-

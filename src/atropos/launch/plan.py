@@ -42,6 +42,8 @@ SGLANG_COMMAND = (
     " --served-model-name {served_model_name} --tp-size {gpus}"
 )
 TINY_SERVED_NAME = "atropos-tiny"
+# where an env process keeps its config, metrics and spool (atropos.envs.runner reads it)
+ENV_RUN_DIR = "ATROPOS_ENV_RUN_DIR"
 
 
 class Gate(BaseModel):
@@ -189,7 +191,7 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list):
-        return yaml.safe_dump(value, default_flow_style=True).strip()
+        return str(yaml.safe_dump(value, default_flow_style=True)).strip()
     return str(value)
 
 
@@ -264,9 +266,7 @@ def _inference(
 
 def _format(template: str, values: Mapping[str, str]) -> str:
     """Fill `{model}`-style fields of a user's template, leaving every other brace alone."""
-    return re.sub(
-        r"\{([a-z_]+)\}", lambda m: values.get(m.group(1), m.group(0)), template
-    )
+    return re.sub(r"\{([a-z_]+)\}", lambda m: values.get(m.group(1), m.group(0)), template)
 
 
 def _sync_targets(run: RunFile, servers: Mapping[str, list[str]]) -> list[str]:
@@ -370,6 +370,7 @@ def _env(
         name=name,
         role="env",
         argv=argv,
+        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name},
         files=files,
         gate=Gate(kind="env", url="{url:api}", env_key=env_key),
         after=list(dict.fromkeys(after)),

@@ -37,11 +37,15 @@ def _block(
     plan: Plan, proc: Process, book: Mapping[str, tuple[str, Any]], python: str, where: str
 ) -> list[str]:
     def render(text: str) -> str:
-        return fill(text, proc, book, python=python, run_dir=plan.run_dir, key="<run key>")  # type: ignore[arg-type]
+        return fill(text, proc, book, python=python, run_dir=plan.run_dir, key="<run key>")
 
-    gpus = f", GPUs {proc.gpu_ids}" if proc.gpu_ids else (f", {proc.gpus} GPUs" if proc.gpus else "")
+    gpus = (
+        f", GPUs {proc.gpu_ids}" if proc.gpu_ids else (f", {proc.gpus} GPUs" if proc.gpus else "")
+    )
     restart = proc.restart
-    policy = restart.policy + (f" (max {restart.max_restarts})" if restart.policy != "never" else "")
+    policy = restart.policy + (
+        f" (max {restart.max_restarts})" if restart.policy != "never" else ""
+    )
     out = [
         f"  {proc.name} [{proc.role}] on {where}{gpus}; restart {policy};"
         f" ready within {proc.ready_timeout:g} s",
