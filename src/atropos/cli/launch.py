@@ -99,16 +99,29 @@ def _local(plan: object, args: argparse.Namespace) -> int:
     try:
         placed = local.place(plan)
     except local.PlacementError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        if not args.dry_run:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
+        placed, shortage = local.place(plan, strict=False), f"note: {err}"
+    else:
+        shortage = None
     if args.dry_run:
-        note = (
-            f"a key is made for this run in {plan.run_dir / 'api.key'} and given to every"
-            " process in its environment"
-            if needs_key(placed)
-            else None
+        notes = [shortage] if shortage else []
+        if needs_key(placed):
+            notes.append(
+                f"a key is made for this run in {plan.run_dir / 'api.key'} and given to every"
+                " process in its environment"
+            )
+        book = local.book_of(placed)
+        print(
+            describe(
+                placed,
+                book,
+                python=sys.executable,
+                key_note="\n".join(notes) or None,
+                keyed=needs_key(placed),
+            )
         )
-        print(describe(placed, local.book_of(placed), python=sys.executable, key_note=note))
         return 0
     placed.run_dir.mkdir(parents=True, exist_ok=True)
     (placed.run_dir / "plan.json").write_text(placed.model_dump_json(indent=2))

@@ -21,6 +21,7 @@ envs.0.replicas=4`, `--set trainer.args.steps=50`, `--set run.backend=ray`).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,9 @@ class Placement(Strict):
     gpus: int = Field(0, ge=0, description="GPUs it asks for, per replica")
     resources: dict[str, float] = Field(
         default_factory=dict, description="ray: custom resources, e.g. {env_node: 1}"
+    )
+    environ: dict[str, str] = Field(
+        default_factory=dict, description="environment variables of its process"
     )
     restart: Restart = Field(default_factory=Restart)
     ready_timeout: float | None = Field(
@@ -138,9 +142,6 @@ class ApiSection(Placement):
     port: int | None = Field(None, ge=0, le=65535, description="port (default: a free one)")
     store: str = Field("sqlite", description="sqlite (RUN_DIR/api.db), sqlite:PATH or memory")
     args: Args = Field(default_factory=dict, description=ARGS_HELP)
-
-
-_SERVER_TYPES = ("local", "vllm", "sglang", "url")
 
 
 class InferenceServer(Placement):
@@ -294,7 +295,7 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> RunFile:
 
 def parse(data: dict[str, Any], overrides: Sequence[str] = (), origin: str = "run file") -> RunFile:
     """Validate `data` (a run file's mapping) after applying `overrides`."""
-    data = dict(data)
+    data = copy.deepcopy(data)
     for item in overrides:
         apply_override(data, item)
     try:

@@ -86,11 +86,12 @@ class RunStats:
         self.duplicates = 0
         self._last: tuple[float, int] | None = None
         self._next = 0.0
+        self.doc: dict[str, Any] | None = None
 
-    def poll(self) -> None:
+    def poll(self, now_or_never: bool = False) -> None:
         now = time.monotonic()
         url = self.api_url()
-        if url is None or now < self._next:
+        if url is None or (now < self._next and not now_or_never):
             return
         self._next = now + 1.0
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
@@ -98,6 +99,9 @@ class RunStats:
             doc = httpx.get(f"{url}/stats", headers=headers, timeout=1.0).json()
         except (httpx.HTTPError, ValueError):
             return
+        if not isinstance(doc, dict):
+            return
+        self.doc = doc
         envs = doc.get("envs", {}).values()
         groups_in = sum(int(e.get("groups_in", 0)) for e in envs if isinstance(e, dict))
         self.duplicates = sum(int(e.get("duplicates", 0)) for e in envs if isinstance(e, dict))
@@ -144,6 +148,7 @@ class Record:
         self.started = time.time()
         self.exit_code: int | None = None
         self.error: str | None = None
+        self.api_stats: dict[str, Any] | None = None  # the API's last /stats before the stop
 
     def write(self, statuses: Sequence[Status], placements: Mapping[str, Any]) -> None:
         procs = []
@@ -158,7 +163,7 @@ class Record:
             }  # fmt: skip
             if s is not None:
                 entry.update(
-                    state=s.state, restarts=s.restarts, exit_codes=s.exit_codes,
+                    state=s.state, restarts=s.restarts, exit_codes=s.exit_codes, pid=s.pid,
                     address=f"{s.host}:{s.port}" if s.port else None, log=s.log,
                     ready_after=s.ready_after, reason=s.reason.split("\n", 1)[0] or None,
                 )  # fmt: skip
@@ -167,7 +172,8 @@ class Record:
             "name": self.plan.name, "backend": self.plan.backend,
             "run_dir": str(self.plan.run_dir), "started": self.started,
             "ended": time.time() if self.exit_code is not None else None,
-            "exit_code": self.exit_code, "error": self.error, **self.extra, "processes": procs,
+            "exit_code": self.exit_code, "error": self.error, **self.extra,
+            "api_stats": self.api_stats, "processes": procs,
         }  # fmt: skip
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2))
@@ -219,6 +225,7 @@ def drive(
             return current
 
         last_write = 0.0
+        last_snapshot: list[tuple[str, int, int | None]] = []
         try:
             for tier in plan.tiers():
                 _start_tier(tier, handles, signals.event, tick)
@@ -248,9 +255,10 @@ def drive(
                 if failed:
                     record.error = failed[0].reason.split("\n", 1)[0]
                     raise LaunchError(failed[0].reason)
-                if time.monotonic() - last_write > 5:
+                snapshot = [(s.state, s.restarts, s.pid) for s in current]
+                if snapshot != last_snapshot or time.monotonic() - last_write > 5:
                     record.write(current, placements())
-                    last_write = time.monotonic()
+                    last_write, last_snapshot = time.monotonic(), snapshot
                 signals.event.wait(REFRESH)
             if signals.signum is not None:
                 exit_code = 128 + signals.signum
@@ -264,6 +272,8 @@ def drive(
             console.print(f"[launch] error: {err}", highlight=False, markup=False)
             exit_code = 1
         finally:
+            stats.poll(now_or_never=True)
+            record.api_stats = stats.doc
             stop_all(plan, handles, console)
             final = statuses()
             if live and view.live is not None:

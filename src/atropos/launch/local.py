@@ -25,8 +25,9 @@ class PlacementError(ValueError):
     """The plan cannot be placed on this machine."""
 
 
-def place(plan: Plan) -> Plan:
-    """`plan` with ports picked and GPUs assigned for this machine."""
+def place(plan: Plan, strict: bool = True) -> Plan:
+    """`plan` with ports picked and GPUs assigned for this machine; with `strict` False, a
+    shortage of GPUs leaves them unassigned instead of failing (for `--dry-run`)."""
     plan = plan.model_copy(deep=True)
     for proc in plan.processes:
         if proc.role in LISTENS and not proc.port:
@@ -34,6 +35,8 @@ def place(plan: Plan) -> Plan:
     wanted = sum(p.gpus for p in plan.processes)
     if wanted:
         gpus = visible_gpus()
+        if wanted > len(gpus) and not strict:
+            return plan
         if wanted > len(gpus):
             asks = ", ".join(f"{p.name} {p.gpus}" for p in plan.processes if p.gpus)
             raise PlacementError(

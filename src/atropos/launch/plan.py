@@ -208,6 +208,7 @@ def _api(run: RunFile, run_dir: Path) -> Process:
         name="api",
         role="api",
         argv=argv,
+        environ=dict(api.environ),
         host=api.host,
         port=api.port or None,
         gate=Gate(kind="http", url="{url:api}/health"),
@@ -251,6 +252,7 @@ def _inference(
         name=name,
         role="inference",
         argv=argv,
+        environ=dict(server.environ),
         host=server.host,
         port=port,
         gate=Gate(kind="inference", url=f"{{url:{name}}}"),
@@ -281,6 +283,7 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
     all_urls = [url for urls in servers.values() for url in urls]
     targets = _sync_targets(run, servers)
     environ = {"ATROPOS_API_URL": "{url:api}", "ATROPOS_SERVER_URLS": ",".join(all_urls)}
+    environ.update(t.environ)
     after = ["api"] + [
         n for n in _process_names(run) if n != "api" and any(f"{{url:{n}}}" in u for u in all_urls)
     ]
@@ -370,7 +373,7 @@ def _env(
         name=name,
         role="env",
         argv=argv,
-        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name},
+        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name, **entry.environ},
         files=files,
         gate=Gate(kind="env", url="{url:api}", env_key=env_key),
         after=list(dict.fromkeys(after)),

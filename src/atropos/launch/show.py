@@ -17,6 +17,7 @@ def describe(
     python: str,
     where: Mapping[str, str] | None = None,
     key_note: str | None = None,
+    keyed: bool = False,
 ) -> str:
     """The plan, one block a process. `book` gives the addresses known so far; `where` says
     where each process runs (default: this machine)."""
@@ -27,17 +28,23 @@ def describe(
         lines.append("")
         lines.append(f"step {i + 1}: start {', '.join(p.name for p in tier)} and wait until ready")
         for proc in tier:
-            lines += _block(plan, proc, book, python, (where or {}).get(proc.name, "this machine"))
+            at = (where or {}).get(proc.name, "this machine")
+            lines += _block(plan, proc, book, python, at, "<run key>" if keyed else None)
     lines.append("")
     lines.append("stop order: trainer, then environments, inference servers, API")
     return "\n".join(lines)
 
 
 def _block(
-    plan: Plan, proc: Process, book: Mapping[str, tuple[str, Any]], python: str, where: str
+    plan: Plan,
+    proc: Process,
+    book: Mapping[str, tuple[str, Any]],
+    python: str,
+    where: str,
+    key: str | None,
 ) -> list[str]:
     def render(text: str) -> str:
-        return fill(text, proc, book, python=python, run_dir=plan.run_dir, key="<run key>")
+        return fill(text, proc, book, python=python, run_dir=plan.run_dir, key=key)
 
     gpus = (
         f", GPUs {proc.gpu_ids}" if proc.gpu_ids else (f", {proc.gpus} GPUs" if proc.gpus else "")
