@@ -56,6 +56,7 @@ class Signals:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signum: int | None = None
+        self.count = 0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> Signals:
@@ -67,6 +68,7 @@ class Signals:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
+        self.count += 1
         self.event.set()
 
     def __exit__(self, *exc: object) -> None:
@@ -274,7 +276,7 @@ def drive(
         finally:
             stats.poll(now_or_never=True)
             record.api_stats = stats.doc
-            stop_all(plan, handles, console)
+            stop_all(plan, handles, console, signals)
             final = statuses()
             if live and view.live is not None:
                 view.live.update(table(final, stats, plan))
@@ -310,11 +312,17 @@ def _start_tier(
         stop.wait(REFRESH / 2)
 
 
-def stop_all(plan: Plan, handles: Mapping[str, Handle], console: Console) -> None:
-    """Stop every process: trainer, envs, inference, API; each tier at once, then the next."""
+def stop_all(
+    plan: Plan, handles: Mapping[str, Handle], console: Console, hurry: Signals | None = None
+) -> None:
+    """Stop every process: trainer, envs, inference, API; each tier at once, then the next.
+
+    A second SIGINT/SIGTERM while stopping (`hurry`) cuts every grace period short: what is
+    still running gets SIGKILL at once."""
     tiers: dict[int, list[Process]] = {}
     for proc in plan.processes:
         tiers.setdefault(proc.stop_tier, []).append(proc)
+    hurried = False
     for tier in sorted(tiers):
         threads = [
             threading.Thread(target=handles[p.name].stop, name=f"stop-{p.name}", daemon=True)
@@ -323,7 +331,17 @@ def stop_all(plan: Plan, handles: Mapping[str, Handle], console: Console) -> Non
         for t in threads:
             t.start()
         for t, proc in zip(threads, tiers[tier], strict=True):
-            t.join(proc.grace + 15)
+            end = time.monotonic() + proc.grace + 15
+            while t.is_alive() and time.monotonic() < end:
+                if hurry is not None and hurry.count >= 2 and not hurried:
+                    hurried = True
+                    console.print(
+                        "[launch] second signal: killing what is left", highlight=False,
+                        markup=False,
+                    )  # fmt: skip
+                if hurried:
+                    handles[proc.name].stop(0)
+                t.join(0.1)
             if t.is_alive():
                 console.print(
                     f"[launch] {proc.name} did not stop in time", highlight=False, markup=False
