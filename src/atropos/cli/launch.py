@@ -96,6 +96,7 @@ def _local(plan: object, args: argparse.Namespace) -> int:
     from atropos.launch.show import describe
 
     assert isinstance(plan, Plan)
+    shortage: str | None = None
     try:
         placed = local.place(plan)
     except local.PlacementError as err:
@@ -103,8 +104,6 @@ def _local(plan: object, args: argparse.Namespace) -> int:
             print(f"{PROG}: error: {err}", file=sys.stderr)
             return 2
         placed, shortage = local.place(plan, strict=False), f"note: {err}"
-    else:
-        shortage = None
     if args.dry_run:
         notes = [shortage] if shortage else []
         if needs_key(placed):

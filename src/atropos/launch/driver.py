@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 
 from atropos.launch.plan import Plan, Process
-from atropos.launch.supervise import Status
+from atropos.launch.supervise import State, Status
 
 REFRESH = 0.5
 
@@ -227,7 +227,7 @@ def drive(
             return current
 
         last_write = 0.0
-        last_snapshot: list[tuple[str, int, int | None]] = []
+        last_snapshot: list[tuple[State, int, int | None]] = []
         try:
             for tier in plan.tiers():
                 _start_tier(tier, handles, signals.event, tick)
