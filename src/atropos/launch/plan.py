@@ -418,7 +418,7 @@ def fill(
         if own == "key":
             return key or "none"
         if own == "host":
-            return proc.host
+            return proc.host or "<address of its node>"  # set by the backend before a start
         if own == "port":
             if proc.name not in book:
                 raise KeyError(f"{proc.name} has no port yet")
@@ -443,6 +443,8 @@ def symbolic_book(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
     """An address book for display, before anything is placed: `<node of NAME>` and `<port>`."""
     book: dict[str, tuple[str, Any]] = {}
     for proc in plan.processes:
+        if proc.role not in ("api", "inference"):
+            continue
         host = (hosts or {}).get(proc.name, f"<node of {proc.name}>")
         book[proc.name] = (host, proc.port if proc.port else f"<port of {proc.name}>")
     return book

@@ -60,7 +60,8 @@ def _block(
     ]
     if proc.name in book:
         host, port = book[proc.name]
-        out.append(f"    listens on {proc.host}:{port}, reached at http://{host}:{port}")
+        bind = proc.host or "the node's address"
+        out.append(f"    listens on {bind}:{port}, reached at http://{host}:{port}")
     for name, value in proc.environ.items():
         out.append(f"    env {name}={render(value)}")
     for rel, content in proc.files.items():
