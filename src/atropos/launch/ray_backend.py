@@ -56,7 +56,7 @@ class ProcessActor:
         self.proc = Process.model_validate(proc)
         self.run_dir = Path(run_dir)
         self.key = key
-        self.node_ip = ray.util.get_node_ip_address()
+        self.node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.node_id = ray.get_runtime_context().get_node_id()
         base = Path(tempfile.gettempdir()) / "atropos-launch" / run_name / self.node_id[:12]
         self.log_dir = base / "logs"
@@ -148,7 +148,7 @@ class RayHandle:
         elif self.proc.role == "env":
             options["scheduling_strategy"] = "SPREAD"
         actor_class = ray.remote(ProcessActor)
-        self.actor = actor_class.options(**options).remote(  # type: ignore[attr-defined]
+        self.actor = actor_class.options(**options).remote(
             self.proc.model_dump(mode="json"), str(self.plan.run_dir), self.key, self.plan.name
         )
         self.actor.begin.remote(dict(self.book))
@@ -216,7 +216,8 @@ class RayHandle:
 
             asks = {"CPU": self.proc.cpus, "GPU": self.proc.gpus, **self.proc.resources}
             asks = {k: v for k, v in asks.items() if v}
-            has = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+            resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+            has = {k: v for k, v in resources.items() if not k.startswith("node:")}
             self.last = _status(
                 self.proc,
                 "failed",
@@ -268,9 +269,14 @@ def _connect(run_file: RunFile, plan: Plan) -> tuple[str, bool]:
     address = run_file.run.ray.address or os.environ.get("RAY_ADDRESS")
     namespace = run_file.run.ray.namespace or f"atropos-{plan.name}"
     common: dict[str, Any] = {"namespace": namespace, "log_to_driver": False}
+    info: Any
     if address:
         info = ray.init(address=address, **common)
         return str(info.address_info.get("gcs_address", address)), False
+    # A cluster of this machine alone, sized for the run's logical CPUs, on loopback: Ray would
+    # otherwise bind its services to the machine's outward address.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cpus = max(os.cpu_count() or 1, math.ceil(sum(p.cpus for p in plan.processes)))
     info = ray.init(num_cpus=cpus, include_dashboard=False, **common)
     return str(info.address_info.get("gcs_address", "local")), True
@@ -280,10 +286,9 @@ def main(plan: Plan, run_file: RunFile, *, dry_run: bool, live: bool | None) -> 
     """Run `plan` on Ray; the run's exit status."""
     if dry_run:
         where = {p.name: _where_text(p) for p in plan.processes}
-        book = symbolic_book(plan)
         print(
             describe(
-                plan, book, python="python", where=where, keyed=True,
+                plan, symbolic_book(plan), python="python", where=where, keyed=True,
                 key_note=f"a key is made for this run in {plan.run_dir / 'api.key'}",
             )
         )  # fmt: skip
