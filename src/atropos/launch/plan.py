@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from atropos.launch.config import Args, InferenceServer, Restart, RunFile
+from atropos.launch.config import Args, InferenceServer, Placement, Restart, RunFile, RunSection
 
 Role = Literal["api", "inference", "env", "trainer"]
 STOP_TIER: dict[str, int] = {"trainer": 0, "env": 1, "inference": 2, "api": 3}
@@ -138,7 +138,7 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
         names = _replica_names(server.name, server.replicas)
         servers[server.name] = [f"{{url:{n}}}/v1" for n in names]
         for i, name in enumerate(names):
-            procs.append(_inference(server, name, i, rs.ready_timeout, rs.grace))
+            procs.append(_inference(server, name, i, rs))
     trainer = _trainer(run, run_dir, servers)
     procs.append(trainer)
     used: set[str] = set()
@@ -214,14 +214,21 @@ def _api(run: RunFile, run_dir: Path) -> Process:
         host=api.host or "",
         port=api.port or None,
         gate=Gate(kind="http", url="{url:api}/health"),
-        restart=api.restart,
-        ready_timeout=api.ready_timeout or run.run.ready_timeout,
-        grace=run.run.grace,
-        node=api.node,
-        cpus=api.cpus,
-        gpus=api.gpus,
-        resources=api.resources,
+        **_common(api, run.run),
     )
+
+
+def _common(section: Placement, run: RunSection) -> dict[str, Any]:
+    """The placement, restart and timing fields every process takes from its section."""
+    return {
+        "restart": section.restart,
+        "ready_timeout": section.ready_timeout or run.ready_timeout,
+        "grace": run.grace,
+        "node": section.node,
+        "cpus": section.cpus,
+        "gpus": section.gpus,
+        "resources": section.resources,
+    }
 
 
 def served_name(server: InferenceServer) -> str:
@@ -232,9 +239,7 @@ def served_name(server: InferenceServer) -> str:
     return server.model or ""
 
 
-def _inference(
-    server: InferenceServer, name: str, index: int, timeout: float, grace: float
-) -> Process:
+def _inference(server: InferenceServer, name: str, index: int, run: RunSection) -> Process:
     port = server.port + index if server.port else None
     if server.type == "local":
         argv = [
@@ -258,13 +263,7 @@ def _inference(
         host=server.host or "",
         port=port,
         gate=Gate(kind="inference", url=f"{{url:{name}}}"),
-        restart=server.restart,
-        ready_timeout=server.ready_timeout or timeout,
-        grace=grace,
-        node=server.node,
-        cpus=server.cpus,
-        gpus=server.gpus,
-        resources=server.resources,
+        **_common(server, run),
     )
 
 
@@ -315,13 +314,7 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
         environ=environ,
         gate=Gate(kind="trainer", url="{url:api}"),
         after=after,
-        restart=t.restart,
-        ready_timeout=t.ready_timeout or run.run.ready_timeout,
-        grace=run.run.grace,
-        node=t.node,
-        cpus=t.cpus,
-        gpus=t.gpus,
-        resources=t.resources,
+        **_common(t, run.run),
     )
 
 
@@ -379,13 +372,7 @@ def _env(
         files=files,
         gate=Gate(kind="env", url="{url:api}", env_key=env_key),
         after=list(dict.fromkeys(after)),
-        restart=entry.restart,
-        ready_timeout=entry.ready_timeout or run.run.ready_timeout,
-        grace=run.run.grace,
-        node=entry.node,
-        cpus=entry.cpus,
-        gpus=entry.gpus,
-        resources=entry.resources,
+        **_common(entry, run.run),
     )
 
 
