@@ -89,3 +89,55 @@ def test_lora_mode_hot_swaps_adapters_through_vllms_endpoints(
     a, b = adapter.weights["model.layers.0.self_attn.q_proj"]
     assert float(b.abs().sum()) > 0  # B starts at zero; two steps moved it
     assert (out / "checkpoints" / "step_2" / "adapter" / "adapter_config.json").exists()
+
+
+def test_every_server_gets_the_version_and_one_restarting_is_waited_for(tmp_path: Path):
+    """Replicas (`--server-url A,B`) each get the reload; B is down for a second (restarting
+    under a launcher) and is retried, not failed."""
+    import threading
+    import time
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from atropos.trainer.sync import SyncError, WeightSync
+
+    seen: list[tuple[str, dict]] = []
+
+    def app(name: str) -> Starlette:
+        async def reload(request: Request) -> JSONResponse:
+            seen.append((name, await request.json()))
+            return JSONResponse({"policy_version": 7})
+
+        return Starlette(routes=[Route("/update_weights_from_disk", reload, methods=["POST"])])
+
+    late_port = free_port()
+
+    def start_late(stop: threading.Event) -> None:
+        time.sleep(1.0)
+        with serve_in_thread(app("b"), port=late_port):
+            stop.wait(30)
+
+    stop = threading.Event()
+    late = threading.Thread(target=start_late, args=(stop,), daemon=True)
+    with serve_in_thread(app("a")) as a:
+        late.start()
+        urls = f"{a}/v1,http://127.0.0.1:{late_port}/v1"
+        sync = WeightSync("reload", tmp_path, urls, health_timeout=20)
+        try:
+            t0 = time.monotonic()
+            sync._post("/update_weights_from_disk", {"model_path": "/w", "policy_version": 7})
+            assert 0.5 < time.monotonic() - t0 < 10
+        finally:
+            stop.set()
+            late.join(10)
+            sync.close()
+    assert [name for name, _ in seen] == ["a", "b"]
+    gone = WeightSync("reload", tmp_path, f"http://127.0.0.1:{free_port()}/v1", health_timeout=1)
+    with pytest.raises(SyncError, match="did not come back within 1 s"):
+        gone._post("/update_weights_from_disk", {})
+    gone.close()
+    with pytest.raises(ValueError, match="restart' runs one server"):
+        WeightSync("restart", tmp_path, "http://a/v1,http://b/v1", server_command="x {model}")

@@ -22,6 +22,7 @@ checkpoint; only the newest `keep` directories are kept.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -29,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,14 @@ from atropos.trainer.lora import adapter_weights
 
 log = logging.getLogger("atropos.trainer")
 SYNC_MODES = ("none", "reload", "restart", "lora")
+
+
+RETRY_STATUS = (502, 503, 504)  # a proxy or server saying "not now": retried until the deadline
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 class SyncError(RuntimeError):
@@ -158,13 +168,14 @@ class WeightSync:
 
     # ----- publishing ------------------------------------------------------------------------
 
-    def publish(self, model: Any, tokenizer: Any, version: int) -> float:
-        """Make `version` the served policy; returns the seconds it took."""
+    def publish(self, model: Any, tokenizer: Any, version: int, waiting: Any = None) -> float:
+        """Make `version` the served policy; returns the seconds it took. `waiting` is the
+        trainer's context for interruptible waits (a server that is restarting)."""
         t0 = time.perf_counter()
         if self.mode == "reload":
             path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
             body = {"model_path": str(path.resolve()), "policy_version": version}
-            answer = self._post("/update_weights_from_disk", body)
+            answer = self._post("/update_weights_from_disk", body, waiting)
             version_seen = answer.get("policy_version") if isinstance(answer, dict) else None
             self.served_version = int(version_seen) if version_seen is not None else version
             prune(path.parent, "v", self.keep)
@@ -181,20 +192,40 @@ class WeightSync:
                 "lora_path": str(path.resolve()),
                 "load_inplace": True,
             }
-            self._post("/v1/load_lora_adapter", body)
+            self._post("/v1/load_lora_adapter", body, waiting)
             self.served_version = version
             prune(path.parent, "v", self.keep)
         return time.perf_counter() - t0
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, path: str, body: dict[str, Any], waiting: Any = None) -> Any:
         """POST to every server; the first one's JSON answer (None when the answer is not JSON,
-        as vLLM's LoRA text)."""
+        as vLLM's LoRA text).
+
+        A server that cannot be reached or answers 502/503/504 (restarting, e.g. under
+        `atropos launch`) is retried with a growing pause until `health_timeout` seconds have
+        passed; `waiting(what)` (the trainer's) lets a signal end such a pause at once."""
         answers = []
         for root in self.roots:
-            try:
-                r = self.http.post(f"{root}{path}", json=body)
-            except httpx.TransportError as err:
-                raise SyncError(f"POST {root}{path}: {err}") from err
+            deadline = time.monotonic() + self.health_timeout
+            pause = 0.5
+            while True:
+                try:
+                    r = self.http.post(f"{root}{path}", json=body)
+                except httpx.TransportError as err:
+                    problem = f"{type(err).__name__}: {err}"
+                else:
+                    if r.status_code not in RETRY_STATUS:
+                        break
+                    problem = f"{r.status_code} {r.text[:200]}"
+                if time.monotonic() + pause > deadline:
+                    raise SyncError(
+                        f"POST {root}{path}: {problem}; the server did not come back within"
+                        f" {self.health_timeout:.0f} s"
+                    )
+                log.warning("POST %s%s: %s; retrying in %.1f s", root, path, problem, pause)
+                with waiting(f"the inference server at {root}") if waiting else _nothing():
+                    time.sleep(pause)
+                pause = min(pause * 2, 5.0)
             if r.status_code >= 400:
                 raise SyncError(f"POST {root}{path}: {r.status_code} {r.text[:300]}")
             try:

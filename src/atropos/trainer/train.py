@@ -315,7 +315,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             # ---- publish, checkpoint, acknowledge -----------------------------------------
             t_sync = 0.0
             if cfg.sync != "none" and (step % cfg.sync_every == 0 or step == cfg.steps):
-                t_sync = sync.publish(model, tokenizer, step)
+                try:
+                    t_sync = sync.publish(model, tokenizer, step, waiting)
+                except _Interrupted as why:  # the step is done: checkpoint it, then stop
+                    log.warning("%s; stopping after step %d", why, step)
             if batch.batch_id:
                 unacked.append(batch.batch_id)
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
