@@ -105,3 +105,18 @@ def test_a_process_that_never_gets_ready_fails_the_launch_in_time(
     assert "stuck did not come up: stuck was not ready within 3 s" in out
     assert "loading forever" in out  # the tail of its log
     assert launch.process("api")["state"] == "stopped"
+
+
+def test_killed_inference_server_comes_back_and_the_run_completes(
+    tmp_path: Path, launches: list
+) -> None:
+    launch = Launch(tmp_path / "run", "trainer.args.steps=10", "inference.0.restart.backoff=0.2")
+    launches.append(launch)
+    launch.wait_for("the second trainer step", lambda: launch.trainer_steps() >= 2)
+    os.killpg(launch.process("policy")["pid"], signal.SIGKILL)
+    assert launch.wait() == 0, launch.output()
+    record = launch.record()
+    policy = next(p for p in record["processes"] if p["name"] == "policy")
+    assert policy["restarts"] == 1
+    assert record["api_stats"]["step"] == 10
+    assert all(accounted(e) for e in record["api_stats"]["envs"].values())
