@@ -31,8 +31,8 @@ def problems(data: dict, *overrides: str) -> list[str]:
 def test_unknown_keys_name_the_path_and_the_nearest_key() -> None:
     data = {**MINIMAL, "run": {"backnd": "ray"}, "envs": [{"name": "x", "replica": 2}]}
     assert problems(data) == [
-        "run.yaml: run.backnd: unknown key (did you mean backend?)",
-        "run.yaml: envs[0].replica: unknown key (did you mean replicas?)",
+        "run.yaml: run.backnd: unknown key; did you mean backend?",
+        "run.yaml: envs[0].replica: unknown key; did you mean replicas?",
     ]
 
 
@@ -52,7 +52,7 @@ def test_cross_field_rules() -> None:
     both = {**MINIMAL, "trainer": {"model": "tiny", "command": "python t.py"}}
     assert "exactly one" in problems(both)[0]
     wrong_server = {**MINIMAL, "envs": [{"name": "a", "servers": ["polcy"]}]}
-    assert "no inference server 'polcy' (did you mean policy?)" in problems(wrong_server)[0]
+    assert "no inference server 'polcy'; did you mean policy?" in problems(wrong_server)[0]
 
 
 def test_set_overrides_any_field() -> None:

@@ -14,22 +14,23 @@ trainer: {model: tiny, args: {steps: 20}}      # `atropos train` settings, or co
 ```
 
 Every mistake is reported at once, one line each, naming the key path and the rule, with the
-nearest known key for a misspelt one: ``envs[0].replica: unknown key (did you mean
-replicas?)``. `--set a.b=VALUE` overrides any field; VALUE is read as YAML (`--set
+nearest known key for a misspelt one: ``envs[0].replica: unknown key; did you mean
+replicas?``. `--set a.b=VALUE` overrides any field; VALUE is read as YAML (`--set
 envs.0.replicas=4`, `--set trainer.args.steps=50`, `--set run.backend=ray`).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from atropos.envs.layering import did_you_mean
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 Args = dict[str, Any]
@@ -256,9 +257,10 @@ class RunFile(Strict):
         for i, env in enumerate(self.envs):
             for name in env.servers or []:
                 if name not in known:
+                    hint = did_you_mean(name, known)
                     raise ValueError(
-                        f"envs[{i}].servers: no inference server {name!r}"
-                        f"{did_you_mean(name, known)}; the servers are {', '.join(known) or 'none'}"
+                        f"envs[{i}].servers: no inference server {name!r}{hint}"
+                        f" (the servers are {', '.join(known) or 'none'})"
                     )
         for name in self.trainer.sync_into or []:
             if name not in known:
@@ -266,12 +268,6 @@ class RunFile(Strict):
                     f"trainer.sync_into: no inference server {name!r}{did_you_mean(name, known)}"
                 )
         return self
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """` (did you mean X?)` for the nearest candidate, or ''."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 # ----- loading -----------------------------------------------------------------------------------

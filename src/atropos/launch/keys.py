@@ -8,23 +8,14 @@ launch of the same run keeps it.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 from pathlib import Path
 
+from atropos.api.origin import is_loopback
 from atropos.launch.plan import Plan
 
 KEY_FILE = "api.key"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def needs_key(plan: Plan) -> bool:
