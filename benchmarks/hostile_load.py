@@ -17,10 +17,8 @@ import argparse
 import asyncio
 import gzip
 import json
-import socket
 import statistics
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -30,7 +28,7 @@ from typing import Any
 import httpx
 
 from atropos.demo import Service, wait_until_up
-from atropos.testing import free_port
+from atropos.testing import free_port, send_head
 
 MEMBER = gzip.compress(b"\0" * (16 << 20), 9)
 BOMB = MEMBER * 64  # about 1 MB that inflates to 1 GiB
@@ -52,28 +50,9 @@ def reset_peak(pid: int) -> bool:
         return False
 
 
-def send_head(host: str, port: int, head: bytes, pace: float = 0.0, piece: int = 1 << 20) -> str:
+def status_of(host: str, port: int, head: bytes, pace: float = 0.0, piece: int = 1 << 20) -> str:
     """Send a raw request head; the status code the server answered, or 'reset'."""
-    with socket.create_connection((host, port), timeout=30) as sock:
-
-        def push() -> None:
-            try:
-                for i in range(0, len(head), piece):
-                    sock.sendall(head[i : i + piece])
-                    if pace:
-                        time.sleep(pace)
-            except OSError:
-                pass
-
-        sender = threading.Thread(target=push, daemon=True)
-        sender.start()
-        answer = b""
-        try:
-            while (chunk := sock.recv(65536)) and b"\r\n" not in answer:
-                answer += chunk
-        except OSError:
-            pass
-        sender.join(timeout=30)
+    answer = send_head(f"http://{host}:{port}", head, pace, piece, timeout=30)
     return answer.split(b" ")[1].decode() if answer.startswith(b"HTTP/") else "reset"
 
 
@@ -95,7 +74,7 @@ async def heads(
     host, port = url.removeprefix("http://").split(":")
     return list(
         await asyncio.gather(
-            *(asyncio.to_thread(send_head, host, int(port), head, pace, piece) for _ in range(n))
+            *(asyncio.to_thread(status_of, host, int(port), head, pace, piece) for _ in range(n))
         )
     )
 

@@ -4,8 +4,6 @@ answered without reading the rest, while other clients go on being served."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +12,7 @@ import httpx
 import pytest
 
 from atropos.cli.http_limits import MAX_HEAD_BYTES, MAX_HEADERS
+from atropos.testing import send_head
 
 from .live_api import LiveApi, live_api, poll_health
 
@@ -22,33 +21,6 @@ from .live_api import LiveApi, live_api, poll_health
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
     with live_api(Path(tmp_path_factory.mktemp("limits"))) as server:
         yield server
-
-
-def send_head(url: str, head: bytes, pace: float = 0.0, piece: int = 1 << 20) -> bytes:
-    """Send `head` (in pieces, `pace` seconds apart) and return what the server answers
-    (b"" when it resets the connection before anything can be read)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-
-        def push() -> None:
-            try:
-                for i in range(0, len(head), piece):
-                    sock.sendall(head[i : i + piece])
-                    if pace:
-                        time.sleep(pace)
-            except OSError:  # the server closed: it stopped reading, as it should
-                pass
-
-        sender = threading.Thread(target=push, daemon=True)
-        sender.start()
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-        sender.join(timeout=5)
-        return answer
 
 
 def request(extra: bytes) -> bytes:

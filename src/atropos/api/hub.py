@@ -120,6 +120,9 @@ class Hub:
         self.batch_latency: deque[float] = deque(maxlen=2048)
         self.counters: dict[int | None, EnvCounters] = {}
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
+        # registrations of each env since this process started (a launcher's readiness gate
+        # for a restarted env: the count grows when the new process has registered)
+        self.registrations: Counter[int] = Counter()
         self._recent_acks: deque[str] = deque(maxlen=1024)
         self.internal_errors = 0  # requests that met an exception no check foresaw (app.py)
         self.recent: deque[Recent] = deque()  # newest last; whether consumed or not
@@ -367,6 +370,7 @@ class Hub:
         if record.env_id == len(self.envs):
             self.envs.append(record)
         self.env_reports.pop(record.env_id, None)  # a (re)started env counts from zero
+        self.registrations[record.env_id] += 1
         self.last_seen[record.env_id] = self.clock()
         reg = self.registration
         return {

@@ -70,7 +70,13 @@ def stats(hub: Hub) -> dict[str, Any]:
         }
         if env_id is not None and env_id < len(hub.envs):
             record = hub.envs[env_id]
-            entry.update(name=record.real_name, connected=record.connected, live=env_id in live)
+            entry.update(
+                name=record.real_name,
+                connected=record.connected,
+                live=env_id in live,
+                env_key=record.env_key,
+                registrations=hub.registrations.get(env_id, 0),
+            )
         envs[_env_key(env_id)] = entry
     latencies = list(hub.batch_latency)
     drops: dict[str, int] = {}

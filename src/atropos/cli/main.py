@@ -63,6 +63,7 @@ _DELEGATED = {  # nouns with their own parser (train's: TrainConfig, read by pyd
     "train": "the reference GRPO trainer (atropos train --help)",
     "export": "SFT or DPO data from rollouts (atropos export sft|dpo --help)",
     "view": "one self-contained HTML page of rollouts (atropos view --help)",
+    "launch": "a whole run from one YAML file: local, Ray or Slurm (atropos launch --help)",
 }
 
 # (atropos.envs.cli.MODE_HELP says the same; not imported here, to keep `atropos api` fast)

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from atropos.testing.fake_server import FakeInferenceServer
 
-__all__ = ["FakeInferenceServer", "free_port", "serve_in_thread", "tiny_tokenizer_path"]
+__all__ = [
+    "FakeInferenceServer",
+    "free_port",
+    "send_head",
+    "serve_in_thread",
+    "tiny_tokenizer_path",
+]
 
 
 def tiny_tokenizer_path() -> str:
@@ -50,6 +56,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def send_head(
+    url: str, head: bytes, pace: float = 0.0, piece: int = 1 << 20, timeout: float = 5.0
+) -> bytes:
+    """Send a raw request `head` to `url` (`http://HOST:PORT`) in pieces of `piece` bytes,
+    `pace` seconds apart, from a second thread, and return what the server answers up to the
+    end of its status line (b"" when it resets the connection before anything can be read).
+
+    For probing a server's limits on request heads, which an HTTP client would not send."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+
+        def push() -> None:
+            try:
+                for i in range(0, len(head), piece):
+                    sock.sendall(head[i : i + piece])
+                    if pace:
+                        time.sleep(pace)
+            except OSError:  # the server closed: it stopped reading
+                pass
+
+        sender = threading.Thread(target=push, daemon=True)
+        sender.start()
+        answer = b""
+        try:
+            while b"\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+        except OSError:
+            pass
+        sender.join(timeout=timeout)
+        return answer
 
 
 @contextlib.contextmanager

@@ -1,6 +1,9 @@
 """Getting new weights to the inference server: four ways, one small interface.
 
 - `none`: the trainer only writes checkpoints.
+Several servers (``--server-url A,B``, e.g. replicas started by `atropos launch`) get the same
+weights in `reload` and `lora` modes, one after the other.
+
 - `reload`: save a full checkpoint, then ``POST {server}/update_weights_from_disk
   {"model_path", "policy_version"}`` (our local server; SGLang has the same endpoint). The server
   swaps weights between generation batches, so every response comes from one version.
@@ -93,6 +96,7 @@ class WeightSync:
         lora: dict[str, Any] | None = None,
         keep: int = 2,
         health_timeout: float = 300.0,
+        server_key: str | None = None,
     ) -> None:
         if mode not in SYNC_MODES:
             raise ValueError(f"sync mode {mode!r}: expected one of {', '.join(SYNC_MODES)}")
@@ -101,13 +105,20 @@ class WeightSync:
                 "sync mode 'restart' needs --server-command with a {model} placeholder"
             )
         self.mode, self.out_dir, self.keep = mode, out_dir, keep
-        self.url = server_url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in server_url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError("no inference server URL: give --server-url")
+        if mode == "restart" and len(self.urls) > 1:
+            raise ValueError("sync mode 'restart' runs one server: give one --server-url")
+        self.url = self.urls[0]
         self.root = self.url.removesuffix("/v1")
+        self.roots = [u.removesuffix("/v1") for u in self.urls]
         self.command, self.lora_name, self.lora = server_command, lora_name, lora or {}
         self.health_timeout = health_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.served_version: int | None = None  # as the server confirmed it (reload mode)
-        self.http = httpx.Client(timeout=600.0)
+        headers = {"Authorization": f"Bearer {server_key}"} if server_key else {}
+        self.http = httpx.Client(timeout=600.0, headers=headers)
 
     # ----- restart mode: the trainer owns the server process ---------------------------------
 
@@ -176,17 +187,21 @@ class WeightSync:
         return time.perf_counter() - t0
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST with the JSON answer (None when the answer is not JSON, as vLLM's LoRA text)."""
-        try:
-            r = self.http.post(f"{self.root}{path}", json=body)
-        except httpx.TransportError as err:
-            raise SyncError(f"POST {path}: {err}") from err
-        if r.status_code >= 400:
-            raise SyncError(f"POST {path}: {r.status_code} {r.text[:300]}")
-        try:
-            return r.json()
-        except ValueError:
-            return None
+        """POST to every server; the first one's JSON answer (None when the answer is not JSON,
+        as vLLM's LoRA text)."""
+        answers = []
+        for root in self.roots:
+            try:
+                r = self.http.post(f"{root}{path}", json=body)
+            except httpx.TransportError as err:
+                raise SyncError(f"POST {root}{path}: {err}") from err
+            if r.status_code >= 400:
+                raise SyncError(f"POST {root}{path}: {r.status_code} {r.text[:300]}")
+            try:
+                answers.append(r.json())
+            except ValueError:
+                answers.append(None)
+        return answers[0]
 
     def close(self) -> None:
         if self.mode == "restart":

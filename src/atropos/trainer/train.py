@@ -88,7 +88,12 @@ class TrainConfig(BaseSettings):
     )
     sync_every: int = Field(1, ge=1, description="steps between weight syncs")
     server_url: str = Field(
-        "http://127.0.0.1:9001/v1", description="the inference server's OpenAI base URL"
+        "http://127.0.0.1:9001/v1",
+        description="the inference server's OpenAI base URL; several, comma-separated, all get"
+        " the new weights (reload and lora modes)",
+    )
+    server_api_key: SecretStr | None = Field(
+        None, description="the inference servers' key, sent when syncing weights into them"
     )
     server_command: str = Field(
         "", description="restart mode: the command that starts the server, with {model}, {port}"
@@ -171,7 +176,7 @@ def open_metrics(cfg: TrainConfig) -> tuple[MetricsSink, str, str]:
         project=cfg.wandb_project,
         group=group,
         name=name,
-        config=cfg.model_dump(mode="json", exclude={"api_key"}),
+        config=cfg.model_dump(mode="json", exclude={"api_key", "server_api_key"}),
         dir=os.environ.get("WANDB_DIR") or cfg.out_dir,
         names=WANDB_NAMES,
         off_hint="leave out --wandb",
@@ -229,12 +234,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     sync = WeightSync(
         cfg.sync, out, cfg.server_url, server_command=cfg.server_command,
         lora_name=cfg.lora_name, lora=lora_args, keep=cfg.keep_checkpoints,
+        server_key=cfg.server_api_key.get_secret_value() if cfg.server_api_key else None,
     )  # fmt: skip
     api = TrainerClient(
         cfg.api_url, cfg.api_key.get_secret_value() if cfg.api_key else None, cfg.patience
     )
     stopping, restore_signals, waiting = _stop_on_sigterm()
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2, exclude={"api_key"}))
+    (out / "config.json").write_text(
+        cfg.model_dump_json(indent=2, exclude={"api_key", "server_api_key"})
+    )
     sink: MetricsSink | None = None
     last: dict[str, Any] = {}
     unacked: list[str] = []

@@ -74,6 +74,9 @@ class FrozenHeap:
         gc.unfreeze()
 
 
+RUN_DIR_VARIABLE = "ATROPOS_ENV_RUN_DIR"
+
+
 def build_env(env_cls: type[Any], resolved: ResolvedConfig) -> Any:
     """Instantiate `env_cls` from a resolved configuration."""
     return env_cls(resolved.env, resolved.servers, manager=resolved.manager)
@@ -85,7 +88,9 @@ async def run_async(env: Any, resolved: ResolvedConfig) -> int:
     if resolved.mode == "serve":
         from atropos.envs.runner.serve import ServeRunner
 
-        run_dir = Path("runs") / name
+        # `atropos launch` gives each env process a directory of its own (replicas of one env
+        # must not share a spool); by hand, runs/NAME under the working directory
+        run_dir = Path(os.environ.get(RUN_DIR_VARIABLE) or Path("runs") / name)
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved.save(run_dir / "config.yaml")
         return await ServeRunner(env, resolved, run_dir).run()

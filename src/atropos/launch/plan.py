@@ -1,0 +1,446 @@
+"""The run file resolved into processes: what runs, with which command line, where, after what.
+
+A `Plan` is plain data (JSON in `RUN_DIR/plan.json`), so a Ray actor or a Slurm step can run
+any one of its processes. Addresses are not all known when the plan is made (a Ray actor learns
+its node's address when placed; a Slurm job learns its nodes when it starts), so command lines,
+environment values and files are templates, filled in just before a process starts
+(`fill`):
+
+- `{url:NAME}`, `{host:NAME}`, `{port:NAME}`: where process NAME listens (the address book);
+- `{port}`, `{host}`: the process's own port and bind address;
+- `{python}`: the Python that runs the supervisor (the one with atropos installed);
+- `{key}`: the run's API key (from the key file; never on a command line).
+
+Start order: the API and the inference servers first, then the trainer (the API hands out
+batches only once it registered, and environments register only after its first request),
+then the environments. Stop order is the reverse of what matters: trainer (checkpoint), envs
+(drain), inference, API.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field
+
+from atropos.launch.config import Args, InferenceServer, Restart, RunFile
+
+Role = Literal["api", "inference", "env", "trainer"]
+STOP_TIER: dict[str, int] = {"trainer": 0, "env": 1, "inference": 2, "api": 3}
+
+VLLM_COMMAND = (
+    "vllm serve {model} --host {host} --port {port} --served-model-name {served_model_name}"
+    " --tensor-parallel-size {gpus}"
+)
+SGLANG_COMMAND = (
+    "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
+    " --served-model-name {served_model_name} --tp-size {gpus}"
+)
+TINY_SERVED_NAME = "atropos-tiny"
+# where an env process keeps its config, metrics and spool (atropos.envs.runner reads it)
+ENV_RUN_DIR = "ATROPOS_ENV_RUN_DIR"
+
+
+class Gate(BaseModel):
+    """How to tell a process is ready.
+
+    - `http`: `GET url` answers 200 (the API's `/health`);
+    - `inference`: `GET url/health` or `GET url/v1/models` answers 200;
+    - `trainer`: the API's `/stats` says a trainer registered;
+    - `env`: the API's `/stats` lists an env with this process's `env_key`, registered
+      after the process started;
+    - `none`: ready once started.
+    """
+
+    kind: Literal["http", "inference", "trainer", "env", "none"]
+    url: str = ""
+    env_key: str | None = None
+
+
+class Process(BaseModel):
+    """One supervised process of the run."""
+
+    name: str
+    role: Role
+    argv: list[str]
+    environ: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="run-dir-relative path -> content, written at start"
+    )
+    host: str = "127.0.0.1"
+    port: int | None = None
+    gate: Gate
+    after: list[str] = Field(default_factory=list)
+    restart: Restart
+    ready_timeout: float
+    grace: float
+    node: int | None = None
+    cpus: float = 1.0
+    gpus: int = 0
+    gpu_ids: list[int] | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def stop_tier(self) -> int:
+        return STOP_TIER[self.role]
+
+
+class Plan(BaseModel):
+    name: str
+    backend: Literal["local", "ray", "slurm"]
+    run_dir: Path
+    processes: list[Process]
+    key_file: Path | None = None
+
+    def get(self, name: str) -> Process:
+        for proc in self.processes:
+            if proc.name == name:
+                return proc
+        raise KeyError(name)
+
+    def tiers(self) -> list[list[Process]]:
+        """Processes grouped so that each group's `after` names only earlier groups."""
+        done: set[str] = set()
+        left = list(self.processes)
+        tiers: list[list[Process]] = []
+        while left:
+            tier = [p for p in left if set(p.after) <= done]
+            if not tier:
+                names = ", ".join(p.name for p in left)
+                raise ValueError(f"start order has a cycle among: {names}")
+            tiers.append(tier)
+            done |= {p.name for p in tier}
+            left = [p for p in left if p.name not in done]
+        return tiers
+
+
+# ----- building ----------------------------------------------------------------------------------
+
+
+def build(run: RunFile, run_dir: Path | None = None) -> Plan:
+    """The processes of `run`; ports are left to the backend where the run file gives none."""
+    run_dir = (run_dir or run.run.run_dir).resolve()
+    rs = run.run
+    procs: list[Process] = [_api(run, run_dir)]
+    servers: dict[str, list[str]] = {}  # run-file server name -> its processes' base URLs
+    for server in run.inference:
+        assert server.name is not None  # named by RunFile's validator
+        if server.type == "url":
+            servers[server.name] = [server.url.rstrip("/") if server.url else ""]
+            continue
+        names = _replica_names(server.name, server.replicas)
+        servers[server.name] = [f"{{url:{n}}}/v1" for n in names]
+        for i, name in enumerate(names):
+            procs.append(_inference(server, name, i, rs.ready_timeout, rs.grace))
+    trainer = _trainer(run, run_dir, servers)
+    procs.append(trainer)
+    used: set[str] = set()
+    for entry in run.envs:
+        handle = entry.handle
+        while handle in used:
+            handle += "_"
+        used.add(handle)
+        names = _replica_names(handle, entry.replicas)
+        entry_servers = entry.servers or [s.name for s in run.inference if s.name]
+        for name in names:
+            procs.append(_env(run, entry, name, entry_servers, servers, trainer.name))
+    return Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
+
+
+def _replica_names(base: str, replicas: int) -> list[str]:
+    return [base] if replicas == 1 else [f"{base}-{i}" for i in range(replicas)]
+
+
+def flags(args: Args) -> list[str]:
+    """`{max-staleness: 2, insecure: true, x: null}` -> `--max-staleness 2 --insecure`.
+
+    Keys may be written with underscores (`max_staleness`); a list repeats the flag.
+
+    >>> flags({"max_staleness": 2, "insecure": True, "off": False, "tag": ["a", "b"]})
+    ['--max-staleness', '2', '--insecure', '--tag', 'a', '--tag', 'b']
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + str(key).removeprefix("--").replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            for item in value:
+                out += [flag, _text(item)]
+        else:
+            out += [flag, _text(value)]
+    return out
+
+
+def _dotted(prefix: str, values: Args) -> list[str]:
+    """`--env.group_size 8`-style flags (the env CLI's own spelling, with underscores)."""
+    out: list[str] = []
+    for key, value in values.items():
+        out += [f"--{prefix}.{key}", _text(value)]
+    return out
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return str(yaml.safe_dump(value, default_flow_style=True)).strip()
+    return str(value)
+
+
+def _api(run: RunFile, run_dir: Path) -> Process:
+    api = run.api
+    store = api.store
+    if store == "sqlite":
+        store = f"sqlite:{run_dir / 'api.db'}"
+    argv = [
+        "{python}", "-m", "atropos", "api", "serve", "--host", "{host}", "--port", "{port}",
+        "--store", store, "--run-dir", str(run_dir), *flags(api.args),
+    ]  # fmt: skip
+    return Process(
+        name="api",
+        role="api",
+        argv=argv,
+        environ=dict(api.environ),
+        host=api.host,
+        port=api.port or None,
+        gate=Gate(kind="http", url="{url:api}/health"),
+        restart=api.restart,
+        ready_timeout=api.ready_timeout or run.run.ready_timeout,
+        grace=run.run.grace,
+        node=api.node,
+        cpus=api.cpus,
+        gpus=api.gpus,
+        resources=api.resources,
+    )
+
+
+def served_name(server: InferenceServer) -> str:
+    if server.served_model_name:
+        return server.served_model_name
+    if server.type == "local" and server.model == "tiny":
+        return TINY_SERVED_NAME
+    return server.model or ""
+
+
+def _inference(
+    server: InferenceServer, name: str, index: int, timeout: float, grace: float
+) -> Process:
+    port = server.port + index if server.port else None
+    if server.type == "local":
+        argv = [
+            "{python}", "-m", "atropos", "local", "serve", str(server.model),
+            "--host", "{host}", "--port", "{port}",
+            "--served-model-name", served_name(server), *flags(server.args),
+        ]  # fmt: skip
+    else:
+        template = server.command or (VLLM_COMMAND if server.type == "vllm" else SGLANG_COMMAND)
+        values = {
+            "model": str(server.model),
+            "served_model_name": served_name(server),
+            "gpus": str(max(server.gpus, 1)),
+        }
+        argv = [_format(part, values) for part in shlex.split(template)] + flags(server.args)
+    return Process(
+        name=name,
+        role="inference",
+        argv=argv,
+        environ=dict(server.environ),
+        host=server.host,
+        port=port,
+        gate=Gate(kind="inference", url=f"{{url:{name}}}"),
+        restart=server.restart,
+        ready_timeout=server.ready_timeout or timeout,
+        grace=grace,
+        node=server.node,
+        cpus=server.cpus,
+        gpus=server.gpus,
+        resources=server.resources,
+    )
+
+
+def _format(template: str, values: Mapping[str, str]) -> str:
+    """Fill `{model}`-style fields of a user's template, leaving every other brace alone."""
+    return re.sub(r"\{([a-z_]+)\}", lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def _sync_targets(run: RunFile, servers: Mapping[str, list[str]]) -> list[str]:
+    names = run.trainer.sync_into
+    if names is None:
+        names = [s.name for s in run.inference if s.type != "url" and s.name]
+    return [url for name in names for url in servers[name]]
+
+
+def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> Process:
+    t = run.trainer
+    all_urls = [url for urls in servers.values() for url in urls]
+    targets = _sync_targets(run, servers)
+    environ = {"ATROPOS_API_URL": "{url:api}", "ATROPOS_SERVER_URLS": ",".join(all_urls)}
+    environ.update(t.environ)
+    after = ["api"] + [
+        n for n in _process_names(run) if n != "api" and any(f"{{url:{n}}}" in u for u in all_urls)
+    ]
+    if t.command is not None:
+        values = {
+            "api_url": "{url:api}",
+            "server_urls": ",".join(all_urls),
+            "run_dir": str(run_dir),
+        }
+        argv = [_format(part, values) for part in shlex.split(t.command)]
+    else:
+        args = dict(t.args)
+        server_args: list[str] = []
+        if targets:
+            server_args = ["--server-url", ",".join(targets)]
+        elif "sync" not in args and "server_url" not in args and "server-url" not in args:
+            args["sync"] = "none"  # nothing to sync into: checkpoints only
+        args.setdefault("out_dir", str(run_dir / "trainer"))
+        argv = [
+            "{python}", "-m", "atropos", "train", "--model", str(t.model),
+            "--api-url", "{url:api}", *server_args, *flags(args),
+        ]  # fmt: skip
+    return Process(
+        name="trainer",
+        role="trainer",
+        argv=argv,
+        environ=environ,
+        gate=Gate(kind="trainer", url="{url:api}"),
+        after=after,
+        restart=t.restart,
+        ready_timeout=t.ready_timeout or run.run.ready_timeout,
+        grace=run.run.grace,
+        node=t.node,
+        cpus=t.cpus,
+        gpus=t.gpus,
+        resources=t.resources,
+    )
+
+
+def _process_names(run: RunFile) -> list[str]:
+    return [
+        name
+        for s in run.inference
+        if s.type != "url" and s.name
+        for name in _replica_names(s.name, s.replicas)
+    ]
+
+
+def _env(
+    run: RunFile,
+    entry: Any,
+    name: str,
+    server_names: list[str],
+    servers: Mapping[str, list[str]],
+    trainer: str,
+) -> Process:
+    by_name = {s.name: s for s in run.inference}
+    openai: list[dict[str, Any]] = []
+    after = ["api", trainer]
+    for server_name in server_names:
+        server = by_name[server_name]
+        for url in servers[server_name]:
+            item: dict[str, Any] = {
+                "base_url": url,
+                "model_name": served_name(server),
+                "server_type": "openai" if server.type == "url" else
+                ("sglang" if server.type == "sglang" else "vllm"),
+                "api_key": "none" if server.type == "url" else "{key}",
+            }  # fmt: skip
+            item.update(entry.openai)
+            openai.append(item)
+            after += re.findall(r"\{url:([^}]+)\}", url)
+    env_key = f"{run.run.name}/{name}"
+    settings = dict(entry.env)
+    if entry.weight is not None:
+        settings["inference_weight"] = entry.weight
+    if entry.min_batch_allocation is not None:
+        settings["min_batch_allocation"] = entry.min_batch_allocation
+    config_file = f"config/{name}.yaml"
+    files = {config_file: yaml.safe_dump({"openai": openai}, sort_keys=False)} if openai else {}
+    argv = ["{python}", "-m", "atropos", "env", "serve", entry.name]
+    if files:
+        argv += ["--config", "{run_dir}/" + config_file]
+    argv += ["--env.rollout_server_url", "{url:api}", "--env.env_key", env_key]
+    argv += _dotted("env", settings) + flags(entry.args)
+    return Process(
+        name=name,
+        role="env",
+        argv=argv,
+        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name, **entry.environ},
+        files=files,
+        gate=Gate(kind="env", url="{url:api}", env_key=env_key),
+        after=list(dict.fromkeys(after)),
+        restart=entry.restart,
+        ready_timeout=entry.ready_timeout or run.run.ready_timeout,
+        grace=run.run.grace,
+        node=entry.node,
+        cpus=entry.cpus,
+        gpus=entry.gpus,
+        resources=entry.resources,
+    )
+
+
+# ----- filling templates -------------------------------------------------------------------------
+
+_FIELD = re.compile(r"\{(url|host|port):([A-Za-z0-9_.-]+)\}|\{(port|host|python|key|run_dir)\}")
+
+
+class Book(dict[str, tuple[str, int]]):
+    """Where each started process listens: name -> (host to reach it at, port)."""
+
+
+def fill(
+    text: str,
+    proc: Process,
+    book: Mapping[str, tuple[str, int]],
+    *,
+    python: str,
+    run_dir: Path,
+    key: str | None = None,
+) -> str:
+    """`text` with its template fields filled (see the module docstring)."""
+
+    def one(match: re.Match[str]) -> str:
+        kind, name, own = match.group(1), match.group(2), match.group(3)
+        if own == "python":
+            return python
+        if own == "run_dir":
+            return str(run_dir)
+        if own == "key":
+            return key or "none"
+        if own == "host":
+            return proc.host
+        if own == "port":
+            if proc.name not in book:
+                raise KeyError(f"{proc.name} has no port yet")
+            return str(book[proc.name][1])
+        if name not in book:
+            raise KeyError(f"{proc.name} needs the address of {name}, which has none yet")
+        host, port = book[name]
+        if kind == "host":
+            return host
+        if kind == "port":
+            return str(port)
+        return f"http://{_bracket(host)}:{port}"
+
+    return _FIELD.sub(one, text)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def symbolic_book(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[str, tuple[str, Any]]:
+    """An address book for display, before anything is placed: `<node of NAME>` and `<port>`."""
+    book: dict[str, tuple[str, Any]] = {}
+    for proc in plan.processes:
+        host = (hosts or {}).get(proc.name, f"<node of {proc.name}>")
+        book[proc.name] = (host, proc.port if proc.port else f"<port of {proc.name}>")
+    return book
