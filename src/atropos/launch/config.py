@@ -135,9 +135,10 @@ class RunSection(Strict):
 
 
 class ApiSection(Placement):
-    host: str = Field(
-        "127.0.0.1",
-        description="address the API binds; anything but loopback makes launch generate a key",
+    host: str | None = Field(
+        None,
+        description="address it binds (default: 127.0.0.1 on the local backend, the node's"
+        " address on Ray, all addresses on Slurm); beyond loopback, launch makes a key",
     )
     port: int | None = Field(None, ge=0, le=65535, description="port (default: a free one)")
     store: str = Field("sqlite", description="sqlite (RUN_DIR/api.db), sqlite:PATH or memory")
@@ -161,7 +162,7 @@ class InferenceServer(Placement):
     )
     replicas: int = Field(1, ge=1, description="copies of this server")
     port: int | None = Field(None, ge=0, le=65535, description="first replica's port")
-    host: str = Field("127.0.0.1", description="address it binds (local backend)")
+    host: str | None = Field(None, description="address it binds (default: as api.host)")
     args: Args = Field(default_factory=dict, description=ARGS_HELP)
 
     @model_validator(mode="after")

@@ -30,6 +30,8 @@ def place(plan: Plan, strict: bool = True) -> Plan:
     shortage of GPUs leaves them unassigned instead of failing (for `--dry-run`)."""
     plan = plan.model_copy(deep=True)
     for proc in plan.processes:
+        if proc.role in LISTENS and not proc.host:
+            proc.host = "127.0.0.1"
         if proc.role in LISTENS and not proc.port:
             proc.port = free_port(proc.host)
     wanted = sum(p.gpus for p in plan.processes)

@@ -72,7 +72,9 @@ class Process(BaseModel):
     files: dict[str, str] = Field(
         default_factory=dict, description="run-dir-relative path -> content, written at start"
     )
-    host: str = "127.0.0.1"
+    host: str = Field(
+        "", description="bind address; '' until the backend places it (local: 127.0.0.1)"
+    )
     port: int | None = None
     gate: Gate
     after: list[str] = Field(default_factory=list)
@@ -209,7 +211,7 @@ def _api(run: RunFile, run_dir: Path) -> Process:
         role="api",
         argv=argv,
         environ=dict(api.environ),
-        host=api.host,
+        host=api.host or "",
         port=api.port or None,
         gate=Gate(kind="http", url="{url:api}/health"),
         restart=api.restart,
@@ -253,7 +255,7 @@ def _inference(
         role="inference",
         argv=argv,
         environ=dict(server.environ),
-        host=server.host,
+        host=server.host or "",
         port=port,
         gate=Gate(kind="inference", url=f"{{url:{name}}}"),
         restart=server.restart,
