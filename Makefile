@@ -7,7 +7,7 @@ DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
 EXTRAS := dev,train,envs,games,vision,ray
 
-.PHONY: demo test test-latest lock check install fmt clean chromium
+.PHONY: demo test test-latest lock check install fmt clean chromium slurm
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -54,7 +54,24 @@ ifeq ($(CHROMIUM),)
 	else echo "chromium not installed and no root: the dashboard browser test will fail"; fi
 endif
 
-test: $(DEV) chromium
+# The Slurm tests (tests/launch) start a real one-node cluster (atropos.testing.slurm) from
+# Debian's packages; installed here when one of their programs is missing, like chromium.
+# Nothing is configured or enabled: the tests run the daemons themselves, from a temporary folder.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+SLURM_FOUND := $(shell PATH="$$PATH:/usr/sbin:/sbin"; \
+	for prog in sbatch slurmctld slurmd munged; do command -v $$prog; done | wc -l)
+
+slurm:
+ifneq ($(strip $(SLURM_FOUND)),4)
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null); \
+	elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+		(sudo apt-get update -q >/dev/null && sudo apt-get install -y -q $(SLURM_PACKAGES) >/dev/null); \
+	else echo "Slurm not installed and no root: the Slurm tests will fail;" \
+		"install with: sudo apt-get install -y $(SLURM_PACKAGES)"; fi
+endif
+
+test: $(DEV) chromium slurm
 	$(PY) scripts/check
 
 # The whole check in throwaway venvs with the newest versions pyproject.toml's ranges allow
@@ -64,11 +81,11 @@ test: $(DEV) chromium
 FRESH := $(PYTHON) scripts/deps.py fresh --torch '$(TORCH)' --extras '$(EXTRAS)' \
 	$(foreach req,$(WITH),--with '$(req)')
 
-test-latest: chromium
+test-latest: chromium slurm
 	$(FRESH)
 
 # Refresh requirements/*.txt: the same run, then the lock files from exactly what passed.
-lock: chromium
+lock: chromium slurm
 	$(FRESH) --write-lock
 
 check: test

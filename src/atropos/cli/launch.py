@@ -3,6 +3,10 @@
     atropos launch RUN.yaml [--set KEY.PATH=VALUE ...] [--dry-run] [--address RAY_ADDRESS]
     atropos launch --cancel RUN_DIR          # a Slurm run: scancel its job
 
+Inside a Slurm job the run's script calls `atropos launch --step NAME RUN_DIR` (one process's
+supervisor, one srun step), `--await RUN_DIR NAME...` (until they are ready) and `--record
+RUN_DIR [--exit-code N]` (launch.json); docs/launch.md, section Slurm.
+
 Exit status: the trainer's when the run ends with it; 1 when a process fails (never became
 ready, or failed past its restarts); 2 for a run file or flags that cannot be used; 130/143
 after SIGINT/SIGTERM.
@@ -49,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cancel", metavar="RUN_DIR", default=None, help="cancel the Slurm job of a run"
     )
+    # inside a Slurm job of a run (its job.sbatch calls them); see the module docstring
+    p.add_argument("--step", nargs=2, metavar=("NAME", "RUN_DIR"), help=argparse.SUPPRESS)
+    p.add_argument("--await", dest="await_", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
+    p.add_argument("--record", metavar="RUN_DIR", help=argparse.SUPPRESS)
+    p.add_argument("--exit-code", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -58,6 +67,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from atropos.launch import slurm
 
         return slurm.cancel(Path(args.cancel))
+    if args.step or args.await_ or args.record:
+        from atropos.launch import slurm_job
+
+        if args.step:
+            return slurm_job.main("step", Path(args.step[1]), [args.step[0]])
+        if args.await_:
+            if len(args.await_) < 2:
+                print(f"{PROG}: error: --await RUN_DIR NAME...", file=sys.stderr)
+                return 2
+            return slurm_job.main("await", Path(args.await_[0]), args.await_[1:])
+        return slurm_job.main("record", Path(args.record), [], args.exit_code)
     if args.run_file is None:
         print(f"{PROG}: error: give the run file: {PROG} RUN.yaml", file=sys.stderr)
         return 2

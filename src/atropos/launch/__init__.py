@@ -9,6 +9,7 @@ one file, on this machine, on a Ray cluster or as one Slurm job.
 - `supervise`: one process supervisor (start, readiness, restarts with backoff, ordered stop
   by process group), the same code on every backend.
 - `local`, `ray`, `slurm`: the backends; they only place and start supervised processes.
+  Slurm's job script is written by `sbatch`; its steps run `slurm_job` (one supervisor each).
 
 Components start through their own command lines (`atropos api serve`, `atropos local serve`,
 `atropos env serve`, `atropos train`, or any command), never through their internals, so a

@@ -76,7 +76,12 @@ class Placement(Strict):
         description="slurm: index of the job's node it runs on (default: the first node for the"
         " API and trainer, spread for the rest); ignored by the local backend",
     )
-    cpus: float = Field(1.0, gt=0, description="CPUs it asks for (Ray num_cpus, srun -c)")
+    cpus: float = Field(
+        1.0,
+        gt=0,
+        description="CPUs it asks for (Ray num_cpus; slurm: counts toward the CPUs the job asks"
+        " per node)",
+    )
     gpus: int = Field(0, ge=0, description="GPUs it asks for, per replica")
     resources: dict[str, float] = Field(
         default_factory=dict, description="ray: custom resources, e.g. {env_node: 1}"
@@ -101,10 +106,14 @@ class RaySettings(Strict):
 class SlurmSettings(Strict):
     nodes: int = Field(1, ge=1, description="nodes of the job")
     gpus_per_node: int = Field(0, ge=0, description="GPUs asked per node (--gpus-per-node)")
-    cpus_per_node: int | None = Field(None, ge=1, description="CPUs asked per node")
+    cpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="CPUs asked per node (default: what the processes of the busiest node ask)",
+    )
     partition: str | None = Field(None, description="partition (default: the cluster's)")
     account: str | None = None
-    time: str = Field("01:00:00", description="the job's time limit")
+    time: str = Field("01:00:00", description="the job's time limit (quoted in YAML)")
     sbatch: list[str] = Field(
         default_factory=list, description="more #SBATCH options, e.g. ['--qos=high']"
     )
@@ -115,6 +124,16 @@ class SlurmSettings(Strict):
     python: str | None = Field(
         None, description="the Python with atropos installed on the nodes (default: this one)"
     )
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_text(cls, value: Any) -> Any:
+        if isinstance(value, int | float):  # YAML reads an unquoted 01:00:00 as 3600
+            raise ValueError(
+                'write the time limit as a quoted string, e.g. "01:00:00" or "90" (minutes):'
+                " unquoted, YAML reads 01:00:00 as a number"
+            )
+        return value
 
 
 class RunSection(Strict):

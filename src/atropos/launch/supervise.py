@@ -13,7 +13,7 @@ A `Supervisor` owns one `Process` of the plan. `begin()` starts a thread that:
 `stop(grace)` sends SIGTERM to the process group, waits `grace` seconds, then SIGKILLs that
 group only. The local backend runs one supervisor per process in its own process; the Ray
 backend runs each inside an actor on the process's node; a Slurm step runs one as its command
-(`atropos launch supervise`).
+(`atropos launch --step NAME RUN_DIR`, `slurm_job.step`).
 """
 
 from __future__ import annotations
