@@ -28,8 +28,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from atropos.api.origin import is_loopback
 from atropos.launch.config import RunFile
-from atropos.launch.keys import is_loopback
 from atropos.launch.plan import Plan, Process, fill
 from atropos.launch.supervise import LISTENS, WILDCARD, free_port
 
