@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,15 +45,20 @@ WARMUP_STEPS = 5
 
 
 def first_batch_after(
-    api_url: Callable[[], str | None], t0: float, alive: Callable[[], bool]
+    api_url: Callable[[], str | None],
+    t0: float,
+    alive: Callable[[], bool],
+    key_file: Path | None = None,
 ) -> float:
     """Seconds from `t0` until the API has served a batch."""
     client = httpx.Client(timeout=1.0)
     while alive():
         url = api_url()
         if url:
+            key = key_file.read_text().strip() if key_file and key_file.exists() else None
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
             try:
-                if client.get(f"{url}/stats").json().get("step", 0) >= 1:
+                if client.get(f"{url}/stats", headers=headers).json().get("step", 0) >= 1:
                     return time.monotonic() - t0
             except (httpx.HTTPError, ValueError):
                 pass
@@ -75,7 +81,9 @@ def run_launch(
     ]  # fmt: skip
     log = (run_dir.parent / f"{run_dir.name}.log").open("w")
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
 
     def api_url() -> str | None:
         try:
@@ -85,7 +93,7 @@ def run_launch(
         api = next(p for p in record["processes"] if p["name"] == "api")
         return f"http://{api['address']}" if api.get("address") else None
 
-    first = first_batch_after(api_url, t0, lambda: proc.poll() is None)
+    first = first_batch_after(api_url, t0, lambda: proc.poll() is None, run_dir / "api.key")
     if proc.wait(900) != 0:
         raise RuntimeError(f"launch failed: see {log.name}")
     total = time.monotonic() - t0
@@ -167,6 +175,8 @@ def main() -> int:
             cluster.__enter__()
             cluster_env = cluster.environ
             extra = ["--set", "run.backend=ray", "--set", "envs.0.resources={env_node: 1}"]
+            for key in ("api", "inference.0", "trainer", "envs.0"):  # 2 CPUs a node
+                extra += ["--set", f"{key}.cpus=0.5"]
         try:
             for i in range(args.rounds):
                 for mode in ("launch", "direct"):

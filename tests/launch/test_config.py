@@ -88,7 +88,7 @@ def test_plan_wires_urls_and_start_order(tmp_path: Path) -> None:
     run = config.parse({**MINIMAL, "envs": [{"name": "arithmetic", "replicas": 2}]})
     plan = local.place(build(run, tmp_path))
     assert [[p.name for p in tier] for tier in plan.tiers()] == [
-        ["api", "policy"], ["trainer"], ["arithmetic-0", "arithmetic-1"],
+        ["api", "policy"], ["trainer", "arithmetic-0", "arithmetic-1"],
     ]  # fmt: skip
     book = local.book_of(plan)
     api_port, server_port = book["api"][1], book["policy"][1]
@@ -119,7 +119,7 @@ def test_shipped_examples_dry_run(name: str, monkeypatch: pytest.MonkeyPatch) ->
     run = config.load(EXAMPLES / f"{name}.yaml")
     plan = local.place(build(run))
     text = describe(plan, local.book_of(plan), python="python")
-    assert "step 3: start" in text
+    assert "step 2: start trainer, " in text
     if name == "gpu-vllm":
         assert [p.gpu_ids for p in plan.processes if p.gpus] == [[0, 1], [2, 3], [4, 5], [6, 7]]
         assert text.count("vllm serve Qwen/Qwen3-4B") == 3

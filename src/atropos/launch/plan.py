@@ -11,9 +11,9 @@ environment values and files are templates, filled in just before a process star
 - `{python}`: the Python that runs the supervisor (the one with atropos installed);
 - `{key}`: the run's API key (from the key file; never on a command line).
 
-Start order: the API and the inference servers first, then the trainer (the API hands out
-batches only once it registered, and environments register only after its first request),
-then the environments. Stop order is the reverse of what matters: trainer (checkpoint), envs
+Start order: the API and the inference servers first, then the trainer and the environments
+together (an environment's registration waits until the trainer has asked for its first batch,
+so its readiness follows the trainer's). Stop order is the reverse of what matters: trainer (checkpoint), envs
 (drain), inference, API.
 """
 
@@ -150,7 +150,7 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
         names = _replica_names(handle, entry.replicas)
         entry_servers = entry.servers or [s.name for s in run.inference if s.name]
         for name in names:
-            procs.append(_env(run, entry, name, entry_servers, servers, trainer.name))
+            procs.append(_env(run, entry, name, entry_servers, servers))
     return Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
 
 
@@ -333,11 +333,12 @@ def _env(
     name: str,
     server_names: list[str],
     servers: Mapping[str, list[str]],
-    trainer: str,
 ) -> Process:
     by_name = {s.name: s for s in run.inference}
     openai: list[dict[str, Any]] = []
-    after = ["api", trainer]
+    # Not after the trainer: an env's registration waits for the trainer by itself, and
+    # starting both at once overlaps their start-up (imports, model load).
+    after = ["api"]
     for server_name in server_names:
         server = by_name[server_name]
         for url in servers[server_name]:

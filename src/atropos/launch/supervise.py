@@ -312,7 +312,7 @@ class Supervisor:
                     f" (waited for {ready.describe(gate, self.gate_url)})\n{self.tail()}"
                 )
                 return "late"
-            if self._stopping.wait(POLL * 2.5):
+            if self._stopping.wait(POLL):
                 return "stopped"
 
     def _watch(self) -> int:
