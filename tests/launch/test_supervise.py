@@ -88,3 +88,31 @@ def test_missing_the_deadline_fails_with_what_it_waited_for(tmp_path: Path) -> N
     reason = sup.status().reason
     assert "p was not ready within 1 s (waited for GET http://127.0.0.1:9/health" in reason
     assert "busy" in reason
+
+
+def test_the_live_table_shows_each_process(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from atropos.launch.config import RunFile
+    from atropos.launch.driver import RunStats, table
+    from atropos.launch.plan import build
+
+    plan = build(
+        RunFile.model_validate({"envs": [{"name": "arithmetic"}], "trainer": {"model": "tiny"}}),
+        tmp_path,
+    )
+    sup = supervisor(tmp_path, "import time; time.sleep(30)")
+    sup.begin()
+    try:
+        assert sup.wait_settled(10) == "ready"
+        status = sup.status()
+        out = io.StringIO()
+        Console(file=out, width=120).print(table([status], RunStats(lambda: None, None), plan))
+    finally:
+        sup.stop(1)
+    text = out.getvalue()
+    assert "atropos launch: atropos (local)" in text
+    assert "waiting for the API's /stats" in text
+    assert "│ p       │ ready │ 0        │ 0:00:0" in text and str(status.pid) in text
