@@ -13,8 +13,8 @@ environment values and files are templates, filled in just before a process star
 
 Start order: the API and the inference servers first, then the trainer and the environments
 together (an environment's registration waits until the trainer has asked for its first batch,
-so its readiness follows the trainer's). Stop order is the reverse of what matters: trainer (checkpoint), envs
-(drain), inference, API.
+so its readiness follows the trainer's). Stop order: trainer (it checkpoints), envs (they
+drain), inference, API.
 """
 
 from __future__ import annotations
