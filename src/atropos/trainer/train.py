@@ -263,7 +263,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             )  # fmt: skip
         for batch_id in covered:  # in the checkpoint; a crash may have come before their ack
             api.ack(batch_id, missing_ok=True)
-        log.info("registered with %s; training steps %d..%d", cfg.api_url, step + 1, cfg.steps)
+        log.info(
+            "registered with %s; training steps %d..%d on %s",
+            cfg.api_url, step + 1, cfg.steps, device,
+        )  # fmt: skip
         while step < cfg.steps and not stopping():
             t0 = time.perf_counter()
             try:
