@@ -116,3 +116,15 @@ def test_the_live_table_shows_each_process(tmp_path: Path) -> None:
     assert "atropos launch: atropos (local)" in text
     assert "waiting for the API's /stats" in text
     assert "│ p       │ ready │ 0        │ 0:00:0" in text and str(status.pid) in text
+
+
+def test_a_usage_error_before_ready_is_not_restarted(tmp_path: Path) -> None:
+    sup = supervisor(
+        tmp_path, "print('error: unknown flag --prot', flush=True); raise SystemExit(2)"
+    )
+    sup.proc.gate = Gate(kind="http", url="http://127.0.0.1:9/health")  # never ready
+    sup.begin()
+    wait_done(sup)
+    status = sup.status()
+    assert status.state == "failed" and status.restarts == 0 and status.exit_codes == [2]
+    assert "unknown flag --prot" in status.reason

@@ -9,6 +9,8 @@ A `Supervisor` owns one `Process` of the plan. `begin()` starts a thread that:
 3. watches it; when it exits, the restart policy decides: `on-failure` restarts after a
    non-zero exit, `always` after any, each time after a backoff that doubles up to a cap, at
    most `max_restarts` times; otherwise the state becomes `exited` (status 0) or `failed`.
+   A process that exits with status 2 (a usage error) before it was ever ready is not
+   restarted: its command line or configuration is wrong, and the launch fails at once.
 
 `stop(grace)` sends SIGTERM to the process group, waits `grace` seconds, then SIGKILLs that
 group only. The local backend runs one supervisor per process in its own process; the Ray
@@ -37,6 +39,7 @@ State = Literal[
     "waiting", "starting", "ready", "restarting", "exited", "failed", "stopping", "stopped"
 ]
 LISTENS = ("api", "inference")
+USAGE_ERROR = 2  # the exit status of a command-line or configuration error (every atropos CLI)
 POLL = 0.2
 WILDCARD = ("0.0.0.0", "::", "")
 KEY_VARIABLES = (
@@ -227,6 +230,8 @@ class Supervisor:
         policy = self.proc.restart
         if policy.policy == "never" or self.restarts >= policy.max_restarts:
             return False
+        if code == USAGE_ERROR and self.ready_after is None:
+            return False  # its command line or configuration is wrong: no restart would help
         return policy.policy == "always" or code != 0
 
     def _exit_reason(self, code: int, was_ready: bool) -> str:
