@@ -16,11 +16,10 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.i
 for variant in server-gpu trainer-gpu; do
   run=$(mktemp -d)/run
   if [ $variant = server-gpu ]; then sets=(--set inference.0.gpus=1); else sets=(--set trainer.gpus=1); fi
-  start=$(date +%s.%N)
+  SECONDS=0
   python3 -m atropos launch examples/launch/local.yaml --no-live --set run.directory="$run" \
     --set trainer.args.steps="$steps" "${sets[@]}" > "$out/$variant-launch.log" 2>&1
-  end=$(date +%s.%N)
-  echo "$variant: exit 0 in $(echo "$end - $start" | bc) s"
+  echo "$variant: exit 0 in $SECONDS s"
   cp "$run/launch.json" "$out/$variant-launch.json"
   grep -h "device=\|training steps" "$run/logs/policy.log" "$run/logs/trainer.log" | tee "$out/$variant-devices.txt"
   cp "$run/trainer/metrics.jsonl" "$out/$variant-metrics.jsonl"
