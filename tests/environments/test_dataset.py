@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.dataset import DatasetEnv, DatasetEnvConfig, read_dataset_file
-from atropos.environments.hub import data_path, read_jsonl
 from atropos.envs import cli, registry
 from atropos.envs.config import ConfigError
 from atropos.envs.simple import Env, Rollout

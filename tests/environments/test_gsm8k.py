@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import atropos.environments.gsm8k as gsm8k_module
+from atropos.environments.common.data_loading import HubUnavailable, data_path, read_jsonl
 from atropos.environments.gsm8k import GSM8K, GSM8KConfig
-from atropos.environments.hub import HubUnavailable, data_path, read_jsonl
 from atropos.envs import registry
 from atropos.envs.simple import Rollout
 from atropos.rewards.math import gsm8k_gold, parse_gold

@@ -11,10 +11,10 @@ from functools import partial
 
 import pytest
 
-from atropos.environments import ifeval, instruction_following
-from atropos.environments.active_queue import ActiveQueue, item_id
-from atropos.environments.hub import data_path, read_jsonl
-from atropos.environments.ifeval.language import SUPPORTED, detects
+from atropos.environments import instruction_following
+from atropos.environments.common import ifeval
+from atropos.environments.common.data_loading import data_path, read_jsonl
+from atropos.environments.common.ifeval.language import SUPPORTED, detects
 from atropos.environments.instruction_following import (
     SYSTEM_PROMPT,
     InstructionFollowing,
@@ -24,6 +24,7 @@ from atropos.environments.instruction_following import (
     split_items,
     to_item,
 )
+from atropos.environments.instruction_following.active_queue import ActiveQueue, item_id
 from atropos.envs import registry
 
 from .helpers import (

@@ -13,9 +13,9 @@ from functools import partial
 import pytest
 
 from atropos.environments import letter_counting
-from atropos.environments.hub import data_path, read_jsonl
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.letter_counting import LetterCounting, LetterCountingConfig
-from atropos.environments.letters import (
+from atropos.environments.letter_counting.letters import (
     TIERS,
     Curriculum,
     make_item,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from atropos import wire
-from atropos.environments.hub import data_path, read_jsonl
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.math import MathConfig, MathEnv, demo_responder
 from atropos.environments.math.data import HUB_EVAL_SETS, eval_items, to_item, train_items
 from atropos.environments.math.prompts import judge_messages, retry_messages, rlaif_messages

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from atropos.environments.hub import data_path, read_jsonl
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.rlaif import (
     DEFAULT_PREFERENCE,
     RLAIF,

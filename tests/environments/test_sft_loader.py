@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from atropos.api import ApiConfig, create_app
-from atropos.environments.hub import HubUnavailable
+from atropos.environments.common.data_loading import HubUnavailable
 from atropos.environments.sft_loader import (
     FORMATS,
     SFTExample,

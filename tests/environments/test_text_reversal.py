@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 
 from atropos.environments import text_reversal
-from atropos.environments.hub import data_path, read_jsonl
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.text_reversal import (
     THINKING_PROMPT,
     TextReversal,

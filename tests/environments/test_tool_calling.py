@@ -12,7 +12,16 @@ from functools import partial
 import pytest
 
 from atropos.environments import tool_calling
-from atropos.environments.hub import HubUnavailable
+from atropos.environments.common.data_loading import HubUnavailable
+from atropos.environments.common.tool_calls import (
+    ParsedCalls,
+    count_matched,
+    matches,
+    parse_completion,
+    parse_openai,
+    parse_text,
+    score_calls,
+)
 from atropos.environments.tool_calling import (
     SYSTEM_PREAMBLE,
     ToolCalling,
@@ -22,15 +31,6 @@ from atropos.environments.tool_calling import (
     score_message,
     split_rows,
     to_item,
-)
-from atropos.environments.tool_calls import (
-    ParsedCalls,
-    count_matched,
-    matches,
-    parse_completion,
-    parse_openai,
-    parse_text,
-    score_calls,
 )
 from atropos.envs import registry
 from atropos.testing import FakeInferenceServer

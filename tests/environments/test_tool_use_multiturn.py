@@ -11,7 +11,7 @@ from functools import partial
 
 import pytest
 
-from atropos.environments.hub import HubUnavailable
+from atropos.environments.common.data_loading import HubUnavailable
 from atropos.environments.tool_use_multiturn import (
     ToolEpisode,
     ToolUseMultiTurn,

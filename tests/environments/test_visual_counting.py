@@ -18,20 +18,7 @@ from PIL import Image  # noqa: E402
 
 from atropos import wire  # noqa: E402
 from atropos.environments import visual_counting  # noqa: E402
-from atropos.environments.hub import HubUnavailable  # noqa: E402
-from atropos.environments.shapes import (  # noqa: E402
-    BACKGROUND,
-    CANVAS,
-    CELL,
-    COLOURS,
-    KINDS,
-    Scene,
-    Shape,
-    make_scene,
-    make_task,
-    render_png,
-    require_pillow,
-)
+from atropos.environments.common.data_loading import HubUnavailable  # noqa: E402
 from atropos.environments.visual_counting import (  # noqa: E402
     EVAL_SEEDS,
     IMAGE_PLACEHOLDER,
@@ -45,6 +32,19 @@ from atropos.environments.visual_counting import (  # noqa: E402
     score_answer,
     text_only,
     to_png_base64,
+)
+from atropos.environments.visual_counting.shapes import (  # noqa: E402
+    BACKGROUND,
+    CANVAS,
+    CELL,
+    COLOURS,
+    KINDS,
+    Scene,
+    Shape,
+    make_scene,
+    make_task,
+    render_png,
+    require_pillow,
 )
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.simple import Rollout  # noqa: E402

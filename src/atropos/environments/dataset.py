@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl, take
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl, take
 from atropos.envs.config import BaseEnvConfig, ConfigError
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message

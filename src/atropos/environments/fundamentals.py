@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.hub import in_prompt, load_train_test
+from atropos.environments.common.data_loading import in_prompt, load_train_test
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message

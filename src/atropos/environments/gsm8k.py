@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.inference.config import APIServerConfig, local_server_config

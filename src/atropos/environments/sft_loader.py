@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, ScoredDataGroup

@@ -28,8 +28,19 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, in_prompt, load_hub, read_jsonl, split_rows
-from atropos.environments.tool_calls import parse_completion, parse_message, parse_text, score_calls
+from atropos.environments.common.data_loading import (
+    data_path,
+    in_prompt,
+    load_hub,
+    read_jsonl,
+    split_rows,
+)
+from atropos.environments.common.tool_calls import (
+    parse_completion,
+    parse_message,
+    parse_text,
+    score_calls,
+)
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from atropos.environments.common.data_loading import data_path, read_jsonl
 from atropos.environments.evals import (
     AIMEEval,
     GPQAEval,
@@ -16,7 +17,6 @@ from atropos.environments.evals import (
 )
 from atropos.environments.evals.answers import grade_boxed, grade_choice, normalize
 from atropos.environments.evals.gpqa import shuffled
-from atropos.environments.hub import data_path, read_jsonl
 
 from .helpers import make
 

@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from atropos.environments.common.data_loading import HubUnavailable, data_path, read_jsonl
 from atropos.environments.evals import (
     AIMEEval,
     EvalEnv,
@@ -19,7 +20,6 @@ from atropos.environments.evals import (
     Math500Eval,
     MMLUEval,
 )
-from atropos.environments.hub import HubUnavailable, data_path, read_jsonl
 
 from .helpers import make
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.hub import data_path
+from atropos.environments.common.data_loading import data_path
 from atropos.environments.npc_arena import CharacterError, load_character, load_characters
 from atropos.environments.npc_arena.characters import render_sheet
 

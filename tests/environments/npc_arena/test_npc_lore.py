@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.hub import data_path
+from atropos.environments.common.data_loading import data_path
 from atropos.environments.npc_arena import (
     BM25,
     EmbeddingRetriever,

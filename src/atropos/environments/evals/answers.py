@@ -6,7 +6,7 @@ The box is checked by math-verify (`atropos.rewards.math`) against the gold, and
 no, by comparing both as normalised strings (`normalize`), upstream's fallback.
 The `\text{...}` of a unit inside the box is fine (`\boxed{7 \text{ muffins}}`).
 
-Multiple choice (`grade_choice`): the letters `atropos.environments.mcqa.extract_answers` finds
+Multiple choice (`grade_choice`): the letters `common.choices.extract_answers` finds
 ("The best answer is: B", "The answer is (C)", `\boxed{D}`, the right option's text), after
 "Answer: X" is read as "The answer is: X" and a reply of only a letter ("B", "(B)", "**B**") as
 that letter. One distinct letter is an answer; two different ones are wrong.
@@ -25,8 +25,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from atropos.environments.common.choices import extract_answers
 from atropos.environments.evals.base import Graded, boxed_contents
-from atropos.environments.mcqa import extract_answers
 from atropos.rewards.math import equivalent, parse_answer, parse_boxed, parse_gold
 
 __all__ = [

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, Message

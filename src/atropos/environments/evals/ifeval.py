@@ -1,5 +1,5 @@
 """`eval_ifeval`: IFEval (`google/IFEval`, split `train`): strict and loose accuracy at the
-prompt and the instruction level, through `atropos.environments.ifeval`.
+prompt and the instruction level, through `atropos.environments.common.ifeval`.
 
 Rows: `key`, `prompt`, `instruction_id_list`, `kwargs`. The response (after thinking) is
 checked against every instruction strictly and loosely (IFEval's relaxations: markdown `*`
@@ -35,7 +35,7 @@ class IFEvalEval(EvalEnv):
     hub_dataset, hub_config, hub_split = "google/IFEval", None, "train"
 
     def problem(self, row: Mapping[str, Any], index: int) -> Problem:
-        from atropos.environments import ifeval  # the checks load with the first problem
+        from atropos.environments.common import ifeval  # the checks load with the first problem
 
         ids = [str(i) for i in row["instruction_id_list"]]
         data = {"instructions": ifeval.from_ifeval(row)}
@@ -43,14 +43,14 @@ class IFEvalEval(EvalEnv):
         return Problem(pid, str(row["prompt"]), ids, {}, data)
 
     def grade(self, problem: Problem, answer: str) -> Graded:
-        from atropos.environments import ifeval
+        from atropos.environments.common import ifeval
 
         result = ifeval.follow(answer.strip(), problem.data["instructions"])
         details = {"strict": list(result.strict), "loose": list(result.loose)}
         return Graded(answer.strip(), all(result.strict), details)
 
     def extra_metrics(self, problems: list[Problem], graded: list[list[Graded]]) -> dict[str, Any]:
-        from atropos.environments import ifeval
+        from atropos.environments.common import ifeval
 
         results = []
         for problem, row in zip(problems, graded, strict=True):

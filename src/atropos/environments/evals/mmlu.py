@@ -32,9 +32,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.environments.evals.answers import LETTERS, choice_block, grade_choice
 from atropos.environments.evals.base import EvalConfig, EvalEnv, Graded, Problem
-from atropos.environments.hub import data_path, load_hub, read_jsonl
 
 __all__ = ["INSTRUCTION", "MMLUConfig", "MMLUEval", "gold_letter"]
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.tool_calls import parse_text
 from atropos.environments.games import require_gymnasium
 from atropos.environments.games.episodes import (
     Episode,
@@ -38,7 +39,6 @@ from atropos.environments.games.episodes import (
     step_group,
 )
 from atropos.environments.games.value import best_action, optimal_value
-from atropos.environments.tool_calls import parse_text
 from atropos.envs.types import Item, ScoredDataGroup
 
 __all__ = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.environments.math.scoring import as_boxed
 
 __all__ = ["HUB_EVAL_SETS", "TRAIN_HUB", "eval_item", "eval_items", "to_item", "train_items"]

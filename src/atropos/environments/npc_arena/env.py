@@ -14,7 +14,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from atropos.environments.hub import data_path
+from atropos.environments.common.data_loading import data_path
 from atropos.environments.npc_arena import lines, prompts
 from atropos.environments.npc_arena.characters import CharacterSheet, load_characters
 from atropos.environments.npc_arena.config import NPCArenaConfig

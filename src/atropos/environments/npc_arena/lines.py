@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 
 __all__ = ["load_rows", "to_items"]
 

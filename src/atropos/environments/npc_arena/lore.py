@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from atropos.environments.hub import read_jsonl
+from atropos.environments.common.data_loading import read_jsonl
 from atropos.environments.npc_arena.retrieval import LoreDoc, Retriever
 
 __all__ = ["EventFeed", "LoreIndex", "load_lore", "split_markdown"]

@@ -25,8 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atropos.environments.hub import SPLIT_SEED, data_path, load_hub, read_jsonl, split_rows
-from atropos.environments.tool_calls import parse_text
+from atropos.environments.common.data_loading import (
+    SPLIT_SEED,
+    data_path,
+    load_hub,
+    read_jsonl,
+    split_rows,
+)
+from atropos.environments.common.tool_calls import parse_text
 
 __all__ = [
     "HINTS",

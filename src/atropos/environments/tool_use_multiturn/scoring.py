@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from atropos.environments.tool_calls import count_matched, parse_text
+from atropos.environments.common.tool_calls import count_matched, parse_text
 from atropos.rewards.group import all_equal, length_penalty
 from atropos.rewards.text import split_think  # (still importable from here, where it was)
 

@@ -21,8 +21,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from atropos.environments.ifeval.language import detects
-from atropos.environments.ifeval.registry import as_int, check, compare
+from atropos.environments.common.ifeval.language import detects
+from atropos.environments.common.ifeval.registry import as_int, check, compare
 
 __all__ = [
     "count_sentences",

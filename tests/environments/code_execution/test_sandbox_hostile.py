@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.code.problems import check_solution
-from atropos.environments.code.sandbox import Sandbox, SandboxLimits
+from atropos.environments.code_execution.problems import check_solution
+from atropos.environments.code_execution.sandbox import Sandbox, SandboxLimits
 
 LIMITS = SandboxLimits(wall_seconds=4, cpu_seconds=2, memory_bytes=512 * 2**20)
 ADD = {
@@ -342,11 +342,11 @@ for path in ({str(private)!r}, {str(public)!r}):
 
 
 def test_weaker_isolation_than_asked_is_logged_once(caplog):
-    from atropos.environments.code.sandbox import SandboxResult
+    from atropos.environments.code_execution.sandbox import SandboxResult
 
     sandbox = Sandbox(LIMITS, max_concurrency=1)
     weak = {"filesystem": "shared (no mount namespace: Operation not permitted)", "pids": "shared"}
-    with caplog.at_level("WARNING", logger="atropos.environments.code.sandbox"):
+    with caplog.at_level("WARNING", logger="atropos.environments.code_execution.sandbox"):
         for _ in range(2):
             sandbox._warn_once(SandboxResult("ok", 0, None, "", "", 0.1, dict(weak)))
     assert [r.getMessage() for r in caplog.records if "weaker isolation" in r.getMessage()] == [

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from atropos.environments.ifeval.registry import verify
+from atropos.environments.common.ifeval.registry import verify
 
 __all__ = [
     "IFEVAL_INSTRUCTIONS",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.hub import HubUnavailable, load_hub
+from atropos.environments.common.data_loading import HubUnavailable, load_hub
 
 
 def write(path: Path, rows: list[dict]) -> Path:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from atropos.environments.ifeval.registry import as_int, check, compare
+from atropos.environments.common.ifeval.registry import as_int, check, compare
 
 __all__ = [
     "DEFAULT_OPTIONS",

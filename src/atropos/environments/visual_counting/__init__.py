@@ -1,7 +1,7 @@
 """`visual_counting`: count coloured shapes in a picture; +1 for the exact count, else -1.
 
 Upstream's "multimodal DPO" environments in one: a +-1 exact-match GRPO env whose question comes
-with an image. The shipped data is generated (`atropos.environments.shapes`): a seeded 128x128 PNG
+with an image. The shipped data is generated (`shapes` in this package): a seeded 128x128 PNG
 of circles, squares and triangles in four colours, and a question such as "How many red circles are
 in the image?". The answer goes in `<answer>N</answer>`. A hub VQA dataset can be used instead
 (`--env.dataset_name howard-hou/OCR-VQA`). Images need Pillow (the `vision` extra). Details, and
@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.hub import load_hub
-from atropos.environments.shapes import (
+from atropos.environments.common.data_loading import load_hub
+from atropos.environments.visual_counting.shapes import (
     MAX_SHAPES,
     data_uri,
     make_task,

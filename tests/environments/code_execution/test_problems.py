@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from atropos.environments.code.problems import (
+from atropos.environments.code_execution.problems import (
     acheck_solution,
     check_solution,
     extract_code,
@@ -19,8 +19,8 @@ from atropos.environments.code.problems import (
     load_problems,
     to_item,
 )
-from atropos.environments.code.sandbox import Sandbox, SandboxLimits
-from atropos.environments.hub import HubUnavailable
+from atropos.environments.code_execution.sandbox import Sandbox, SandboxLimits
+from atropos.environments.common.data_loading import HubUnavailable
 
 
 @pytest.fixture(scope="module")

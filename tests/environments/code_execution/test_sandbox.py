@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.code._supervisor import kernel_at_least
-from atropos.environments.code.sandbox import (
+from atropos.environments.code_execution._supervisor import kernel_at_least
+from atropos.environments.code_execution.sandbox import (
     DEFAULT_UID_BASE,
     GRACE_SECONDS,
     Sandbox,

@@ -1,6 +1,6 @@
 """`instruction_following`: follow a verifiable instruction (RLVR-IFeval), checked by our verifiers.
 
-Each item is a prompt plus a `ground_truth` JSON naming a check of `atropos.environments.ifeval`
+Each item is a prompt plus a `ground_truth` JSON naming a check of `common.ifeval`
 (`func_name`) and its arguments; items naming an unknown check, or arguments it cannot use, are
 dropped and reported (with "did you mean"). A completion needs exactly one well-ordered
 `<think>...</think>` and nothing think-like after it; the stripped text after `</think>` goes
@@ -30,9 +30,9 @@ from typing import Any, cast
 
 from pydantic import Field
 
-from atropos.environments import ifeval
-from atropos.environments.active_queue import ActiveQueue, item_id
-from atropos.environments.hub import data_path, in_prompt, load_hub, read_jsonl
+from atropos.environments.common import ifeval
+from atropos.environments.common.data_loading import data_path, in_prompt, load_hub, read_jsonl
+from atropos.environments.instruction_following.active_queue import ActiveQueue, item_id
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, ScoredDataGroup

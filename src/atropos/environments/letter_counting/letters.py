@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from atropos.environments.hub import data_path
+from atropos.environments.common.data_loading import data_path
 from atropos.rewards.text import split_think, tagged
 
 __all__ = [

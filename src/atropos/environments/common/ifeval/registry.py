@@ -65,7 +65,7 @@ def check(name: str) -> Callable[[Check], Check]:
 @functools.cache
 def _load() -> None:
     for module in _MODULES:
-        importlib.import_module(f"atropos.environments.ifeval.{module}")
+        importlib.import_module(f"atropos.environments.common.ifeval.{module}")
 
 
 @functools.cache

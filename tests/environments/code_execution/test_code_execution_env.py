@@ -9,7 +9,6 @@ import collections
 import pytest
 
 from atropos.environments import code_execution
-from atropos.environments.code.problems import load_problems
 from atropos.environments.code_execution import (
     SYSTEM_PROMPT,
     CodeExecution,
@@ -17,6 +16,7 @@ from atropos.environments.code_execution import (
     right_answer,
     wrong_answer,
 )
+from atropos.environments.code_execution.problems import load_problems
 from atropos.envs import registry
 from atropos.rewards.passk import mean_pass_at_k
 from atropos.testing import FakeInferenceServer

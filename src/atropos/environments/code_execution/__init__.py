@@ -1,9 +1,9 @@
 """`code_execution`: write Python that passes hidden tests, run in a local sandbox.
 
-Problems are MBPP and HumanEval style (`atropos.environments.code.problems`): the shipped
+Problems are MBPP and HumanEval style (`problems` in this package): the shipped
 fixture (`data/code_execution/`), or `--env.dataset_name mbpp` / `openai_humaneval` from the hub.
 The last fenced ```python block of a completion is run against the item's asserts or
-stdin/stdout cases in `atropos.environments.code.sandbox` (whose docstring is the threat model):
+stdin/stdout cases in this package's `sandbox` (whose docstring is the threat model):
 +1 if everything passes, else -1 (no code: -1). A completion cut at `max_token_length` gets
 `set_advantage_to_zero` in its `overrides`. A group's sandboxes run concurrently, bounded by
 `--env.max_concurrency`. Eval: `eval_samples` completions per problem, unbiased pass@1 and
@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos.environments.code.problems import Verdict, acheck_solution, load_problems
-from atropos.environments.code.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits
+from atropos.environments.code_execution.problems import Verdict, acheck_solution, load_problems
+from atropos.environments.code_execution.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message

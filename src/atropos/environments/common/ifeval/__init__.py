@@ -7,7 +7,7 @@
 - `scoring`: loose variants, per-prompt strict/loose outcomes, IFEval's four accuracies, and
   `from_ifeval` for Google IFEval rows, for an evaluation environment to reuse.
 
->>> from atropos.environments import ifeval
+>>> from atropos.environments.common import ifeval
 >>> ifeval.verify("validate_lowercase", "all quiet here.")
 True
 >>> len(ifeval.names())
@@ -16,8 +16,8 @@ True
 
 from __future__ import annotations
 
-from atropos.environments.ifeval import checks_content, checks_format
-from atropos.environments.ifeval.registry import (
+from atropos.environments.common.ifeval import checks_content, checks_format
+from atropos.environments.common.ifeval.registry import (
     CHECKS,
     Check,
     UnknownCheck,
@@ -28,7 +28,7 @@ from atropos.environments.ifeval.registry import (
     validate,
     verify,
 )
-from atropos.environments.ifeval.scoring import (
+from atropos.environments.common.ifeval.scoring import (
     IFEVAL_INSTRUCTIONS,
     Instruction,
     PromptResult,

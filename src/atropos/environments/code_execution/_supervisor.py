@@ -1,6 +1,6 @@
 """The sandbox's supervisor: the trusted code inside a sandbox process, around the untrusted code.
 
-`atropos.environments.code.sandbox` runs this file as `python -I -S _supervisor.py CONFIG` in a
+`sandbox` (beside it) runs this file as `python -I -S _supervisor.py CONFIG` in a
 fresh temporary directory; it is never imported there, and uses the standard library only. It
 isolates the network, unshares mount and PID namespaces (every mount read-only but the run's
 directory), forks the child that runs `main.py` (privileges dropped, resource limits set, audit

@@ -22,8 +22,8 @@ from typing import Any, cast
 
 from pydantic import Field
 
-from atropos.environments.hub import data_path, load_hub, read_jsonl
-from atropos.environments.letters import (
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
+from atropos.environments.letter_counting.letters import (
     Curriculum,
     make_item,
     parse_answer,

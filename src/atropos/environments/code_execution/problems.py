@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atropos.environments.code.sandbox import Sandbox, SandboxResult
-from atropos.environments.hub import data_path, load_hub, read_jsonl
+from atropos.environments.code_execution.sandbox import Sandbox, SandboxResult
+from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 
 __all__ = [
     "HUMANEVAL_NAMES",

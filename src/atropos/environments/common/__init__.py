@@ -1,0 +1,10 @@
+"""Helpers that several environments share; each environment's own helpers live in its package.
+
+- `data_loading`: the shipped fixtures (`data_path`) and datasets read by name, from the hub or
+  a local JSONL path (`load_hub`, `load_train_test`, `split_rows`).
+- `tool_calls`: parsing `<tool_call>` blocks and scoring calls against the expected ones.
+- `choices`: the answers a completion states to a multiple-choice question (`extract_answers`).
+- `ifeval`: the IFEval instruction checks (`instruction_following`, `eval_ifeval`).
+
+Importing this package imports none of them.
+"""
