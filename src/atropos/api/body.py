@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
@@ -32,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from atropos.names import is_loopback
 from atropos.wire import ProtocolError
 
 try:
@@ -197,13 +197,6 @@ def wants_msgpack(request: Request) -> bool:
     return any(t in accept for t in MSGPACK_TYPES)
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def should_gzip(request: Request, size: int, policy: GzipPolicy) -> bool:
     """Whether to gzip a response of `size` bytes to this client under `policy`."""
     if size < GZIP_MIN_SIZE or policy == "never":
@@ -212,7 +205,7 @@ def should_gzip(request: Request, size: int, policy: GzipPolicy) -> bool:
         return False
     if policy == "always":
         return True
-    return request.client is None or not _is_loopback(request.client.host)
+    return request.client is None or not is_loopback(request.client.host)
 
 
 async def respond(

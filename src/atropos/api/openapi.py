@@ -22,7 +22,10 @@ def _body(name: str, ref: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    """Build the OpenAPI 3.1 document (cached; it never changes at run time)."""
+    """Build the OpenAPI 3.1 document (cached; it never changes at run time).
+
+    Long because it is the document: a table of paths and their schemas.
+    """
     kinds = [
         wire.Registration,
         wire.RegisterEnv,

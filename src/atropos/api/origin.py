@@ -43,33 +43,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from atropos.api.body import MSGPACK_TYPES
+from atropos.names import is_loopback
 
 OPEN_PATHS = ("/", "/health", "/dashboard")
 """Pages that answer without the API key and to other sites' links (they hold no data)."""
 BODY_TYPES = ("application/json", *MSGPACK_TYPES)
 """Content types a request with a body may declare (or none at all)."""
 CROSS_SITE = ("cross-site", "same-site")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether the bind address `host` only accepts connections from this machine (a name is
-    resolved, so call this once at startup, never per request).
-
-    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
-    (True, True, False)
-    """
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        try:
-            return all(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
-            )
-        except (OSError, ValueError):
-            return False
 
 
 def host_name(header: str) -> str:
@@ -112,7 +92,7 @@ class Site:
         True
         """
         extra = {host_name(h) for h in allowed_hosts}
-        loopback = is_loopback(bound)
+        loopback = is_loopback(bound, resolve=True)  # once, at startup
         names = {"localhost", host_name(bound), *extra} - {"*"}
         if not loopback:
             names.add(socket.gethostname().lower())

@@ -41,7 +41,10 @@ def stats(hub: Hub) -> dict[str, Any]:
     API's and the envs' own reports), batch latency.
 
     Queued groups are accepted and not yet consumed: `waiting_groups` wait for a batch,
-    `leased_groups` are in batches handed to the trainer and not yet acknowledged."""
+    `leased_groups` are in batches handed to the trainer and not yet acknowledged.
+
+    Long because it is the document: a table of its fields.
+    """
     live = {e.env_id for e in hub.live_envs()}
     waiting: Counter[int | None] = Counter(row.env_id for row in hub.queue.values())
     leased: Counter[int | None] = Counter(row.env_id for row in hub.leased.values())
@@ -120,7 +123,10 @@ def _label(value: str) -> str:
 
 
 def prometheus(hub: Hub) -> str:
-    """The same figures in Prometheus' text exposition format."""
+    """The same figures in Prometheus' text exposition format.
+
+    Long because it is a table of metrics.
+    """
     doc = stats(hub)
     lines = [
         "# HELP atropos_step Batches served so far (the trainer step).",

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from atropos.api.app import ApiConfig, create_app
-from atropos.api.origin import is_loopback
 from atropos.cli.argtypes import non_negative_int, usage_error
+from atropos.names import is_loopback
 
-__all__ = ["add_access_arguments", "add_serve_arguments", "config_from_args", "is_loopback"]
+__all__ = ["add_access_arguments", "add_serve_arguments", "config_from_args"]
 
 log = logging.getLogger("atropos.api")
 
@@ -140,7 +140,7 @@ def add_access_arguments(p: argparse.ArgumentParser, key_variable: str, open_pat
 
 def config_from_args(args: argparse.Namespace, prog: str = "atropos api serve") -> ApiConfig:
     """Check the flags and turn them into an ApiConfig; a usage error (exit 2) on bad values."""
-    if not is_loopback(args.host) and not args.api_key and not args.insecure:
+    if not is_loopback(args.host, resolve=True) and not args.api_key and not args.insecure:
         usage_error(
             prog,
             f"refusing to bind {args.host} without an API key: anyone who can reach it could"

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from atropos.names import did_you_mean
+
 __all__ = [
     "Parser",
     "non_negative_float",
@@ -71,8 +73,6 @@ class Parser(argparse.ArgumentParser):
     def unknown_message(self, extra: Sequence[str]) -> str:
         """What is wrong with arguments this parser does not know: the first flag, with the
         nearest of this parser's own flags, or the first stray word."""
-        from atropos.envs.layering import did_you_mean
-
         flag = next((a for a in extra if a.startswith("-") and a != "-"), None)
         if flag is None:
             return f"unexpected argument {extra[0]!r}"
@@ -83,8 +83,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         choice = _INVALID_CHOICE.search(message)
         if choice is not None:
-            from atropos.envs.layering import did_you_mean
-
             word = choice.group(1)
             listed = [c.strip().strip("'") for c in choice.group(2).split(",")]
             hint = did_you_mean(word, listed)

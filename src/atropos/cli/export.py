@@ -44,6 +44,7 @@ class _Usage(Exception):
 
 
 def _add_arguments(p: argparse.ArgumentParser, kind: Kind, compat: bool) -> None:
+    """The flags of one export command. Long because it is a table of flags."""
     p.add_argument("filepath", help="the JSONL file to write")
     src = p.add_argument_group("input (one of)")
     src.add_argument(

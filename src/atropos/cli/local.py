@@ -9,8 +9,9 @@ import argparse
 import os
 import sys
 
-from atropos.cli.api import add_access_arguments, is_loopback
+from atropos.cli.api import add_access_arguments
 from atropos.cli.argtypes import usage_error
+from atropos.names import is_loopback
 
 PROG = "atropos local serve"
 
@@ -64,7 +65,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Exit with a usage error (status 2) on flags that cannot work, before loading anything;
     MODEL_DIR 'tiny' becomes the shipped tiny policy's directory, served as the environments'
     default server expects (`atropos.inference.config.local_server_config`)."""
-    if not is_loopback(args.host) and not args.api_key and not args.insecure:
+    if not is_loopback(args.host, resolve=True) and not args.api_key and not args.insecure:
         usage_error(
             PROG,
             f"refusing to bind {args.host} without an API key: anyone who can reach it could"

@@ -40,7 +40,10 @@ def line_chart(
     width: int = 640,
     height: int = 260,
 ) -> str:
-    """An SVG line chart of named series of (x, y) points (None-free)."""
+    """An SVG line chart of named series of (x, y) points (None-free).
+
+    Long because it writes one SVG in drawing order: frame, grid, labels, series.
+    """
     pts = [p for s in series.values() for p in s]
     if not pts:
         return f"<p>{html.escape(title)}: no data</p>"

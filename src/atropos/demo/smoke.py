@@ -40,7 +40,10 @@ def sample_group(rng: random.Random, env_id: int, size: int, i: int) -> dict[str
 
 
 def run(port: int = 0, run_dir: str = "runs/demo-smoke") -> int:
-    """Run the demo; return a process exit code."""
+    """Run the demo; return a process exit code.
+
+    Long because it is the demo's script, its steps in order.
+    """
     console = Console()
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"

@@ -2,7 +2,9 @@
 
 Flags are generated from the config models (argparse): `--env.FIELD`, `--openai.FIELD`, the
 manager's `--slurm`, `--testing`, `--max_n_completions`, `--proxy_url`, and `--config FILE`.
-Their values are layered once, by `atropos.envs.layering.resolve_config`.
+This module only builds the parser and reads it: which flags exist and their defaults come from
+`atropos.envs.layering.flag_sections`, and the parsed values are layered there, once
+(`flags_layer`, `resolve_config`), in the order its module docstring lists.
 """
 
 from __future__ import annotations
@@ -18,19 +20,17 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import BaseModel
 
-from atropos.envs.config import MODES, ConfigError, Mode, ResolvedConfig, namespaces
+from atropos.envs.config import MODES, ConfigError, Mode, ResolvedConfig
 from atropos.envs.layering import (
-    Defaults,
-    Layer,
-    did_you_mean,
-    env_base,
+    FlagSections,
     env_name,
-    load_defaults,
+    flag_sections,
+    flags_layer,
     resolve_config,
     union_members,
 )
 from atropos.envs.registry import missing_extras
-from atropos.inference.config import ServerManagerConfig
+from atropos.names import did_you_mean
 
 __all__ = ["MODE_HELP", "cli_main", "main", "parse", "run_mode", "show"]
 
@@ -127,50 +127,33 @@ def parse(
         ConfigError: an unknown flag (with a suggestion), or a value that breaks a rule.
         SystemExit: after printing `--help`.
     """
-    defaults = load_defaults(env_cls)
-    flags = _flags(defaults)
-    parser = _parser(env_cls, mode, defaults, flags, prog=prog)
+    sections = flag_sections(env_cls, mode)
+    flags = _flags(sections.models)
+    parser = _parser(mode, sections, flags, prog=prog)
     ns, extra = parser.parse_known_args(_normalize(argv, flags))
     if extra:
         _reject(extra, [f.option for f in flags] + ["--config", "--help"], parser)
     given = vars(ns)
-    layer = Layer("flags")
-    openai: dict[str, Any] = {}
-    sections = namespaces(type(defaults.env))
-    for flag in (f for f in flags if f.option in given):
-        if flag.section in sections:
-            section = layer.sections.setdefault(flag.section, {})
-        else:
-            section = {"env": layer.env, "openai": openai}.get(flag.section, layer.manager)
-        section[flag.key] = given[flag.option]
-    layer.openai = openai or None
-    return resolve_config(env_cls, mode, config_path=ns.config, flags=layer, defaults=defaults)
+    values = {(f.section, f.key): given[f.option] for f in flags if f.option in given}
+    layer = flags_layer(values, sections.defaults)
+    return resolve_config(
+        env_cls, mode, config_path=ns.config, flags=layer, defaults=sections.defaults
+    )
 
 
-def _sections(defaults: Defaults) -> dict[str, type[BaseModel]]:
-    """The flag namespaces and their models: env, the env's own namespaces, openai, manager."""
-    return {
-        "env": type(defaults.env),
-        **namespaces(type(defaults.env)),
-        "openai": defaults.server_model,
-        "": ServerManagerConfig,
-    }
-
-
-def _flags(defaults: Defaults) -> list[_Flag]:
+def _flags(models: dict[str, type[BaseModel]]) -> list[_Flag]:
     """Every flag: one per env field (a namespace field: one per its own fields), server field
     and manager field."""
-    sections = _sections(defaults)
     return [
         _Flag(section, key, _is_bool(info.annotation))
-        for section, model in sections.items()
+        for section, model in models.items()
         for key, info in model.model_fields.items()
-        if not (section == "env" and key in sections)
+        if not (section == "env" and key in models)
     ]
 
 
 def _parser(
-    env_cls: type, mode: Mode, defaults: Defaults, flags: list[_Flag], *, prog: str | None = None
+    mode: Mode, sections: FlagSections, flags: list[_Flag], *, prog: str | None = None
 ) -> argparse.ArgumentParser:
     """The parser of one mode; each flag's help is its field's description and default."""
     parser = _Parser(
@@ -183,12 +166,11 @@ def _parser(
         " flags. 'None' (or 'null') unsets an optional value.",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML file: env:, openai:, slurm:, ...")
-    shown = _shown_defaults(env_cls, mode, defaults)
-    models = _sections(defaults)
+    shown, models = sections.shown, sections.models
     titles = {
-        "env": f"environment ({type(defaults.env).__name__})",
+        "env": f"environment ({models['env'].__name__})",
         **{s: f"{s} ({m.__name__})" for s, m in models.items() if s not in ("env", "openai", "")},
-        "openai": f"inference server ({defaults.server_model.__name__}; with --config, openai:"
+        "openai": f"inference server ({models['openai'].__name__}; with --config, openai:"
         " may list several servers)",
         "": "server manager",
     }
@@ -262,16 +244,6 @@ def _reject(extra: list[str], options: list[str], parser: argparse.ArgumentParse
         )
     name = first.partition("=")[0]
     raise ConfigError(f"unknown flag {name}{did_you_mean(name, options)} {see}")
-
-
-def _shown_defaults(env_cls: type, mode: Mode, defaults: Defaults) -> dict[str, dict[str, Any]]:
-    env, _ = env_base(env_cls, mode, defaults)
-    if env["wandb_name"] is None:
-        env["wandb_name"] = env_name(env_cls)
-    servers = defaults.servers
-    openai = servers[0].model_dump() if isinstance(servers, list) else servers.model_dump()
-    nested = {s: dict(env.get(s) or {}) for s in namespaces(type(defaults.env))}
-    return {"env": env, **nested, "openai": openai, "": {}}
 
 
 def _show_value(value: Any) -> str:

@@ -1,7 +1,18 @@
 """Configuration layering, implemented once for `serve`, `process` and `evaluate`.
 
-Lowest to highest: class defaults < `config_init()` < mode defaults < `--config` YAML file <
-`ATROPOS_*` environment variables < command-line flags. `resolve_config` is the only entry.
+The layers, lowest first, each in its own section below, in this order:
+
+1. class defaults: the env config model's fields (`load_defaults`);
+2. `config_init()`: the environment's own defaults and servers (`load_defaults`);
+3. mode defaults: `process` keeps equal-score groups and writes a file (`env_base`);
+4. the `--config` YAML file (`file_layer`);
+5. `ATROPOS_*` environment variables (`environ_layer`);
+6. command-line flags (`flags_layer`, from what `atropos.envs.cli` parsed).
+
+`resolve_config` stacks them in that order and validates the result; it is the only entry. The
+command line asks `flag_sections` which flags exist and what their defaults are, builds its
+argparse parser from that, and hands the parsed values back (`flags_layer`, `resolve_config`):
+the models live in `config.py`, argparse in `cli.py`, and everything in between here.
 
 What nobody gave is filled in so that a new environment runs on a laptop: an environment whose
 `config_init` names no servers (it has none, or BaseEnv's) uses the local CPU server
@@ -12,7 +23,6 @@ uses its servers' (`default_tokenizer`). Each such choice is said in `ResolvedCo
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import types
 import typing
@@ -42,43 +52,41 @@ from atropos.inference.config import (
     local_server_config,
 )
 from atropos.inference.tokenizer import TINY
+from atropos.names import did_you_mean
 
 __all__ = [
     "Defaults",
+    "FlagSections",
     "Layer",
     "coerce_text",
     "default_tokenizer",
-    "did_you_mean",
     "env_base",
     "env_name",
     "environ_layer",
     "file_layer",
+    "flag_sections",
+    "flags_layer",
     "load_defaults",
     "resolve_config",
     "validation_lines",
 ]
 
 Servers = list[APIServerConfig] | ServerBaseline
+
 M = TypeVar("M", bound=BaseModel)
+
 MANAGER_KEYS: tuple[str, ...] = tuple(ServerManagerConfig.model_fields)
+
 FILE_KEYS: tuple[str, ...] = ("env", "openai", *MANAGER_KEYS)
+
 NONE_WORDS = ("None", "null")  # lowercase "none" stays a string (a reasoning_effort value)
+
 MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
     "serve": {},
     # process writes groups for inspection: keep equal-score groups and decoded messages
     "process": {"ensure_scores_are_not_same": False, "include_messages": True},
     "evaluate": {},
 }
-
-
-def did_you_mean(word: str, candidates: Iterable[str], show: Callable[[str], str] = str) -> str:
-    """A "; did you mean X?" suffix for the closest candidate, or "" when none is close.
-
-    >>> did_you_mean("gropu_size", ["group_size", "batch_size"])
-    '; did you mean group_size?'
-    """
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean {show(close[0])}?" if close else ""
 
 
 def env_name(env_cls: type) -> str:
@@ -135,6 +143,9 @@ class Defaults:
         return APIServerConfig
 
 
+# ----- layers 1 and 2: class defaults and config_init() -------------------------------------------
+
+
 def load_defaults(env_cls: type) -> Defaults:
     """Call `env_cls.config_init()` (when defined) and check what it returns.
 
@@ -184,24 +195,25 @@ def _inherits_base_config_init(env_cls: type) -> bool:
     return getattr(init, "__func__", None) is base
 
 
-def default_tokenizer(servers: Servers) -> tuple[str, str]:
-    """The tokenizer of an environment that names none, and why: its servers' tokenizer
-    (`tokenizer_name`, else `model_name`), `"tiny"` for the local tiny policy, and upstream's
-    default only for servers of an unnamed model (a bare `ServerBaseline`, as upstream).
+# ----- layer 3: mode defaults ---------------------------------------------------------------------
 
-    >>> default_tokenizer([local_server_config()])
-    ('tiny', 'the tokenizer of the local tiny policy (atropos-tiny)')
-    >>> default_tokenizer([APIServerConfig(model_name="Qwen/Qwen3-8B")])[0]
-    'Qwen/Qwen3-8B'
-    """
-    listed = servers if isinstance(servers, list) else [servers]
-    names = {s.tokenizer_name if s.tokenizer_name != "none" else s.model_name for s in listed}
-    name = names.pop() if len(names) == 1 else "default"
-    if name == LOCAL_MODEL_NAME:
-        return TINY, f"the tokenizer of the local tiny policy ({LOCAL_MODEL_NAME})"
-    if name != "default":
-        return name, "the servers' model"
-    return UPSTREAM_TOKENIZER, "upstream's default: the servers name no model"
+
+def env_base(
+    env_cls: type, mode: Mode, defaults: Defaults
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The env settings below the file layer: `config_init()` plus the mode's defaults, and
+    where each non-default value comes from."""
+    values = defaults.env.model_dump()
+    labels = {k: defaults.origin for k in defaults.env.model_fields_set}
+    for key, value in MODE_DEFAULTS[mode].items():
+        values[key], labels[key] = value, f"{mode} mode"
+    if mode == "process" and values["data_path_to_save_groups"] is None:
+        values["data_path_to_save_groups"] = f"data/{env_name(env_cls)}.jsonl"
+        labels["data_path_to_save_groups"] = "process mode"
+    return values, labels
+
+
+# ----- layer 4: the --config file -----------------------------------------------------------------
 
 
 def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer:
@@ -241,6 +253,9 @@ def file_layer(path: str | os.PathLike[str], extra: Iterable[str] = ()) -> Layer
     return layer
 
 
+# ----- layer 5: ATROPOS_* environment variables ---------------------------------------------------
+
+
 class _EnvironBase(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ATROPOS_", env_nested_delimiter="__", case_sensitive=False, extra="ignore"
@@ -251,6 +266,8 @@ class _EnvironBase(BaseSettings):
 
 
 _MANAGER_VARS: dict[str, Any] = {k: (str | None, None) for k in MANAGER_KEYS}
+
+
 # manager settings are ATROPOS_SLURM, ATROPOS_PROXY_URL, ...
 _Environ = create_model("_Environ", __base__=_EnvironBase, **_MANAGER_VARS)
 
@@ -283,6 +300,61 @@ def environ_layer(extra: Iterable[str] = ()) -> Layer:
     return layer
 
 
+# ----- layer 6: command-line flags ----------------------------------------------------------------
+
+
+def flags_layer(given: Mapping[tuple[str, str], Any], defaults: Defaults) -> Layer:
+    """The command line's values, `{(section, key): text}` as `atropos.envs.cli` parsed them:
+    section "env", "openai", a namespace of the env config ("judge"), or "" (the manager)."""
+    layer = Layer("flags")
+    openai: dict[str, Any] = {}
+    sections = namespaces(type(defaults.env))
+    for (name, key), value in given.items():
+        if name in sections:
+            target = layer.sections.setdefault(name, {})
+        else:
+            target = {"env": layer.env, "openai": openai}.get(name, layer.manager)
+        target[key] = value
+    layer.openai = openai or None
+    return layer
+
+
+@dataclass(frozen=True)
+class FlagSections:
+    """What the command line offers, by section: "env", the env config's namespaces ("judge"),
+    "openai" and "" (the server manager). `models` give each section's fields (one flag each),
+    `shown` the defaults `--help` shows (layers 1 to 3), `defaults` what `load_defaults` gave."""
+
+    defaults: Defaults
+    models: dict[str, type[BaseModel]]
+    shown: dict[str, dict[str, Any]]
+
+
+def flag_sections(env_cls: type, mode: Mode) -> FlagSections:
+    """The flags' sections of `env_cls` in `mode`, with the defaults below the file layer."""
+    defaults = load_defaults(env_cls)
+    model = type(defaults.env)
+    env, _ = env_base(env_cls, mode, defaults)
+    if env["wandb_name"] is None:
+        env["wandb_name"] = env_name(env_cls)
+    servers = defaults.servers
+    openai = servers[0].model_dump() if isinstance(servers, list) else servers.model_dump()
+    nested = {s: dict(env.get(s) or {}) for s in namespaces(model)}
+    return FlagSections(
+        defaults,
+        {
+            "env": model,
+            **namespaces(model),
+            "openai": defaults.server_model,
+            "": ServerManagerConfig,
+        },
+        {"env": env, **nested, "openai": openai, "": {}},
+    )
+
+
+# ----- stacking the layers, lowest first, and validating ------------------------------------------
+
+
 def resolve_config(
     env_cls: type,
     mode: Mode,
@@ -297,7 +369,7 @@ def resolve_config(
         env_cls: the environment class (`config_init`, `env_config_cls` and `name` are used).
         mode: "serve", "process" or "evaluate" (process has its own defaults).
         config_path: the `--config` YAML file, if any.
-        flags: the command line's layer (built by `atropos.envs.cli`).
+        flags: the command line's layer (`flags_layer`, from what `atropos.envs.cli` parsed).
         defaults: `load_defaults(env_cls)`, when the caller already has it.
 
     Returns:
@@ -306,15 +378,16 @@ def resolve_config(
     Raises:
         ConfigError: a value breaks a rule or a key is unknown (the message names where).
     """
-    defaults = defaults or load_defaults(env_cls)
+    defaults = defaults or load_defaults(env_cls)  # layers 1 and 2
     extra = tuple(namespaces(type(defaults.env)))
-    layers = [file_layer(config_path, extra)] if config_path is not None else []
-    layers += [environ_layer(extra), *([flags] if flags is not None else [])]
-    values: dict[str, Any] = ServerManagerConfig.model_validate({}).model_dump()
-    labels: dict[str, str] = {}
-    for layer in layers:
-        _apply(values, labels, layer, "", layer.manager, ServerManagerConfig)
-    manager = _validate(ServerManagerConfig, values, labels, "--")
+    layers: list[Layer] = []  # above layer 3, which `_resolve_env` starts from
+    if config_path is not None:
+        layers.append(file_layer(config_path, extra))  # layer 4
+    layers.append(environ_layer(extra))  # layer 5
+    if flags is not None:
+        layers.append(flags)  # layer 6
+    # each part stacks the same layers, lowest first: the manager, the servers, the env
+    manager = _resolve_manager(layers)
     if defaults.servers_unset and manager.slurm:  # upstream's discovery, as before
         defaults = dataclasses.replace(defaults, servers=ServerBaseline.model_validate({}))
     servers = _resolve_servers(defaults, layers)
@@ -325,41 +398,51 @@ def resolve_config(
     return resolved
 
 
-def _notes(
-    defaults: Defaults, layers: list[Layer], resolved: ResolvedConfig, tokenizer_why: str | None
-) -> list[str]:
-    """What was chosen for settings nobody gave, in words (the run's first log lines)."""
-    tokenizer = resolved.env.tokenizer_name
-    servers = resolved.servers
-    if defaults.servers_unset and not any(layer.openai for layer in layers):
-        if isinstance(servers, list) and len(servers) == 1:
-            server = servers[0]
-            return [
-                f"no inference server given: using the local CPU server at {server.base_url}"
-                f" (model {server.model_name}, tokenizer {tokenizer}); start it with"
-                f" `{local_serve_command()}` or pass --openai.base_url"
-            ]
-    if tokenizer_why is not None:
-        return [
-            f"no tokenizer given: using {tokenizer}, {tokenizer_why}"
-            " (set --env.tokenizer_name to change it)"
-        ]
-    return []
+def _resolve_manager(layers: list[Layer]) -> ServerManagerConfig:
+    """The validated server manager settings (`--slurm`, `--testing`, ...)."""
+    values: dict[str, Any] = ServerManagerConfig.model_validate({}).model_dump()
+    labels: dict[str, str] = {}
+    for layer in layers:
+        _apply(values, labels, layer, "", layer.manager, ServerManagerConfig)
+    return _validate(ServerManagerConfig, values, labels, "--")
 
 
-def env_base(
-    env_cls: type, mode: Mode, defaults: Defaults
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The env settings below the file layer: `config_init()` plus the mode's defaults, and
-    where each non-default value comes from."""
-    values = defaults.env.model_dump()
-    labels = {k: defaults.origin for k in defaults.env.model_fields_set}
-    for key, value in MODE_DEFAULTS[mode].items():
-        values[key], labels[key] = value, f"{mode} mode"
-    if mode == "process" and values["data_path_to_save_groups"] is None:
-        values["data_path_to_save_groups"] = f"data/{env_name(env_cls)}.jsonl"
-        labels["data_path_to_save_groups"] = "process mode"
-    return values, labels
+def _resolve_servers(defaults: Defaults, layers: list[Layer]) -> Servers:
+    """The servers: `config_init()`'s, replaced by a file's list or overridden setting by
+    setting."""
+    model = defaults.server_model
+    listed = [(layer, o) for layer in layers if isinstance(o := layer.openai, list)]
+    overrides = [(layer, o) for layer in layers if isinstance(o := layer.openai, dict) and o]
+    if listed:
+        layer, entries = listed[-1]
+        if overrides:
+            where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
+            raise ConfigError(
+                f"{where}: {layer.origin} lists {len(entries)} servers under openai:, so a"
+                " single openai setting is ambiguous; set it in each server entry instead"
+            )
+        servers = []
+        for i, entry in enumerate(entries):
+            prefix = f"{layer.origin}: openai[{i}]."
+            _check_keys(entry, model.model_fields, prefix.__add__, f"openai[{i}].".__add__)
+            servers.append(_validate(model, dict(entry), {}, prefix))
+        return servers
+    if not overrides:
+        return defaults.servers
+    base = defaults.servers
+    if isinstance(base, list) and len(base) > 1:
+        where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
+        raise ConfigError(
+            f"{where}: {defaults.origin} configures {len(base)} servers, so a single openai"
+            " setting is ambiguous; list the servers under openai: in a --config file instead"
+        )
+    # A ServerBaseline is promoted to one concrete server whenever openai settings are given.
+    first = base[0] if isinstance(base, list) else base
+    values = first.model_dump()
+    labels = {k: defaults.origin for k in first.model_fields_set}
+    for layer, given in overrides:
+        _apply(values, labels, layer, "openai", given, model)
+    return [_validate(model, values, labels, "--openai.")]
 
 
 def _resolve_env(
@@ -401,40 +484,46 @@ def _plain_values(value: Any) -> dict[str, Any]:
     return dict(value or {})
 
 
-def _resolve_servers(defaults: Defaults, layers: list[Layer]) -> Servers:
-    model = defaults.server_model
-    listed = [(layer, o) for layer in layers if isinstance(o := layer.openai, list)]
-    overrides = [(layer, o) for layer in layers if isinstance(o := layer.openai, dict) and o]
-    if listed:
-        layer, entries = listed[-1]
-        if overrides:
-            where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
-            raise ConfigError(
-                f"{where}: {layer.origin} lists {len(entries)} servers under openai:, so a"
-                " single openai setting is ambiguous; set it in each server entry instead"
-            )
-        servers = []
-        for i, entry in enumerate(entries):
-            prefix = f"{layer.origin}: openai[{i}]."
-            _check_keys(entry, model.model_fields, prefix.__add__, f"openai[{i}].".__add__)
-            servers.append(_validate(model, dict(entry), {}, prefix))
-        return servers
-    if not overrides:
-        return defaults.servers
-    base = defaults.servers
-    if isinstance(base, list) and len(base) > 1:
-        where = overrides[-1][0].where("openai", next(iter(overrides[-1][1])))
-        raise ConfigError(
-            f"{where}: {defaults.origin} configures {len(base)} servers, so a single openai"
-            " setting is ambiguous; list the servers under openai: in a --config file instead"
-        )
-    # A ServerBaseline is promoted to one concrete server whenever openai settings are given.
-    first = base[0] if isinstance(base, list) else base
-    values = first.model_dump()
-    labels = {k: defaults.origin for k in first.model_fields_set}
-    for layer, given in overrides:
-        _apply(values, labels, layer, "openai", given, model)
-    return [_validate(model, values, labels, "--openai.")]
+def default_tokenizer(servers: Servers) -> tuple[str, str]:
+    """The tokenizer of an environment that names none, and why: its servers' tokenizer
+    (`tokenizer_name`, else `model_name`), `"tiny"` for the local tiny policy, and upstream's
+    default only for servers of an unnamed model (a bare `ServerBaseline`, as upstream).
+
+    >>> default_tokenizer([local_server_config()])
+    ('tiny', 'the tokenizer of the local tiny policy (atropos-tiny)')
+    >>> default_tokenizer([APIServerConfig(model_name="Qwen/Qwen3-8B")])[0]
+    'Qwen/Qwen3-8B'
+    """
+    listed = servers if isinstance(servers, list) else [servers]
+    names = {s.tokenizer_name if s.tokenizer_name != "none" else s.model_name for s in listed}
+    name = names.pop() if len(names) == 1 else "default"
+    if name == LOCAL_MODEL_NAME:
+        return TINY, f"the tokenizer of the local tiny policy ({LOCAL_MODEL_NAME})"
+    if name != "default":
+        return name, "the servers' model"
+    return UPSTREAM_TOKENIZER, "upstream's default: the servers name no model"
+
+
+def _notes(
+    defaults: Defaults, layers: list[Layer], resolved: ResolvedConfig, tokenizer_why: str | None
+) -> list[str]:
+    """What was chosen for settings nobody gave, in words (the run's first log lines)."""
+    tokenizer = resolved.env.tokenizer_name
+    servers = resolved.servers
+    if defaults.servers_unset and not any(layer.openai for layer in layers):
+        if isinstance(servers, list) and len(servers) == 1:
+            server = servers[0]
+            return [
+                f"no inference server given: using the local CPU server at {server.base_url}"
+                f" (model {server.model_name}, tokenizer {tokenizer}); start it with"
+                f" `{local_serve_command()}` or pass --openai.base_url"
+            ]
+    if tokenizer_why is not None:
+        return [
+            f"no tokenizer given: using {tokenizer}, {tokenizer_why}"
+            " (set --env.tokenizer_name to change it)"
+        ]
+    return []
 
 
 def _apply(

@@ -14,7 +14,6 @@ An environment declares the optional modules it cannot run without, each with th
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -26,6 +25,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from atropos.names import did_you_mean
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -336,8 +337,7 @@ def _env_classes(module: ModuleType) -> list[type]:
 
 
 def _hint(attr: str, found: list[type]) -> str:
-    close = difflib.get_close_matches(attr, [c.__name__ for c in found], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(attr, [c.__name__ for c in found], repr)
 
 
 def _not_found(name: str, known: list[str]) -> str:
@@ -347,8 +347,7 @@ def _not_found(name: str, known: list[str]) -> str:
             f" atropos.envs.registry.register(name, 'module:Class') or an entry point in"
             f" group {ENTRY_POINT_GROUP!r}, or pass 'module:Class' directly"
         )
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, known, repr)
     return f"unknown environment {name!r}{hint} (installed: {', '.join(known)})"
 
 

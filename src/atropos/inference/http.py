@@ -295,6 +295,9 @@ class HTTPClient:
         Raises:
             TimeoutError: no whole answer within `timeout` seconds (connecting included).
             ConnectionError, OSError: the server could not be reached or dropped the connection.
+
+        Long because connecting, sending and reading one answer run under one deadline and share the
+        connection.
         """
         if self.closed:
             raise RuntimeError("this HTTPClient is closed")

@@ -210,6 +210,8 @@ def tokenize_for_trainer(
         >>> out = tokenize_for_trainer(tok, chat, finish_reason="length")
         >>> tok.decode([t for t in out["masks"] if t != -100])
         '4'
+
+    Long because the mask's boundaries are found and checked in sequence against the same tokens.
     """
     messages = list(chat)
     tokens = template_ids(tokenizer, messages)

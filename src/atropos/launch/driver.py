@@ -192,7 +192,11 @@ def drive(
     placements: Callable[[], Mapping[str, Any]] = dict,
     extra_record: Mapping[str, Any] | None = None,
 ) -> int:
-    """Run `plan` through `handles` (module docstring); the run's exit status."""
+    """Run `plan` through `handles` (module docstring); the run's exit status.
+
+    Long because the run's phases (start in order, watch, stop) share the live display, the handles
+    and the record, and read best in order.
+    """
     console = console or Console(stderr=True)
     live = console.is_terminal if live is None else live
     record = Record(plan, extra_record)

@@ -12,15 +12,18 @@ import os
 import secrets
 from pathlib import Path
 
-from atropos.api.origin import is_loopback
 from atropos.launch.plan import Plan
+from atropos.names import is_loopback
 
 KEY_FILE = "api.key"
 
 
 def needs_key(plan: Plan) -> bool:
     """Whether any process binds beyond loopback (the API or an inference server)."""
-    return any(p.role in ("api", "inference") and not is_loopback(p.host) for p in plan.processes)
+    return any(
+        p.role in ("api", "inference") and not is_loopback(p.host, resolve=True)
+        for p in plan.processes
+    )
 
 
 def run_key(plan: Plan, force: bool = False) -> str | None:

@@ -28,10 +28,10 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from atropos.api.origin import is_loopback
 from atropos.launch.config import RunFile
 from atropos.launch.plan import Plan, Process, fill
 from atropos.launch.supervise import LISTENS, WILDCARD, free_port
+from atropos.names import is_loopback
 
 ADDR_PREFIX = "ATROPOS_ADDR_"
 NODES_VARIABLE = "ATROPOS_NODES"
@@ -160,7 +160,7 @@ def _check_hosts(plan: Plan) -> None:
         f" {', '.join(map(str, used))}: processes on the other nodes could not reach it;"
         " leave its host unset (all addresses) or put every process on one node"
         for proc in plan.processes
-        if proc.role in LISTENS and is_loopback(proc.host)
+        if proc.role in LISTENS and is_loopback(proc.host, resolve=True)
     ]
     if problems:
         raise SlurmPlanError(problems)

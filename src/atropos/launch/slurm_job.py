@@ -168,7 +168,11 @@ class StatusFile:
 
 def step(run_dir: Path, name: str) -> int:
     """Supervise process `name` of the run in `run_dir` until it is done or stopped (module
-    docstring); the step's exit status."""
+    docstring); the step's exit status.
+
+    Long because the step's phases (find the process, publish its address, run, supervise) share the
+    plan, the address book and the process, in order.
+    """
     run_dir = run_dir.resolve()
     plan = load_plan(run_dir)
     try:

@@ -30,12 +30,13 @@ atropos.rewards.registry.RewardNotFound: unknown reward 'doc_lenght'; did you me
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+
+from atropos.names import did_you_mean
 
 __all__ = [
     "NORMALIZATIONS",
@@ -140,8 +141,7 @@ def canonical(name: str) -> str:
     if key in _rewards:
         return key
     known = [*_rewards, *_aliases]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {_aliases.get(close[0], close[0])!r}?" if close else ""
+    hint = did_you_mean(key, known, lambda k: repr(_aliases.get(k, k)))
     raise RewardNotFound(
         f"unknown reward {name!r}{hint} (available: {', '.join(names())}; register a new one"
         " with @atropos.rewards.reward('name'))"
@@ -224,8 +224,7 @@ def override_weights(
     weights = dict(defaults)
     for name, weight in (given or {}).items():
         if name not in weights:
-            close = difflib.get_close_matches(name, list(weights), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(name, weights, repr)
             raise ValueError(
                 f"{owner}: unknown {kind} {name!r}{hint} ({kind}s: {', '.join(weights)})"
             )
@@ -333,8 +332,7 @@ def _term(entry: object, where: str) -> Term:
         )
     unknown = set(entry) - {"name", "weight", "params"}
     for key in sorted(map(str, unknown)):
-        close = difflib.get_close_matches(key, ["name", "weight", "params"], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(key, ["name", "weight", "params"], repr)
         raise ValueError(f"{where}: unknown key {key!r}{hint} (keys: name, weight, params)")
     if not isinstance(entry.get("name"), str):
         raise ValueError(
@@ -357,8 +355,7 @@ def _term(entry: object, where: str) -> Term:
     accepted = _parameters(get(name))
     for key in params:
         if key not in accepted:
-            close = difflib.get_close_matches(str(key), list(accepted), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(str(key), accepted, repr, lead="", tail="? ")
             raise ValueError(
                 f"{where}.params: reward {name!r} has no parameter {key!r}; {hint}"
                 f"(parameters: {', '.join(accepted) or 'none'})"
@@ -390,8 +387,7 @@ def build(
     ValueError: rewards[0].name: unknown reward 'acuracy'; did you mean 'accuracy'? ...
     """
     if normalization not in NORMALIZATIONS:
-        close = difflib.get_close_matches(str(normalization), NORMALIZATIONS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(str(normalization), NORMALIZATIONS, repr)
         raise ValueError(
             f"{where}: unknown normalization {normalization!r}{hint} (one of none, sum, minmax)"
         )

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from atropos.names import is_loopback
+
 __all__ = [
     "Listener",
     "Process",
@@ -54,7 +56,7 @@ class Listener:
     @property
     def loopback(self) -> bool:
         """Whether only this machine can connect (127.0.0.0/8 or ::1)."""
-        return ipaddress.ip_address(self.host).is_loopback
+        return is_loopback(self.host)
 
 
 def _stat(pid: str) -> list[str] | None:

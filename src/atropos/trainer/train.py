@@ -190,7 +190,11 @@ def step_lr(cfg: TrainConfig, step: int) -> float:
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run until `cfg.steps` or SIGTERM; returns the last step's metrics."""
+    """Run until `cfg.steps` or SIGTERM; returns the last step's metrics.
+
+    Long because it is the training loop read top to bottom: setup, the step loop and shutdown share
+    the model, the optimizer, the client and the weight sync.
+    """
     import torch
     from transformers.utils import logging as hf_logging
 

@@ -116,6 +116,11 @@ class ProcessRunner:
             sink.close()
 
     async def _run(self, env: BaseEnv, cfg: Any, started: float, show_progress: bool) -> int:
+        """Make groups with `cfg.max_num_workers` workers until the target or a stop.
+
+        Long because the workers, the progress bar and the stop rule share one state and the
+        closures that update it.
+        """
         # One long-lived task per worker, each taking its next item as soon as its last one is
         # written: a task per item, refilled by a loop woken from done-callbacks, left ~4% of
         # the slots empty at 256 workers (a few loop turns per refill).

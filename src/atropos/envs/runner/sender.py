@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -28,11 +27,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 
 from atropos.inference.http import HTTPClient
+from atropos.names import is_loopback_url
 
 try:
     from isal import igzip as _gzip  # ISA-L: the same gzip format, several times faster
@@ -44,23 +43,6 @@ log = logging.getLogger("atropos.sender")
 _timeout_at = getattr(asyncio, "timeout_at", None)  # Python 3.11+
 
 GZIP_MIN = 1024  # bytes; smaller bodies are sent as they are (as upstream's BaseEnv does)
-
-
-def is_loopback(url: str) -> bool:
-    """Whether `url`'s host is this machine (`localhost`, 127.0.0.0/8, ::1).
-
-    >>> is_loopback("http://127.0.0.1:8000"), is_loopback("http://[::1]:80/x")
-    (True, True)
-    >>> is_loopback("http://localhost:8000"), is_loopback("http://api.example.com")
-    (True, False)
-    """
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _encode(batch: list[dict[str, Any]]) -> bytes:
@@ -166,7 +148,7 @@ class Sender:
         self.timeout = timeout
         self.replay_every = replay_every
         # gzip costs both ends CPU to save bandwidth that loopback does not need (None: auto)
-        self.compress = not is_loopback(self.url) if compress is None else compress
+        self.compress = not is_loopback_url(self.url) if compress is None else compress
         self.stats = SenderStats()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._session: HTTPClient | None = None
