@@ -1,5 +1,8 @@
 """Test parts that ship with the package: loopback servers, a fake inference server, a tokenizer.
 
+`free_port` (from `atropos.net`) and `tiny_tokenizer_path` (`atropos.tiny.tokenizer_path`) are
+re-exported here for tests and env authors; library code imports them from their homes.
+
 `FakeInferenceServer` (from `atropos.testing.fake_server`) is re-exported lazily, so importing
 this package pulls in neither transformers nor the tokenizer.
 
@@ -16,8 +19,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from atropos.net import free_port
+from atropos.tiny import tokenizer_path
 
 if TYPE_CHECKING:
     from atropos.testing.fake_server import FakeInferenceServer
@@ -32,15 +37,13 @@ __all__ = [
 
 
 def tiny_tokenizer_path() -> str:
-    """The directory of the tiny ChatML tokenizer shipped with the package (loads offline).
-
-    Regenerate it with `scripts/make_tiny_tokenizer.py`.
+    """The directory of the tiny ChatML tokenizer (`atropos.tiny.tokenizer_path()`).
 
     >>> import os
     >>> os.path.isfile(os.path.join(tiny_tokenizer_path(), "tokenizer.json"))
     True
     """
-    return str(Path(__file__).resolve().parent / "tokenizer")
+    return tokenizer_path()
 
 
 def __getattr__(name: str) -> Any:
@@ -49,13 +52,6 @@ def __getattr__(name: str) -> Any:
 
         return FakeInferenceServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def send_head(
