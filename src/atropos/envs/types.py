@@ -4,6 +4,7 @@ changing its imports).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from enum import Enum
 from typing import Any, Literal
 
@@ -11,6 +12,11 @@ from typing_extensions import NotRequired, TypedDict
 
 Item = Any
 UUID = str
+
+DROP_REASONS: ContextVar[dict[str, int] | None] = ContextVar("atropos_drop_reasons", default=None)
+"""Where `BaseEnv.drop` counts, set by the runners around each item's `collect_trajectories`
+(a context variable, so concurrent items never mix their reasons). It lives here, below both
+`envs.base` and `envs.runner`, so that the runner needs nothing from `envs.base` at import."""
 
 
 class Message(TypedDict):

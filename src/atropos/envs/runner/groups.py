@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import msgspec
 
-from atropos.envs.base import DROP_REASONS
+from atropos.envs.types import DROP_REASONS
 
 
 class _GroupIds:
