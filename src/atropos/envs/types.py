@@ -28,7 +28,12 @@ class Message(TypedDict):
 
 
 class ScoredDataGroup(TypedDict, total=False):
-    """One group on its way to the API (the wire form is `atropos.wire.Group`)."""
+    """One group on its way to the API, as an env builds it.
+
+    The one definition of a group is `atropos.wire.Group`: this dict has its fields, types and
+    optionality (tests/envs/test_group_contract.py holds them equal), and the runner sends it
+    with `atropos.wire.encode_plain`.
+    """
 
     tokens: list[list[int]]
     masks: list[list[int]]

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from atropos import wire
 from atropos.inference.http import HTTPClient
 
 try:
@@ -61,15 +62,6 @@ def is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _encode(batch: list[dict[str, Any]]) -> bytes:
-    """The batch as compact JSON: msgspec (several times faster than `json.dumps`), or
-    `json.dumps` for values msgspec does not know (and then its error, if any, as before)."""
-    try:
-        return msgspec.json.encode(batch)
-    except (TypeError, msgspec.EncodeError):
-        return json.dumps(batch, separators=(",", ":")).encode()
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -107,7 +99,7 @@ class Spool:
     def append(self, groups: list[dict[str, Any]]) -> None:
         with open(self.path, "ab") as f:
             for g in groups:
-                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+                f.write(wire.encode_plain(g) + b"\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -128,7 +120,7 @@ class Spool:
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             for g in groups:
-                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+                f.write(wire.encode_plain(g) + b"\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -270,7 +262,7 @@ class Sender:
 
     async def _post(self, batch: list[dict[str, Any]]) -> None:
         assert self._session is not None, "Sender.start() was not awaited"
-        body = _encode(batch)
+        body = wire.encode_plain(batch)  # one JSON pass, the wire's encoder
         headers = _JSON
         if self.compress and len(body) >= GZIP_MIN:
             body = _gzip.compress(body, compresslevel=1)
