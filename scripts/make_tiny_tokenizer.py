@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate the tiny test tokenizer shipped in src/atropos/testing/tokenizer/ (deterministic).
+"""Regenerate the tiny tokenizer shipped in src/atropos/tiny/tokenizer/ (deterministic).
 
 A byte-level BPE (about 1,000 tokens) trained with the `tokenizers` library on a corpus this
 script generates from a fixed seed: English-ish words, numbers, punctuation, code and newlines.
@@ -20,7 +20,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "src" / "atropos" / "testing" / "tokenizer"
+DEFAULT_OUT = ROOT / "src" / "atropos" / "tiny" / "tokenizer"
 SEED = 20260101
 VOCAB_SIZE = 1024
 LINES = 6000

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from atropos.api import ApiConfig, create_app
-from atropos.envs.runner import FrozenHeap, run_loop
+from atropos.envs.runner import run_loop
+from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.runner.serve import ServeRunner
 from atropos.testing import free_port, serve_in_thread

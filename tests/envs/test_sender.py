@@ -194,13 +194,18 @@ def test_groups_taken_for_a_batch_are_spooled_when_stopped_mid_linger(tmp_path):
 
 
 def test_bodies_are_compact_utf8_json_with_a_fallback():
-    from atropos.envs.runner.sender import _encode
+    from atropos.wire import encode_plain as _encode  # what the sender encodes with
 
     batch = [{**group(1), "messages": [[{"role": "user", "content": "é ✓"}]]}]
     body = _encode(batch)
     assert json.loads(body) == batch and "é ✓".encode() in body
     huge = [{"tokens": [[2**70]]}]  # msgspec stops at 64-bit integers; json does not
     assert json.loads(_encode(huge)) == huge
+
+    class Score(float):  # as numpy.float64: a float subclass msgspec does not encode
+        pass
+
+    assert _encode([{"scores": [Score(0.5)]}]) == b'[{"scores":[0.5]}]'
 
 
 def test_bodies_are_gzipped_except_to_this_machine(tmp_path):

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from atropos.trainer.data import collate, samples_from_groups  # noqa: E402
 from atropos.trainer.loss import group_advantages, policy_loss, token_logprobs  # noqa: E402
+from atropos.wire import Group  # noqa: E402
 
 LN = math.log
 
@@ -81,7 +82,7 @@ def test_collate_aligns_targets_logprobs_and_advantages() -> None:
         "overrides": [{}, {"set_advantage_to_zero": True}],
         "policy_version": 3,
     }
-    samples = samples_from_groups([group], max_len=16)
+    samples = samples_from_groups([Group(**group)], max_len=16)
     assert [s.advantages[0] for s in samples] == [1.0, 0.0]
     mb = collate(samples, pad_id=0)
     assert mb.input_ids.tolist() == [[5, 6, 7], [5, 6, 0]]
@@ -98,5 +99,5 @@ def test_per_token_advantages_from_the_environment_win() -> None:
         "tokens": [[1, 2, 3]], "masks": [[-100, 2, 3]], "scores": [0.0],
         "advantages": [[0.0, 0.5, -0.5]],
     }  # fmt: skip
-    mb = collate(samples_from_groups([group], 8))
+    mb = collate(samples_from_groups([Group(**group)], 8))
     assert mb.advantages.tolist() == [[0.5, -0.5]]

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atropos.demo.procs import Service, ServiceError, wait_until_up
 from atropos.demo.report import write_report
-from atropos.testing import free_port
+from atropos.net import free_port
 
 SERVED_NAME = "atropos-tiny"
 

@@ -18,7 +18,7 @@ from rich.progress import track
 from rich.table import Table
 
 from atropos.demo.procs import wait_until_up
-from atropos.testing import free_port
+from atropos.net import free_port
 
 
 def sample_group(rng: random.Random, env_id: int, size: int, i: int) -> dict[str, object]:

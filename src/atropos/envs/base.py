@@ -19,12 +19,17 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.types import EvalHandlingEnum, Item, ScoredDataGroup, ScoredDataItem
+from atropos.envs.types import (
+    DROP_REASONS,
+    EvalHandlingEnum,
+    Item,
+    ScoredDataGroup,
+    ScoredDataItem,
+)
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 
 # upstream envs import these names from `atroposlib.envs.base`; they are here under the same names
@@ -46,10 +51,6 @@ if TYPE_CHECKING:
     from atropos.metrics import MetricsSink
 
 log = logging.getLogger("atropos.env")
-
-DROP_REASONS: ContextVar[dict[str, int] | None] = ContextVar("atropos_drop_reasons", default=None)
-"""Where `BaseEnv.drop` counts, set by the runners around each item's `collect_trajectories`
-(a context variable, so concurrent items never mix their reasons)."""
 
 ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
 _OPTIONAL_ROW_FIELDS = (

@@ -4,6 +4,7 @@ changing its imports).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from enum import Enum
 from typing import Any, Literal
 
@@ -11,6 +12,11 @@ from typing_extensions import NotRequired, TypedDict
 
 Item = Any
 UUID = str
+
+DROP_REASONS: ContextVar[dict[str, int] | None] = ContextVar("atropos_drop_reasons", default=None)
+"""Where `BaseEnv.drop` counts, set by the runners around each item's `collect_trajectories`
+(a context variable, so concurrent items never mix their reasons). It lives here, below both
+`envs.base` and `envs.runner`, so that the runner needs nothing from `envs.base` at import."""
 
 
 class Message(TypedDict):
@@ -22,7 +28,12 @@ class Message(TypedDict):
 
 
 class ScoredDataGroup(TypedDict, total=False):
-    """One group on its way to the API (the wire form is `atropos.wire.Group`)."""
+    """One group on its way to the API, as an env builds it.
+
+    The one definition of a group is `atropos.wire.Group`: this dict has its fields, types and
+    optionality (tests/envs/test_group_contract.py holds them equal), and the runner sends it
+    with `atropos.wire.encode_plain`.
+    """
 
     tokens: list[list[int]]
     masks: list[list[int]]

@@ -1,6 +1,6 @@
 """Loading tokenizers: `transformers.AutoTokenizer`, quietly, with a name for the shipped one.
 
-`"tiny"` names the small tokenizer that ships in `atropos.testing` (tests and demos run
+`"tiny"` names the small tokenizer that ships in `atropos.tiny` (tests and demos run
 offline with it); any other name goes to `AutoTokenizer.from_pretrained` (a local directory or
 a hub id, as upstream did).
 """
@@ -56,9 +56,9 @@ class TokenizerError(FatalError, ValueError):
 def load_tokenizer(name: str) -> Any:
     """The tokenizer called `name`, loaded once per process."""
     if name == TINY:
-        from atropos.testing import tiny_tokenizer_path
+        from atropos.tiny import tokenizer_path
 
-        name = str(tiny_tokenizer_path())
+        name = tokenizer_path()
     transformers = import_transformers_quietly()
     try:
         return transformers.AutoTokenizer.from_pretrained(name)

@@ -1,5 +1,8 @@
 """Test parts that ship with the package: loopback servers, a fake inference server, a tokenizer.
 
+`free_port` (from `atropos.net`) and `tiny_tokenizer_path` (`atropos.tiny.tokenizer_path`) are
+re-exported here for tests and env authors; library code imports them from their homes.
+
 `FakeInferenceServer` (from `atropos.testing.fake_server`) is re-exported lazily, so importing
 this package pulls in neither transformers nor the tokenizer.
 
@@ -11,13 +14,11 @@ True
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from atropos.net import free_port
+from atropos.testing.serve import send_head, serve_in_thread
+from atropos.tiny import tokenizer_path
 
 if TYPE_CHECKING:
     from atropos.testing.fake_server import FakeInferenceServer
@@ -32,15 +33,13 @@ __all__ = [
 
 
 def tiny_tokenizer_path() -> str:
-    """The directory of the tiny ChatML tokenizer shipped with the package (loads offline).
-
-    Regenerate it with `scripts/make_tiny_tokenizer.py`.
+    """The directory of the tiny ChatML tokenizer (`atropos.tiny.tokenizer_path()`).
 
     >>> import os
     >>> os.path.isfile(os.path.join(tiny_tokenizer_path(), "tokenizer.json"))
     True
     """
-    return str(Path(__file__).resolve().parent / "tokenizer")
+    return tokenizer_path()
 
 
 def __getattr__(name: str) -> Any:
@@ -49,68 +48,3 @@ def __getattr__(name: str) -> Any:
 
         return FakeInferenceServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def send_head(
-    url: str, head: bytes, pace: float = 0.0, piece: int = 1 << 20, timeout: float = 5.0
-) -> bytes:
-    """Send a raw request `head` to `url` (`http://HOST:PORT`) in pieces of `piece` bytes,
-    `pace` seconds apart, from a second thread, and return what the server answers up to the
-    end of its status line (b"" when it resets the connection before anything can be read).
-
-    For probing a server's limits on request heads, which an HTTP client would not send."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-
-        def push() -> None:
-            try:
-                for i in range(0, len(head), piece):
-                    sock.sendall(head[i : i + piece])
-                    if pace:
-                        time.sleep(pace)
-            except OSError:  # the server closed: it stopped reading
-                pass
-
-        sender = threading.Thread(target=push, daemon=True)
-        sender.start()
-        answer = b""
-        try:
-            while b"\r\n" not in answer and (chunk := sock.recv(65536)):
-                answer += chunk
-        except OSError:
-            pass
-        sender.join(timeout=timeout)
-        return answer
-
-
-@contextlib.contextmanager
-def serve_in_thread(app: Any, port: int = 0, deadline: float = 10.0) -> Iterator[str]:
-    """Serve `app` with uvicorn on 127.0.0.1 in a daemon thread; yield its base URL.
-
-    The server is stopped (and the thread joined) when the block exits.
-    """
-    import uvicorn
-
-    port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
-    thread.start()
-    end = time.monotonic() + deadline
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > end:
-            server.should_exit = True
-            raise RuntimeError(f"server on port {port} did not start within {deadline} s")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=deadline)

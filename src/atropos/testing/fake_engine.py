@@ -28,10 +28,10 @@ Responder = Callable[[str], "str | None | Awaitable[str | None]"]
 
 def load_tokenizer(path: str | None = None) -> Any:
     """Load a tokenizer from a local directory (default: the shipped tiny tokenizer), offline."""
-    from atropos.testing import tiny_tokenizer_path
+    from atropos.tiny import tokenizer_path
 
     transformers = import_transformers_quietly()
-    return transformers.AutoTokenizer.from_pretrained(path or tiny_tokenizer_path())
+    return transformers.AutoTokenizer.from_pretrained(path or tokenizer_path())
 
 
 @dataclass(frozen=True)

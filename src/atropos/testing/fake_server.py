@@ -76,7 +76,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atropos.local.protocol import RequestError as BadRequest
-from atropos.testing import free_port, serve_in_thread
+from atropos.net import free_port
 from atropos.testing.fake_engine import (
     Engine,
     Output,
@@ -86,6 +86,7 @@ from atropos.testing.fake_engine import (
 )
 from atropos.testing.fake_lora import FakeLora
 from atropos.testing.fake_shapes import Prompts, Shapes
+from atropos.testing.serve import serve_in_thread
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 

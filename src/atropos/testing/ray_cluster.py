@@ -100,7 +100,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from atropos.testing import free_port
+from atropos.net import free_port
 from atropos.testing.proc import (
     Listener,
     Process,

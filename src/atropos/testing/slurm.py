@@ -96,7 +96,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from atropos.testing import free_port
+from atropos.net import free_port
 
 __all__ = ["SlurmCluster", "SlurmUnavailable", "slurm_available", "slurm_unavailable_reason"]
 

@@ -159,12 +159,12 @@ def _train(config: WarmStartConfig, log: Callable[[str], None] | None, model: An
 
 def save_policy(model: Any, out: str | Path, config: WarmStartConfig | None = None) -> Path:
     """Write `model` and the tiny tokenizer's files to `out` (loadable by `from_pretrained`)."""
-    from atropos.testing import tiny_tokenizer_path
+    from atropos.tiny import tokenizer_path
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    for file in Path(tiny_tokenizer_path()).iterdir():
+    for file in Path(tokenizer_path()).iterdir():
         if file.is_file():
             shutil.copyfile(file, folder / file.name)
     for file in folder.iterdir():

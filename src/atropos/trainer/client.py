@@ -5,6 +5,9 @@ a trainer rides out an API restart (the API is durable: its queue and leases com
 batches are acknowledged by the trainer only once a checkpoint covers them, so a trainer that
 dies between checkpoints gets the same batches again when it registers anew (no data lost, none
 trained twice into the weights it resumes from).
+
+Bodies go through `atropos.wire`: the registration is a `wire.Registration`, the answer of
+`GET /batch` decodes as a `wire.BatchAnswer` (its groups as `wire.Group`, in one pass).
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from atropos import wire
+
 log = logging.getLogger("atropos.trainer")
+T = TypeVar("T")
+_JSON = {"Content-Type": "application/json"}
 
 
 class ApiError(RuntimeError):
@@ -27,7 +34,7 @@ class ApiError(RuntimeError):
 class Batch:
     """One leased batch: its groups, the API step it makes, and the id to acknowledge."""
 
-    groups: list[dict[str, Any]]
+    groups: list[wire.Group]
     step: int
     batch_id: str | None
 
@@ -45,7 +52,10 @@ class TrainerClient:
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> bytes:
+        """The answer's body; `body` (a `wire` struct) is sent as JSON."""
+        if body is not None:
+            kwargs.update(content=wire.encode(body), headers=_JSON)
         deadline = time.monotonic() + self.patience
         delay = 0.2
         while True:
@@ -54,7 +64,7 @@ class TrainerClient:
                 if r.status_code < 500:
                     if r.status_code >= 400:
                         raise ApiError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-                    return r.json()
+                    return r.content
                 problem = f"{r.status_code} {r.text[:200]}"
             except httpx.TransportError as err:
                 problem = f"{type(err).__name__}: {err}"
@@ -66,23 +76,33 @@ class TrainerClient:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    @staticmethod
+    def _decode(what: str, raw: bytes, kind: type[T]) -> T:
+        try:
+            answer: T = wire.decode(raw, kind)
+        except wire.ProtocolError as err:
+            raise ApiError(f"{what}: the answer breaks the protocol: {err}") from None
+        return answer
+
     def wait_ready(self) -> None:
         """Until `GET /health` answers (the API may still be starting)."""
         self._call("GET", "/health")
 
     def register(self, **fields: Any) -> int:
         """`POST /register` (upstream's fields); returns the uuid."""
-        return int(self._call("POST", "/register", json=fields)["uuid"])
+        answer = self._call("POST", "/register", wire.Registration(**fields))
+        return int(self._decode("POST /register", answer, wire.Registered).uuid)
 
     def next_batch(self, lease: float, poll: float = 0.05, stop: Any = None) -> Batch | None:
         """Lease the next batch, polling while none is ready; None once `stop()` is true."""
         wait = poll
         while stop is None or not stop():
-            body = self._call("GET", "/batch", params={"lease": lease})
-            if body.get("status") == "error":
-                raise ApiError(f"GET /batch: {body.get('message', body)}")
-            if body.get("batch") is not None:
-                return Batch(body["batch"], int(body.get("step", 0)), body.get("batch_id"))
+            raw = self._call("GET", "/batch", params={"lease": lease})
+            answer = self._decode("GET /batch", raw, wire.BatchAnswer)
+            if answer.status == "error":
+                raise ApiError(f"GET /batch: {answer.message or raw.decode(errors='replace')}")
+            if answer.batch is not None:
+                return Batch(answer.batch, answer.step, answer.batch_id)
             time.sleep(wait)
             wait = min(wait * 1.5, 1.0)
         return None
@@ -93,7 +113,7 @@ class TrainerClient:
         `missing_ok`: an id the API no longer knows (acknowledged long ago) is not one either.
         """
         try:
-            self._call("POST", "/batch/ack", json={"batch_id": batch_id})
+            self._call("POST", "/batch/ack", wire.BatchAck(batch_id))
         except ApiError as err:
             if not (missing_ok and " 404 " in str(err)):
                 raise

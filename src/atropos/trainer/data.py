@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from atropos.inference.base import MISSING_LOGPROB
 from atropos.trainer.loss import IGNORE, group_advantages
+from atropos.wire import Group
 
 MISSING = MISSING_LOGPROB  # the inference layer's "server sent no logprob" marker (-9999.0)
 
@@ -57,21 +57,22 @@ class MicroBatch:
         return self.targets != IGNORE
 
 
-def samples_from_groups(groups: Iterable[dict[str, Any]], max_len: int) -> list[Sample]:
-    """Flatten groups into samples, computing each sequence's advantages.
+def samples_from_groups(groups: Iterable[Group], max_len: int) -> list[Sample]:
+    """Flatten groups (as `atropos.wire` decodes them) into samples, computing each sequence's
+    advantages.
 
     Sequences longer than ``max_len + 1`` tokens are cut to that length (the API should have
     refused them; this keeps one bad row from breaking a step).
     """
     out: list[Sample] = []
     for group in groups:
-        tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
-        per_token = group.get("advantages")
-        inference = group.get("inference_logprobs")
-        overrides = group.get("overrides") or []
+        tokens, masks, scores = group.tokens, group.masks, group.scores
+        per_token = group.advantages
+        inference = group.inference_logprobs
+        overrides = group.overrides or []
         seq_adv = group_advantages(scores)
         for i, (toks, msk) in enumerate(zip(tokens, masks, strict=True)):
-            if per_token is not None and per_token[i] is not None:
+            if per_token is not None:
                 adv = [float(a) for a in per_token[i]]
             else:
                 adv = [seq_adv[i]] * len(toks)
@@ -86,8 +87,8 @@ def samples_from_groups(groups: Iterable[dict[str, Any]], max_len: int) -> list[
                     old_logprobs=None if old is None else [float(x) for x in old[:keep]],
                     advantages=adv[:keep],
                     score=float(scores[i]),
-                    policy_version=group.get("policy_version"),
-                    env_id=group.get("env_id"),
+                    policy_version=group.policy_version,
+                    env_id=group.env_id,
                 )
             )
     return out

@@ -12,7 +12,6 @@ is flushed and its summary printed (`stop.Stopper`). A signal before the runner'
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -24,54 +23,6 @@ from typing import Any
 from atropos.envs.config import ResolvedConfig
 
 log = logging.getLogger("atropos.env")
-
-
-class FrozenHeap:
-    """Keep the garbage collector's work proportional to what rollouts allocate.
-
-    After imports, `setup()` and the first rollouts an env holds a few hundred thousand
-    long-lived objects (modules, tokenizer, dataset), and every full collection walks all of
-    them: with hundreds of rollouts in flight, full collections came several times a second
-    and took over a quarter of the env's CPU. `gc.freeze()` moves everything alive to a
-    generation the collector never scans (instantly: no collection first, which would stall the
-    loop as long as a full one). It runs on entry and once more at `settle()`, which the
-    runners call when the first rollout is done: by then the lazily loaded tokenizer, backends
-    and connections exist too. (Rollouts in flight at that moment are frozen as well; their
-    objects are still freed by reference counting when they finish.)
-
-    A rollout allocates thousands of small containers (token rows, messages, HTTP objects), so
-    the default threshold of 700 allocations triggered a young collection every few rollouts,
-    each promoting in-flight objects toward the older generations; the first threshold is
-    raised to `young` for the run (about 20 times fewer young collections; measured: GC time
-    at 256 workers down from about 2 s to 0.1 s per 20 s).
-
-    `__exit__` restores the threshold and unfreezes, so a runner embedded in a longer process
-    (a notebook, a test) leaves no trace.
-    """
-
-    def __init__(self, young: int = 20_000) -> None:
-        self.young = young
-        self.settled = False
-        self._threshold: tuple[int, int, int] | None = None
-
-    def __enter__(self) -> FrozenHeap:
-        self._threshold = gc.get_threshold()
-        first, *rest = self._threshold
-        if first:  # 0: collection is disabled; leave it so
-            gc.set_threshold(max(first, self.young), *rest)
-        gc.freeze()
-        return self
-
-    def settle(self) -> None:
-        """Freeze again, once: what the first rollout loaded is long-lived too."""
-        if not self.settled:
-            self.settled = True
-            gc.freeze()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._threshold is not None:
-            gc.set_threshold(*self._threshold)
-        gc.unfreeze()
 
 
 RUN_DIR_VARIABLE = "ATROPOS_ENV_RUN_DIR"
@@ -153,7 +104,7 @@ def _run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
     if not resolved.manager.testing:
         return run_loop(run_async(build_env(env_cls, resolved), resolved))
     from atropos.inference.config import APIServerConfig
-    from atropos.testing import FakeInferenceServer
+    from atropos.testing.fake_server import FakeInferenceServer
 
     with FakeInferenceServer() as fake:
         log.warning("--testing: using a fake inference server at %s", fake.base_url)

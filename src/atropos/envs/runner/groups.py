@@ -10,16 +10,14 @@ generated under, and the JSONL file is flushed after every group (upstream never
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
-import msgspec
-
-from atropos.envs.base import DROP_REASONS
+from atropos import wire
+from atropos.envs.types import DROP_REASONS
 
 
 class _GroupIds:
@@ -111,16 +109,12 @@ def unused_path(path: Path) -> Path:
 
 
 def encode_line(group: dict[str, Any]) -> bytes:
-    """A group as one line of compact UTF-8 JSON: msgspec, several times faster than
-    `json.dumps`, or `json.dumps` for values msgspec does not know.
+    """A group as one line of compact UTF-8 JSON (`atropos.wire.encode_plain`).
 
     >>> encode_line({"tokens": [[1, 2]], "scores": [0.5], "messages": None}).decode()
     '{"tokens":[[1,2]],"scores":[0.5],"messages":null}\\n'
     """
-    try:
-        return msgspec.json.encode(group) + b"\n"
-    except (TypeError, msgspec.EncodeError):
-        return (json.dumps(group, ensure_ascii=False) + "\n").encode()
+    return wire.encode_plain(group) + b"\n"
 
 
 class JsonlSink:

@@ -32,14 +32,13 @@ import statistics
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
+from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.html import write_html
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog
@@ -47,6 +46,9 @@ from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
 from atropos.metrics import MetricsError, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
+
+if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
+    from atropos.envs.base import BaseEnv
 
 log = logging.getLogger("atropos.env")
 

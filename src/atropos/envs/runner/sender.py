@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from atropos import wire
 from atropos.inference.http import HTTPClient
 from atropos.names import is_loopback_url
 
@@ -43,15 +44,6 @@ log = logging.getLogger("atropos.sender")
 _timeout_at = getattr(asyncio, "timeout_at", None)  # Python 3.11+
 
 GZIP_MIN = 1024  # bytes; smaller bodies are sent as they are (as upstream's BaseEnv does)
-
-
-def _encode(batch: list[dict[str, Any]]) -> bytes:
-    """The batch as compact JSON: msgspec (several times faster than `json.dumps`), or
-    `json.dumps` for values msgspec does not know (and then its error, if any, as before)."""
-    try:
-        return msgspec.json.encode(batch)
-    except (TypeError, msgspec.EncodeError):
-        return json.dumps(batch, separators=(",", ":")).encode()
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -89,7 +81,7 @@ class Spool:
     def append(self, groups: list[dict[str, Any]]) -> None:
         with open(self.path, "ab") as f:
             for g in groups:
-                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+                f.write(wire.encode_plain(g) + b"\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -110,7 +102,7 @@ class Spool:
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             for g in groups:
-                f.write(json.dumps(g, separators=(",", ":")).encode() + b"\n")
+                f.write(wire.encode_plain(g) + b"\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -252,7 +244,7 @@ class Sender:
 
     async def _post(self, batch: list[dict[str, Any]]) -> None:
         assert self._session is not None, "Sender.start() was not awaited"
-        body = _encode(batch)
+        body = wire.encode_plain(batch)  # one JSON pass, the wire's encoder
         headers = _JSON
         if self.compress and len(body) >= GZIP_MIN:
             body = _gzip.compress(body, compresslevel=1)

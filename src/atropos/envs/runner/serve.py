@@ -45,13 +45,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from atropos.envs.base import BaseEnv
 from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner import FrozenHeap
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
+from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog
@@ -60,6 +59,9 @@ from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
 from atropos.metrics import MetricsError, MetricsSink, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
+
+if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
+    from atropos.envs.base import BaseEnv
 
 log = logging.getLogger("atropos.env")
 T = TypeVar("T")

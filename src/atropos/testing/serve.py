@@ -1,0 +1,70 @@
+"""Loopback servers for tests: `serve_in_thread` (uvicorn in a thread) and `send_head`."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from atropos.net import free_port
+
+
+def send_head(
+    url: str, head: bytes, pace: float = 0.0, piece: int = 1 << 20, timeout: float = 5.0
+) -> bytes:
+    """Send a raw request `head` to `url` (`http://HOST:PORT`) in pieces of `piece` bytes,
+    `pace` seconds apart, from a second thread, and return what the server answers up to the
+    end of its status line (b"" when it resets the connection before anything can be read).
+
+    For probing a server's limits on request heads, which an HTTP client would not send."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+
+        def push() -> None:
+            try:
+                for i in range(0, len(head), piece):
+                    sock.sendall(head[i : i + piece])
+                    if pace:
+                        time.sleep(pace)
+            except OSError:  # the server closed: it stopped reading
+                pass
+
+        sender = threading.Thread(target=push, daemon=True)
+        sender.start()
+        answer = b""
+        try:
+            while b"\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+        except OSError:
+            pass
+        sender.join(timeout=timeout)
+        return answer
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int = 0, deadline: float = 10.0) -> Iterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1 in a daemon thread; yield its base URL.
+
+    The server is stopped (and the thread joined) when the block exits.
+    """
+    import uvicorn
+
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
+    thread.start()
+    end = time.monotonic() + deadline
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > end:
+            server.should_exit = True
+            raise RuntimeError(f"server on port {port} did not start within {deadline} s")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=deadline)
