@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ----- the table ----------------------------------------------------------------------------
 # The part of a module is its first name below `atropos` (`atropos.envs.runner.serve` -> envs),
-# with three leaves named on their own: `wire` (the protocol), `net` (free ports) and
+# with four leaves named on their own: `wire` (the protocol), `net` (free ports), `names`
+# (the one "did you mean" hint and the one loopback check) and
 # `tiny-data` (`atropos.tiny` itself, which only names the shipped tokenizer and policy files;
 # `atropos.tiny.model` and `.warmstart` are the part `tiny`). `root` is `atropos/__init__.py`
 # (the version and nothing else).
-LEAVES = frozenset({"wire", "net", "tiny-data", "root"})
+LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root"})
 """Parts anyone may import: they import nothing of ours."""
 
 LAYERS: dict[str, frozenset[str]] = {
@@ -43,6 +44,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "root": frozenset(),
     "wire": frozenset(),
     "net": frozenset(),
+    "names": frozenset(),
     "tiny-data": frozenset(),
     # the first floor: reward functions, inference clients, metrics sinks, the rollout viewer
     "rewards": frozenset(),
@@ -92,11 +94,6 @@ MODULE_EXCEPTIONS: dict[tuple[str, str], str] = {
         "listen.py binds the listening socket of both servers (stdlib only); it stays in cli/"
         " until the loopback helpers are consolidated in one shared place"
     ),
-    ("atropos.launch.config", "atropos.envs.layering"): (
-        "did_you_mean: until the one 'did you mean' helper lands outside envs/"
-    ),
-    ("atropos.launch.keys", "atropos.api.origin"): "is_loopback: until the one loopback check",
-    ("atropos.launch.sbatch", "atropos.api.origin"): "is_loopback: until the one loopback check",
 }
 """Single module-to-module imports that cross the table, each with its reason."""
 
