@@ -7,7 +7,6 @@ under CI (`CI` set), where `make test` has installed the ray extra."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +21,8 @@ from atropos.testing.ray_cluster import (
     RayNotInstalledError,
     ray_available,
 )
+
+from .runs import require
 
 pytestmark = pytest.mark.slow  # a two-node cluster: about 7 s to start on 2 cores, 4 s to stop
 
@@ -89,10 +90,7 @@ def escaped() -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, escaped: list[int]) -> Iterator[RayCluster]:
-    if not ray_available():
-        if os.environ.get("CI"):  # make test installs the extra: a skip would hide a broken lock
-            pytest.fail(MISSING_RAY)
-        pytest.skip(MISSING_RAY)
+    require(None if ray_available() else MISSING_RAY)
     started = time.monotonic()
     running = RayCluster(tmp_path_factory.mktemp("ray"), worker_resources={"env_node": 4})
     with running:

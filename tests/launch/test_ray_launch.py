@@ -23,7 +23,7 @@ import pytest
 from atropos.testing.proc import live_processes
 from atropos.testing.ray_cluster import MISSING_RAY, RayCluster, ray_available
 
-from .runs import Launch, accounted
+from .runs import Launch, accounted, require
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,7 @@ ON_ENV_NODE = ["envs.0.replicas=2", "envs.0.resources={env_node: 1}"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    if not ray_available():
-        if os.environ.get("CI"):
-            pytest.fail(MISSING_RAY)
-        pytest.skip(MISSING_RAY)
+    require(None if ray_available() else MISSING_RAY)
     with RayCluster(tmp_path_factory.mktemp("ray"), worker_resources={"env_node": 4}) as running:
         yield running
     assert not running.processes()
@@ -111,8 +108,7 @@ def test_a_killed_env_replica_comes_back(
 def test_without_an_address_launch_starts_and_stops_a_local_ray(
     tmp_path: Path, launches: list[Launch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not ray_available():
-        pytest.fail(MISSING_RAY) if os.environ.get("CI") else pytest.skip(MISSING_RAY)
+    require(None if ray_available() else MISSING_RAY)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths are limited
     try:

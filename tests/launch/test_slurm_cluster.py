@@ -24,14 +24,11 @@ from atropos.testing.slurm import (
     slurm_unavailable_reason,
 )
 
+from .runs import require
+
 
 def require_slurm() -> None:
-    reason = slurm_unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    require(slurm_unavailable_reason())
 
 
 def wait_until(what: str, ready: Callable[[], bool], deadline: float = 30.0) -> None:

@@ -26,6 +26,8 @@ from atropos.launch import config, sbatch, slurm_job
 from atropos.launch.plan import Plan, build
 from atropos.testing.slurm import SlurmCluster, slurm_unavailable_reason
 
+from .runs import require
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "launch" / "slurm.yaml"
 STEPS = 5
@@ -202,12 +204,7 @@ def test_cancel_without_a_job_says_so(tmp_path: Path) -> None:
 
 
 def require_slurm() -> None:
-    reason = slurm_unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    require(slurm_unavailable_reason())
 
 
 @pytest.fixture(scope="module")
