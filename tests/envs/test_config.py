@@ -49,6 +49,7 @@ ADDITIONS = {
     "env_key": None,
     "spool_dir": None,
     "register_timeout": 600,
+    "eval_temperature": 0.0,  # the default `Env.evaluate`'s sampling temperature
 }
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from typing import Any, ClassVar
 
 import pytest
 
 from atropos.envs.check import EnvCheckError, check_env
 from atropos.envs.config import BaseEnvConfig, ResolvedConfig
 from atropos.envs.runner.process import ProcessRunner
+from atropos.envs.simple import Env
 from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 
@@ -212,3 +214,61 @@ def test_drop_reasons_are_counted_per_item_even_when_items_overlap(fake, tmp_pat
     assert {k: runner.drops[k] for k in expected} == expected
     assert sum(expected.values()) == len(odd) > 0
     env.drop("outside a run")  # nothing to count into: no error
+
+
+class Tuned(BaseEnvConfig):
+    bonus: float = 0.5
+
+
+def test_an_env_generic_over_its_config_gets_a_typed_converted_config():
+    class Mine(Env[Tuned]):
+        config_defaults: ClassVar[dict[str, Any]] = {"group_size": 3}
+
+        def load(self) -> list[dict[str, Any]]:
+            return [{"prompt": "p"}]
+
+        def score(self, item: dict[str, Any], completion: str) -> float:
+            return self.config.bonus  # typed: Tuned, no getattr
+
+    assert Mine.env_config_cls is Tuned
+    config, _ = Mine.config_init()
+    assert isinstance(config, Tuned) and config.group_size == 3
+    env = Mine(BaseEnvConfig(group_size=2, use_wandb=False), [])  # upstream callers pass a base
+    assert isinstance(env.config, Tuned) and (env.config.group_size, env.config.bonus) == (2, 0.5)
+
+
+def test_a_generic_env_that_also_names_another_config_class_is_refused_at_definition():
+    with pytest.raises(
+        TypeError, match="generic over Tuned but sets env_config_cls = BaseEnvConfig"
+    ):
+
+        class Confused(Env[Tuned]):  # noqa: F841
+            env_config_cls = BaseEnvConfig
+
+
+def test_default_evaluate_is_built_from_the_sample_and_metrics_hooks(fake, tmp_path):
+    seen: list[float] = []
+
+    class Counted(Addition):
+        def eval_sample(self, item, rollout, score):  # type: ignore[no-untyped-def]
+            seen.append(score)
+            return {"q": item["question"], "score": score * 2}
+
+        def eval_metrics(self, samples):  # type: ignore[no-untyped-def]
+            return {"eval/doubled": sum(s["score"] for s in samples)}
+
+    env, _ = make(fake.base_url, mode="evaluate", data_dir_to_save_evals=str(tmp_path))
+    env.__class__ = Counted
+
+    async def main() -> dict:
+        await env.setup()
+        metrics = await env.evaluate()
+        await env.server.aclose()
+        return metrics
+
+    metrics = asyncio.run(main())
+    assert metrics == {"eval/doubled": 2 * sum(seen)} and len(seen) == 1
+    [row] = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert row["score"] == 2 * seen[0] and "q" in row
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert doc["config_general"]["generation_parameters"]["temperature"] == 0.0  # greedy

@@ -204,24 +204,20 @@ class Fundamentals(Env):
             return None
         return final
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One answer per held-out item -> eval/{direction_accuracy, magnitude_accuracy
-        (over right directions), combined_score (mean raw score without the length term)}."""
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        return {"metric": item["fundamental_metric"], "gold": item["answer"],
+                "gold_magnitude": item["magnitude"], "completion": r.text,
+                "finish_reason": r.finish_reason, "score": raw_score(item, r.text)}  # fmt: skip
 
-        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
-            return {"metric": item["fundamental_metric"], "gold": item["answer"],
-                    "gold_magnitude": item["magnitude"], "completion": r.text,
-                    "finish_reason": r.finish_reason, "score": raw_score(item, r.text)}  # fmt: skip
-
-        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
-            right = [s["score"] - 1.0 for s in samples if s["score"] >= 1.0]
-            return {
-                "eval/direction_accuracy": len(right) / len(samples),
-                "eval/magnitude_accuracy": sum(right) / len(right) if right else 0.0,
-                "eval/combined_score": sum(s["score"] for s in samples) / len(samples),
-            }
-
-        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """eval/{direction_accuracy, magnitude_accuracy (over right directions),
+        combined_score (mean raw score without the length term)}."""
+        right = [s["score"] - 1.0 for s in samples if s["score"] >= 1.0]
+        return {
+            "eval/direction_accuracy": len(right) / len(samples),
+            "eval/magnitude_accuracy": sum(right) / len(right) if right else 0.0,
+            "eval/combined_score": sum(s["score"] for s in samples) / len(samples),
+        }
 
 
 _turns = itertools.count()

@@ -135,18 +135,14 @@ class MCQA(Env):
             return None
         return scores
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        score = -1.0 if r.finish_reason == "length" else score
+        return {"prompt": item["prompt"], "gold": item["ground_truth"], "completion": r.text,
+                "finish_reason": r.finish_reason, "score": score}  # fmt: skip
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One answer per held-out question at `eval_temperature` -> eval/percent_correct."""
-
-        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
-            score = -1.0 if r.finish_reason == "length" else self.score(item, r.text)
-            return {"prompt": item["prompt"], "gold": item["ground_truth"], "completion": r.text,
-                    "finish_reason": r.finish_reason, "score": score}  # fmt: skip
-
-        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
-            return {"eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples)}
-
-        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
+        return {"eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples)}
 
 
 _turns = itertools.count()

@@ -20,7 +20,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast, get_args, get_origin
+
+from typing_extensions import TypeVar
 
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import (
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("atropos.env")
 
 ServerConfigs = ServerBaseline | APIServerConfig | list[APIServerConfig]
+ConfigT = TypeVar("ConfigT", bound=BaseEnvConfig, default=BaseEnvConfig)
+"""The config class an environment is generic over: `class GSM8K(Env[GSM8KConfig])`."""
 _OPTIONAL_ROW_FIELDS = (
     "advantages",
     "ref_logprobs",
@@ -64,19 +68,35 @@ _OPTIONAL_ROW_FIELDS = (
 )
 
 
-class BaseEnv(ABC):
+class BaseEnv(ABC, Generic[ConfigT]):
     """An environment: produces items, rolls out groups through the policy, scores them.
 
-    `config` is always an instance of the class's `env_config_cls`: an unmodified
-    upstream-style caller may pass a plain `BaseEnvConfig` (or any other `BaseEnvConfig`), and
-    `__init__` converts it once into `env_config_cls`, validated, keeping every value the caller
-    set (the other fields take `env_config_cls`'s defaults). A subclass declares the narrowed
-    type with a class-level annotation (`config: MyConfig`) and reads `self.config.my_field`.
+    Generic over its config: `class MyEnv(BaseEnv[MyConfig])` types `self.config` as `MyConfig`
+    and sets `env_config_cls = MyConfig` (upstream's spelling, a plain `env_config_cls = MyConfig`
+    class attribute, still works; the two may not disagree). `config` is always an instance of
+    `env_config_cls`: an unmodified upstream-style caller may pass a plain `BaseEnvConfig` (or
+    any other `BaseEnvConfig`), and `__init__` converts it once into `env_config_cls`, validated,
+    keeping every value the caller set (the other fields take `env_config_cls`'s defaults).
     """
 
     name: ClassVar[str | None] = None
     env_config_cls: ClassVar[type[BaseEnvConfig]] = BaseEnvConfig
+    config_defaults: ClassVar[dict[str, Any]] = {}  # values of the default `config_init`
+    config: ConfigT
     metrics_sink: MetricsSink | None = None  # set by the runner for the length of a run
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = config_class_of(cls)
+        if declared is None:
+            return
+        own = cls.__dict__.get("env_config_cls")
+        if own is not None and own is not declared:
+            raise TypeError(
+                f"{cls.__name__} is generic over {declared.__name__} but sets env_config_cls ="
+                f" {own.__name__}; drop env_config_cls (the generic argument sets it)"
+            )
+        cls.env_config_cls = declared
 
     def __init__(
         self,
@@ -96,7 +116,7 @@ class BaseEnv(ABC):
         if config.max_num_workers == -1:  # resolved in the caller's config, as upstream did
             servers = len(server_configs) if isinstance(server_configs, list) else 4
             config.max_num_workers = config.max_num_workers_per_node * max(1, servers)
-        self.config = as_env_config(config, type(self).env_config_cls)
+        self.config = cast(ConfigT, as_env_config(config, type(self).env_config_cls))
         # state the runners keep up to date (upstream's attribute names)
         self.curr_step = 0
         self.status_dict: dict[str, Any] = {}
@@ -248,8 +268,10 @@ class BaseEnv(ABC):
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, ServerConfigs]:
-        """The lowest layer of configuration: (env config, server config or configs)."""
-        return cls.env_config_cls(), ServerBaseline()
+        """The lowest layer of configuration: (env config, server config or configs). This
+        default names no servers (the runner then uses the local CPU server and says so) and
+        builds `env_config_cls(**config_defaults)`."""
+        return cls.env_config_cls(**cls.config_defaults), ServerBaseline()
 
     @classmethod
     def cli(cls, argv: list[str] | None = None) -> None:
@@ -349,6 +371,18 @@ class BaseEnv(ABC):
                 setattr(self, key, value)
             else:
                 log.warning("checkpoint key %r is not an attribute of %s", key, type(self).__name__)
+
+
+def config_class_of(cls: type) -> type[BaseEnvConfig] | None:
+    """The concrete config class in `cls`'s own generic bases (`Env[GSM8KConfig]` ->
+    GSM8KConfig); None when it names none (plain `BaseEnv`, or still generic over `ConfigT`)."""
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, BaseEnv):
+            for arg in get_args(base):
+                if isinstance(arg, type) and issubclass(arg, BaseEnvConfig):
+                    return arg
+    return None
 
 
 def as_env_config(config: BaseEnvConfig, cls: type[BaseEnvConfig]) -> BaseEnvConfig:

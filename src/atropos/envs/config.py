@@ -85,8 +85,9 @@ class BaseEnvConfig(BaseModel):
     max_num_workers: int = Field(
         default=-1, description="concurrent rollouts (-1: max_num_workers_per_node x servers)"
     )
-    max_eval_workers: int = Field(
-        default=16, ge=1, description="concurrent evaluation requests (advisory)"
+    max_eval_workers: int = Field(default=16, ge=1, description="concurrent evaluation requests")
+    eval_temperature: float = Field(
+        default=0.0, ge=0, description="sampling temperature of evaluation (0: greedy)"
     )
     max_num_workers_per_node: int = Field(
         default=8, ge=1, description="rollouts per server when max_num_workers is -1"

@@ -4,7 +4,9 @@ Implement `load()` (the items) and `score(item, completion)` (a float), and opti
 `prompt(item)` (the chat messages; default: the item's `prompt` or `question` as a user turn)
 and `load_eval()` (items for `evaluate`). Everything else (sampling a group per item through
 the inference servers with token ids and logprobs, building masks, evaluation with metrics and
-samples) is done here. A whole environment fits in a dozen lines:
+samples) is done here. `Env` is generic over its config (`class Mine(Env[MineConfig])` types
+`self.config`). Evaluation is two hooks: `eval_sample(item, rollout, score)` (one row of
+`samples.jsonl`) and `eval_metrics(samples)`. A whole environment fits in a dozen lines:
 
     class Echo(Env):
         name = "echo"
@@ -35,12 +37,13 @@ import inspect
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from atropos.envs.base import BaseEnv
+from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.rewards.group import all_equal
 
 
 @dataclass
@@ -59,8 +62,13 @@ class Rollout:
     token_source: str
     policy_version: int | None = None
 
+    @property
+    def trained_tokens(self) -> int:
+        """How many of its tokens are trained (not masked with -100)."""
+        return sum(1 for m in self.masks if m != -100)
 
-class Env(BaseEnv):
+
+class Env(BaseEnv[ConfigT]):
     """A dataset environment: `load()` and `score()` are all it needs.
 
     A group is built in `collect_trajectories`: `score()` of each rollout (one at a time; all
@@ -94,6 +102,14 @@ class Env(BaseEnv):
     ) -> list[float] | None:
         """Adjust a whole group's scores after `score()` (e.g. `atropos.rewards.length_penalty`);
         None drops the group. Default: the scores unchanged."""
+        return scores
+
+    def unless_all_equal(self, scores: list[float]) -> list[float] | None:
+        """`scores` as they are, or None (the group dropped as "all_equal") when they are all
+        equal and `--env.ensure_scores_are_not_same` is on: for `score_group` to end with."""
+        if self.config.ensure_scores_are_not_same and all_equal(scores):
+            self.drop("all_equal")
+            return None
         return scores
 
     def sequence_overrides(
@@ -174,55 +190,50 @@ class Env(BaseEnv):
         return group, []  # type: ignore[return-value]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """Greedy completions of `load_eval()` items; logs accuracy (mean score > 0) and mean."""
-        items = list(self.load_eval())
-        if not items:
-            return {}
-        start = time.time()
-        samples: list[dict[str, Any]] = []
-        scores: list[float] = []
-        for item in items:
-            messages = self.prompt(item)
-            [rollout] = await self.generate(messages, n=1, split="eval", temperature=0.0)
-            score = await self._score(item, rollout.text)
-            samples.append({"messages": messages, "completion": rollout.text, "score": score})
-            scores.append(score)
-        metrics = {
-            "eval/mean_score": sum(scores) / len(scores),
-            "eval/accuracy": sum(1 for s in scores if s > 0) / len(scores),
-        }
-        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
-        return metrics
-
-    async def evaluate_each(
-        self,
-        temperature: float,
-        sample: Callable[[Item, Rollout], dict[str, Any]],
-        metrics: Callable[[list[dict[str, Any]]], dict[str, float]],
-    ) -> dict[str, float]:
-        """One completion per `load_eval()` item at `temperature`, all requested at once.
-
-        Args:
-            temperature: the sampling temperature.
-            sample: `(item, rollout) -> dict`, the item's row of `samples.jsonl` (with its score).
-            metrics: `samples -> metrics`, logged with the samples by `evaluate_log`.
+        """One completion per `load_eval()` item with `eval_params()`, at most
+        `max_eval_workers` in flight; each scored by `score`, made a sample row by
+        `eval_sample`; `eval_metrics(samples)` logged with the samples by `evaluate_log`.
 
         Returns:
             The metrics; {} (and nothing logged) when there are no eval items.
         """
-        params = {"temperature": temperature}
-
-        async def one(item: Item) -> dict[str, Any]:
-            [rollout] = await self.generate(self.prompt(item), 1, "eval", **params)
-            return sample(item, rollout)
-
-        items, start = list(self.load_eval()), time.time()
+        items, params, start = list(self.load_eval()), self.eval_params(), time.time()
         if not items:
             return {}
+        limit = asyncio.Semaphore(self.config.max_eval_workers)
+
+        async def one(item: Item) -> dict[str, Any]:
+            async with limit:
+                [rollout] = await self.generate(self.prompt(item), 1, "eval", **params)
+            return self.eval_sample(item, rollout, await self._score(item, rollout.text))
+
         samples = list(await asyncio.gather(*map(one, items)))
-        found = metrics(samples)
-        self.evaluate_log(found, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return found
+        metrics = self.eval_metrics(samples)
+        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
+        return metrics
+
+    def eval_params(self) -> dict[str, Any]:
+        """Sampling parameters of `evaluate`: `--env.eval_temperature` (0: greedy)."""
+        return {"temperature": self.config.eval_temperature}
+
+    def eval_sample(self, item: Item, rollout: Rollout, score: float) -> dict[str, Any]:
+        """The row of `samples.jsonl` for one eval item (keep `score`: the default metrics
+        read it). Default: the prompt, the completion, its finish reason and its score."""
+        return {
+            "messages": self.prompt(item),
+            "completion": rollout.text,
+            "finish_reason": rollout.finish_reason,
+            "score": score,
+        }
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """The metrics of one evaluation from its sample rows. Default: `eval/mean_score` and
+        `eval/accuracy` (the share scored above 0)."""
+        scores = [float(s["score"]) for s in samples]
+        return {
+            "eval/mean_score": sum(scores) / len(scores),
+            "eval/accuracy": sum(1 for v in scores if v > 0) / len(scores),
+        }
 
     # ----- generation ---------------------------------------------------------------------------
 

@@ -179,21 +179,17 @@ class LetterCounting(Env):
         self.curriculum.level = int(state.get("level", self.curriculum.level))
         self.curriculum.scores = [float(s) for s in state.get("recent_scores", [])]
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One sample per eval item at `eval_temperature`: overall and per-tier accuracy."""
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        score = score_answer(r.text, item["expected"])
+        return {**item, "completion": r.text, "finish_reason": r.finish_reason, "score": score}
 
-        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
-            score = score_answer(r.text, item["expected"])
-            return {**item, "completion": r.text, "finish_reason": r.finish_reason, "score": score}
-
-        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
-            found = {"eval/percent_correct": sum(s["score"] for s in samples) / len(samples)}
-            for level in sorted({s["level"] for s in samples}):
-                at = [s["score"] for s in samples if s["level"] == level]
-                found[f"eval/percent_correct_L{level}"] = sum(at) / len(at)
-            return found
-
-        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Overall and per-tier accuracy."""
+        found = {"eval/percent_correct": sum(s["score"] for s in samples) / len(samples)}
+        for level in sorted({s["level"] for s in samples}):
+            at = [s["score"] for s in samples if s["level"] == level]
+            found[f"eval/percent_correct_L{level}"] = sum(at) / len(at)
+        return found
 
 
 _demo_turns = itertools.count()

@@ -330,26 +330,22 @@ class VisualCounting(Env):
         group["images"] = [image] * len(group["tokens"])  # one per sequence, like the tokens
         return group, backlog
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One sample per held-out item; `eval/percent_correct` is the share exactly right."""
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        return {
+            "id": item["id"],
+            "messages": text_only(self.prompt(item)),
+            "completion": r.text,
+            "gold": item["answer"],
+            "finish_reason": r.finish_reason,
+            "score": score,
+        }
 
-        def sample(item: dict[str, Any], r: Rollout) -> dict[str, Any]:
-            return {
-                "id": item["id"],
-                "messages": text_only(self.prompt(item)),
-                "completion": r.text,
-                "gold": item["answer"],
-                "finish_reason": r.finish_reason,
-                "score": self.score(item, r.text),
-            }
-
-        def metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
-            return {
-                "eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples),
-                "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
-            }
-
-        return await self.evaluate_each(self.config.eval_temperature, sample, metrics)
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """`eval/percent_correct` (the share exactly right) and `eval/mean_score`."""
+        return {
+            "eval/percent_correct": sum(s["score"] > 0 for s in samples) / len(samples),
+            "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
+        }
 
 
 _demo_turns = itertools.count()
