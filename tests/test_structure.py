@@ -56,13 +56,15 @@ LAYERS: dict[str, frozenset[str]] = {
     "local": frozenset({"inference"}),  # the CPU inference server uses inference's tokenizers
     # the env runtime, then the environments built on it
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
-    "environments": frozenset({"envs", "rewards", "inference", "metrics"}),
+    # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
+    "proxy": frozenset({"envs", "inference", "metrics"}),
+    "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics"}),
     # the trainer: never the runtime (envs, environments), never the API
     "trainer": frozenset({"inference", "local", "metrics", "tiny"}),
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
-    "testing": frozenset({"inference", "local", "api", "envs", "environments"}),
+    "testing": frozenset({"inference", "local", "api", "envs", "environments", "proxy"}),
     # export and launch read files and start processes through the CLIs
     "export": frozenset({"view", "metrics"}),
     "launch": frozenset(),
@@ -79,6 +81,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "launch",
             "local",
             "metrics",
+            "proxy",
             "rewards",
             "tiny",
             "trainer",
