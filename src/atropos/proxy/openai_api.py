@@ -1,0 +1,254 @@
+"""The OpenAI dialect: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, translated.
+
+Requests are read into a `TurnRequest` (`chat_to_turn`, `completion_to_turn`), answers written
+from a `TurnResult` in OpenAI's shapes, whole (`chat_from_turn`, `completion_from_turn`) or as
+server-sent events (`chat_stream`, `completion_stream`: the finished result in a few chunks,
+then `data: [DONE]`). Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+
+Read: `messages` (roles system, developer (as system), user, assistant with `tool_calls`, tool;
+content a string or text parts), `tools` (function tools), `tool_choice`, `n`, `max_tokens` /
+`max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `presence_penalty`,
+`frequency_penalty`, `stream`, `stream_options.include_usage`. Ignored: everything else (`user`,
+`metadata`, `logprobs`, ...). Refused (400): image or audio parts, non-function tools, `n` over
+`MAX_N`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from atropos.proxy.turns import ProxyError, TurnRequest, TurnResult
+
+__all__ = [
+    "MAX_N",
+    "chat_from_turn",
+    "chat_stream",
+    "chat_to_turn",
+    "completion_from_turn",
+    "completion_stream",
+    "completion_to_turn",
+    "error_body",
+    "models_body",
+]
+
+MAX_N = 64
+_SAMPLING = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def error_body(err: ProxyError) -> dict[str, Any]:
+    """OpenAI's error JSON."""
+    return {"error": {"message": err.message, "type": err.kind, "param": None, "code": None}}
+
+
+def models_body(model: str) -> dict[str, Any]:
+    """`GET /v1/models`: the one model the proxy serves."""
+    entry = {"id": model, "object": "model", "created": 0, "owned_by": "atropos"}
+    return {"object": "list", "data": [entry]}
+
+
+def _content(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ProxyError(400, f"{where}.content must be a string or a list of text parts")
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind not in ("text", "input_text", "output_text") or not isinstance(
+            part.get("text"), str
+        ):
+            raise ProxyError(
+                400,
+                f"{where}.content[{i}] is a {kind or type(part).__name__!s} part: the proxy"
+                " takes text parts only (the policy is a text model)",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ProxyError(400, f"{where}.tool_calls must be a list")
+    calls = []
+    for i, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ProxyError(400, f"{where}.tool_calls[{i}] needs function.name")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        calls.append(
+            {
+                "id": str(call.get("id") or f"call_{i}"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
+    return calls
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise ProxyError(400, "messages must be a non-empty list of chat messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping) or m.get("role") not in _ROLES:
+            raise ProxyError(400, f"{where} needs a role: one of {', '.join(sorted(_ROLES))}")
+        role = "system" if m["role"] == "developer" else m["role"]
+        message: dict[str, Any] = {"role": role, "content": _content(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(m["tool_calls"], where)
+        if role == "tool":
+            message["tool_call_id"] = str(m.get("tool_call_id") or "")
+            message["content"] = message["content"] or ""
+        elif message["content"] is None and "tool_calls" not in message:
+            message["content"] = ""
+        if m.get("name"):
+            message["name"] = str(m["name"])
+        out.append(message)
+    return out
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ProxyError(400, "tools must be a list of function tools")
+    tools = []
+    for i, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
+            raise ProxyError(400, f"tools[{i}] is a {kind!s} tool: only function tools are served")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ProxyError(400, f"tools[{i}] needs function.name")
+        entry = {"name": fn["name"], "description": str(fn.get("description") or "")}
+        entry["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": entry})
+    return tools
+
+
+def _common(body: Mapping[str, Any]) -> dict[str, Any]:
+    n = body.get("n", 1) or 1
+    if not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ProxyError(400, f"n must be an integer from 1 to {MAX_N}, got {n!r}")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ProxyError(400, f"max_tokens must be a positive integer, got {limit!r}")
+    sampling = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
+    return {"n": n, "max_tokens": limit, "sampling": sampling}
+
+
+def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
+    """A `/v1/chat/completions` body as a `TurnRequest` (ProxyError 400 when malformed)."""
+    return TurnRequest(
+        messages=_messages(body.get("messages")),
+        tools=_tools(body.get("tools")),
+        tool_choice=body.get("tool_choice"),
+        **_common(body),
+    )
+
+
+def completion_to_turn(body: Mapping[str, Any]) -> TurnRequest:
+    """A `/v1/completions` body as a `TurnRequest` with a raw `prompt`."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ProxyError(400, "prompt must be a non-empty string (one prompt per request)")
+    return TurnRequest(messages=[], prompt=prompt, **_common(body))
+
+
+def _usage(result: TurnResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def chat_from_turn(result: TurnResult) -> dict[str, Any]:
+    """The `chat.completion` answer."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": result.model,
+        "choices": [
+            {"index": i, "message": c.message(), "finish_reason": c.finish_reason, "logprobs": None}
+            for i, c in enumerate(result.choices)
+        ],
+        "usage": _usage(result),
+    }
+
+
+def _sse(doc: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _pieces(text: str, size: int = 64) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def chat_stream(result: TurnResult, include_usage: bool = False) -> Iterator[bytes]:
+    """The `chat.completion.chunk` events of a finished result, then `[DONE]`."""
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": result.model,
+    }
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return _sse({**head, "choices": [choice]})
+
+    for i, choice in enumerate(result.choices):
+        yield chunk(i, {"role": "assistant", "content": ""})
+        for piece in _pieces(choice.content):
+            yield chunk(i, {"content": piece})
+        for k, call in enumerate(choice.tool_calls):
+            fn = call["function"]
+            opening = {"index": k, "id": call["id"], "type": "function"}
+            opening["function"] = {"name": fn["name"], "arguments": ""}
+            yield chunk(i, {"tool_calls": [opening]})
+            for piece in _pieces(fn["arguments"]):
+                yield chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+        yield chunk(i, {}, choice.finish_reason)
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": _usage(result)})
+    yield b"data: [DONE]\n\n"
+
+
+def completion_from_turn(result: TurnResult) -> dict[str, Any]:
+    """The `text_completion` answer (the raw text: no tool calls are read from it)."""
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": result.model,
+        "choices": [
+            {"index": i, "text": c.raw, "finish_reason": c.finish_reason, "logprobs": None}
+            for i, c in enumerate(result.choices)
+        ],
+        "usage": _usage(result),
+    }
+
+
+def completion_stream(result: TurnResult) -> Iterator[bytes]:
+    """The `text_completion` chunks of a finished result, then `[DONE]`."""
+    whole = completion_from_turn(result)
+    head = {k: whole[k] for k in ("id", "object", "created", "model")}
+    for i, choice in enumerate(result.choices):
+        for piece in _pieces(choice.raw):
+            part = {"index": i, "text": piece, "finish_reason": None, "logprobs": None}
+            yield _sse({**head, "choices": [part]})
+        end = {"index": i, "text": "", "finish_reason": choice.finish_reason, "logprobs": None}
+        yield _sse({**head, "choices": [end]})
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,352 @@
+"""Sessions: one agent run each, its calls generated through the inference layer, its tokens kept.
+
+A session holds a `ManagedServer` (`atropos.inference.managed`): every call's conversation is
+rendered with the policy's chat template (tools included), sent to the server as token ids, and
+the answer kept token-exact, a call that continues a held conversation extending its sequence
+by ids. The raw completion is read into tool calls (`atropos.inference.tool_calls`); the
+assistant message the agent gets back is remembered with the raw text it came from, so when the
+agent sends that message back in its history (with the calls in its own JSON spelling, under
+new ids) the proxy renders the raw text the model wrote and the tokens line up.
+
+With a text-only server (`server_type: openai`), the call is forwarded as chat (tools
+included) and the conversation is tokenized locally at the end (`token_source`
+"retokenized", no logprobs), as environments do.
+
+Limits per session (`Limits`): calls, generated tokens, wall time; a call past one is refused
+with a 400 that names the limit (never 429, which SDKs retry).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from atropos.inference.managed import ManagedServer
+from atropos.inference.sequence import DriftKind, SequenceNode
+from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_calls
+from atropos.proxy.trajectory import BREAK_KINDS, Sequence, Span, Trajectory
+from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
+
+__all__ = ["Limits", "Session", "new_session_id", "new_session_key"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one session may use; a call past any of them is refused (400)."""
+
+    max_turns: int = 256  # model calls
+    max_tokens: int = 262_144  # completion tokens generated, all calls together
+    max_seconds: float = 3600.0  # from the session's creation
+
+
+def new_session_id() -> str:
+    """A session id: 22 URL-safe characters (128 random bits)."""
+    return secrets.token_urlsafe(16)
+
+
+def new_session_key() -> str:
+    """A session's bearer key: `sk-atropos-` + 43 URL-safe characters (256 random bits)."""
+    return "sk-atropos-" + secrets.token_urlsafe(32)
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (content parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
+        )
+    return str(content)
+
+
+def assistant_key(message: Mapping[str, Any]) -> str:
+    """What identifies an assistant message when the agent sends it back: its text and its
+    calls (name and arguments, not their ids or JSON spelling)."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, Mapping) else {}
+        calls.append(call_key(str(fn.get("name")), fn.get("arguments", {})))
+    return json.dumps([_text(message.get("content")).strip(), calls], ensure_ascii=False)
+
+
+class Session:
+    """One agent run: its calls, its sequences, its limits and its reward.
+
+    Args:
+        session_id: the id (`new_session_id()`).
+        key: the bearer key that addresses it (`new_session_key()`).
+        managed: the session's `ManagedServer` (None for a text-only server).
+        text_server: with no `managed`: an object with `await chat_completion(messages=...,
+            **kwargs)` (a `ServerManager`), whose answers are retokenized.
+        tokenizer: the policy's tokenizer (renders templates, retokenizes text answers).
+        tool_parser: how calls are read from raw output (`atropos.inference.tool_calls`).
+        limits: what the session may use.
+        model: the model name answers carry.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        key: str,
+        *,
+        managed: ManagedServer | None,
+        text_server: Any = None,
+        tokenizer: Any,
+        tool_parser: str = "hermes",
+        limits: Limits | None = None,
+        model: str = "atropos-policy",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        if managed is None and text_server is None:
+            raise ValueError("a session needs a ManagedServer or a text server")
+        self.id = session_id
+        self.key = key
+        self.managed = managed
+        self.text_server = text_server
+        self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
+        self.limits = limits or Limits()
+        self.model = model
+        self.metadata = dict(metadata or {})
+        self.created = time.monotonic()
+        self.last_used = self.created
+        self.turns = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.unparsed_tool_calls = 0
+        self.breaks = dict.fromkeys(BREAK_KINDS, 0)
+        self.reward: float | None = None
+        self.finished = False
+        self._raw_of: dict[str, str] = {}  # assistant_key -> the raw text the model wrote
+        self._spans: dict[int, list[Span]] = {}  # id(node) -> its generated spans
+        self._conversations: list[list[dict[str, Any]]] = []  # text-only: finished chats
+        self.responses: dict[str, list[dict[str, Any]]] = {}  # Responses API: id -> chat
+
+    # ----- calls ----------------------------------------------------------------------------------
+
+    async def complete(self, request: TurnRequest) -> TurnResult:
+        """Generate one call's completions; raises `ProxyError` when a limit is reached."""
+        max_tokens = self._admit(request)
+        self.last_used = time.monotonic()
+        if self.managed is not None:
+            result = await self._complete_tokens(request, max_tokens)
+        else:
+            result = await self._complete_text(request, max_tokens)
+        self.turns += 1
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.last_used = time.monotonic()
+        return result
+
+    def _admit(self, request: TurnRequest) -> int | None:
+        """The `max_tokens` this call may have, or ProxyError naming the limit it would pass."""
+        if self.finished:
+            raise ProxyError(410, f"session {self.id} is finished: create a new one", "gone")
+        limits = self.limits
+        if self.turns >= limits.max_turns:
+            raise ProxyError(400, f"session {self.id} reached max_turns={limits.max_turns}")
+        if time.monotonic() - self.created > limits.max_seconds:
+            raise ProxyError(400, f"session {self.id} reached max_seconds={limits.max_seconds:g}")
+        left = limits.max_tokens - self.completion_tokens
+        if left <= 0:
+            raise ProxyError(400, f"session {self.id} reached max_tokens={limits.max_tokens}")
+        if request.max_tokens is None:
+            return left if left < limits.max_tokens else None
+        return min(request.max_tokens, left)
+
+    def _render(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages to render: an assistant message the proxy answered becomes the raw
+        text the model wrote (so its tokens match the held ones)."""
+        out = []
+        for message in messages:
+            if message.get("role") == "assistant":
+                raw = self._raw_of.get(assistant_key(message))
+                if raw is not None:
+                    message = {"role": "assistant", "content": raw}
+            out.append(message)
+        return out
+
+    def _tools(self, request: TurnRequest) -> list[dict[str, Any]] | None:
+        """The tools to render: none for `tool_choice: "none"`, only the named one when a
+        function is forced (a template cannot force a call; the prompt can narrow the menu)."""
+        tools, choice = request.tools or None, request.tool_choice
+        if not tools or choice == "none":
+            return None
+        if isinstance(choice, Mapping):
+            name = (choice.get("function") or {}).get("name") or choice.get("name")
+            chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
+            if not chosen:
+                raise ProxyError(400, f"tool_choice names {name!r}, which is not in tools")
+            return chosen
+        return tools
+
+    def _read(self, raw: str, finish: str, tools: bool) -> TurnChoice:
+        parsed = parse_tool_calls(raw, self.tool_parser) if tools else ParsedOutput(raw)
+        self.unparsed_tool_calls += parsed.malformed
+        reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
+        choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed)
+        self._raw_of[assistant_key(choice.message())] = raw
+        return choice
+
+    async def _complete_tokens(self, request: TurnRequest, max_tokens: int | None) -> TurnResult:
+        assert self.managed is not None
+        tools = self._tools(request)
+        held = list(self.managed.nodes)
+        if request.prompt is not None:
+            reply = await self.managed.completion(
+                prompt=request.prompt, n=request.n, max_tokens=max_tokens, **request.sampling
+            )
+            raws = [c.text for c in reply.choices]
+            finishes = [str(c.finish_reason) for c in reply.choices]
+            nodes = self.managed.nodes[-len(raws) :]
+            usage = reply.usage
+            prompt_len = usage.prompt_tokens if usage else 0
+            version = min(
+                (n.policy_version for n in nodes if n.policy_version is not None), default=None
+            )
+        else:
+            turn = await self.managed.chat_turn(
+                messages=self._render(request.messages),
+                n=request.n,
+                max_tokens=max_tokens,
+                tools=tools,
+                **request.sampling,
+            )
+            raws, finishes, nodes = turn.contents, turn.finish_reasons, turn.nodes
+            prompt_len, version = len(turn.prompt_tokens), turn.policy_version
+        self._count_break(held, nodes)
+        for node in nodes:
+            parent = _longest_prefix(held, node)
+            spans = list(self._spans.get(id(parent), [])) if parent is not None else []
+            generated = len(node.tokens) - prompt_len
+            spans.append(Span(prompt_len, prompt_len + generated, version))
+            self._spans[id(node)] = spans
+        live = {id(n) for n in self.managed.nodes}
+        self._spans = {k: v for k, v in self._spans.items() if k in live}
+        choices = [self._read(r, f, tools is not None) for r, f in zip(raws, finishes, strict=True)]
+        done = sum(len(n.tokens) - prompt_len for n in nodes)
+        return TurnResult(choices, prompt_len, done, self.model, version)
+
+    def _count_break(self, held: list[SequenceNode], nodes: list[SequenceNode]) -> None:
+        if not held or not nodes:
+            return
+        drift = nodes[0].drift
+        kind = "new" if drift is None else drift.value
+        self.breaks[kind] += 1
+
+    async def _complete_text(self, request: TurnRequest, max_tokens: int | None) -> TurnResult:
+        if request.prompt is not None:
+            raise ProxyError(
+                400,
+                "the text completions API needs a server with token ids (vllm, sglang, or"
+                " `atropos local serve`); this proxy's server is text-only (server_type openai)",
+            )
+        tools = self._tools(request)
+        kwargs: dict[str, Any] = dict(request.sampling)
+        if tools:
+            kwargs["tools"] = tools
+            if request.tool_choice is not None:
+                kwargs["tool_choice"] = request.tool_choice
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        reply = await self.text_server.chat_completion(
+            messages=request.messages, n=request.n, **kwargs
+        )
+        choices = []
+        for c in reply.choices:
+            calls = [t.model_dump(exclude_none=True) for t in c.message.tool_calls or []]
+            finish = str(c.finish_reason or "stop")
+            choice = TurnChoice(c.message.content or "", calls, finish, c.message.content or "")
+            choices.append(choice)
+            self._remember(request.messages, choice.message())
+        usage = reply.usage
+        return TurnResult(
+            choices,
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            self.model,
+        )
+
+    def _remember(self, messages: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+        """Text-only: keep the chat; a chat that continues a kept one replaces it."""
+        chat = [*messages, answer]
+        keys = [_message_key(m) for m in chat]
+        for i, held in enumerate(self._conversations):
+            if [_message_key(m) for m in held] == keys[: len(held)]:
+                self._conversations[i] = chat
+                self.breaks["clean"] += 1
+                return
+        if self._conversations:
+            self.breaks["new"] += 1
+        self._conversations.append(chat)
+
+    # ----- results ------------------------------------------------------------------------
+
+    def trajectory(self) -> Trajectory:
+        """The sequences so far, with the session's counts and reward."""
+        if self.managed is not None:
+            sequences = [self._sequence(node) for node in self.managed.nodes]
+        else:
+            sequences = [self._retokenized(chat) for chat in self._conversations]
+        return Trajectory(
+            session_id=self.id,
+            sequences=sequences,
+            turns=self.turns,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            breaks=dict(self.breaks),
+            unparsed_tool_calls=self.unparsed_tool_calls,
+            reward=self.reward,
+        )
+
+    def _sequence(self, node: SequenceNode) -> Sequence:
+        return Sequence(
+            tokens=list(node.tokens),
+            masks=list(node.masked_tokens),
+            logprobs=list(node.logprobs),
+            spans=list(self._spans.get(id(node), [])),
+            messages=node.messages,
+            finish_reason=node.finish_reason,
+            token_source=node.token_source,
+        )
+
+    def _retokenized(self, chat: list[dict[str, Any]]) -> Sequence:
+        from atropos.inference.tokenize import tokenize_for_trainer
+
+        out = tokenize_for_trainer(self.tokenizer, chat, train_on_all_assistant_turns=True)
+        return Sequence(
+            tokens=out["tokens"],
+            masks=out["masks"],
+            logprobs=None,
+            messages=chat,
+            token_source="retokenized",
+        )
+
+    def close(self) -> None:
+        """Finish the session: no more calls; its sequences stay readable."""
+        self.finished = True
+
+
+def _message_key(message: Mapping[str, Any]) -> str:
+    if message.get("role") == "assistant":
+        return "assistant:" + assistant_key(message)
+    return json.dumps([message.get("role"), _text(message.get("content"))], ensure_ascii=False)
+
+
+def _longest_prefix(held: list[SequenceNode], node: SequenceNode) -> SequenceNode | None:
+    """The held node whose tokens open `node`'s (the sequence it extended), if any."""
+    if node.drift not in (DriftKind.CLEAN, DriftKind.REALIGN):
+        return None
+    best = None
+    for h in held:
+        if len(h.tokens) <= len(node.tokens) and node.tokens[: len(h.tokens)] == h.tokens:
+            if best is None or len(h.tokens) > len(best.tokens):
+                best = h
+    return best
