@@ -57,7 +57,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # the env runtime, then the environments built on it
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
-    "proxy": frozenset({"envs", "inference", "metrics"}),
+    "proxy": frozenset({"api", "envs", "inference", "metrics"}),  # api: its browser rules
     "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics"}),
     # the trainer: never the runtime (envs, environments), never the API
     "trainer": frozenset({"inference", "local", "metrics", "tiny"}),

@@ -64,6 +64,8 @@ _DELEGATED = {  # nouns with their own parser (train's: TrainConfig, read by pyd
     "export": "SFT or DPO data from rollouts (atropos export sft|dpo --help)",
     "view": "one self-contained HTML page of rollouts (atropos view --help)",
     "launch": "a whole run from one YAML file: local, Ray or Slurm (atropos launch --help)",
+    "proxy": "OpenAI/Anthropic-compatible endpoints that record agents' tokens (atropos proxy"
+    " serve --help)",
 }
 
 # (atropos.envs.cli.MODE_HELP says the same; not imported here, to keep `atropos api` fast)

@@ -77,6 +77,7 @@ class Proxy:
             openai`).
         tokenizer: the policy's tokenizer.
         settings: `ProxySettings`.
+        server_configs: the servers' configurations (for messages only).
     """
 
     def __init__(
@@ -86,11 +87,13 @@ class Proxy:
         settings: ProxySettings | None = None,
         *,
         text_only: bool = False,
+        server_configs: list[Any] | None = None,
     ) -> None:
         self.server = server
         self.tokenizer = tokenizer
         self.settings = settings or ProxySettings()
         self.text_only = text_only
+        self.server_configs = list(server_configs or [])
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
 
@@ -146,6 +149,11 @@ class Proxy:
         del self.sessions[session_id]
         self._by_key.pop(session.key, None)
         return session
+
+    def describe_servers(self) -> list[str]:
+        """Each inference server as `base_url (server_type)`."""
+        configs = self.server_configs
+        return [f"{c.base_url} ({c.server_type})" for c in configs] or [repr(self.server)]
 
     def expire(self, now: float | None = None) -> int:
         """Forget sessions idle longer than `session_ttl`; how many were."""
@@ -438,7 +446,16 @@ def build_app(proxy: Proxy) -> Starlette:
         finally:
             task.cancel()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        message = f"no route {request.method} {request.url.path}: see docs/proxy.md"
+        return JSONResponse(openai_api.error_body(ProxyError(404, message, "not_found_error")), 404)
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        message = f"{request.method} is not served on {request.url.path}"
+        return JSONResponse(openai_api.error_body(ProxyError(405, message)), 405)
+
+    handlers = {404: not_found, 405: not_allowed}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.proxy = proxy
     app.state.routes = r
     return app
