@@ -381,3 +381,55 @@ def test_idle_sessions_expire(fake):
         assert not proxy.sessions
 
     asyncio.run(main())
+
+
+def test_the_responses_api_and_the_agents_sdk_through_the_proxy(fake):
+    agents = pytest.importorskip("agents")
+    proxy = make_proxy(fake)
+    with running(proxy) as url:
+        session = new_session(url)
+        client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        tools: Any = [{"type": "function", **TOOLS[0]["function"]}]
+        first = client.responses.create(
+            model="m", input="What is 2 + 3?", tools=tools, max_output_tokens=200
+        )
+        [call] = [item for item in first.output if item.type == "function_call"]
+        assert (call.name, call.arguments) == ("add", '{"a": 2, "b": 3}')
+        second = client.responses.create(
+            model="m",
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
+            tools=tools,
+            max_output_tokens=200,
+        )
+        assert second.output_text == "The answer is 5."
+        doc = trajectory(url, session)
+        assert doc["turns"] == 2 and len(doc["sequences"]) == 1 and doc["breaks"]["clean"] == 1
+
+        agent_session = new_session(url)
+        agents.set_tracing_disabled(True)
+
+        @agents.function_tool
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        model = agents.OpenAIResponsesModel(
+            model="atropos-tiny",
+            openai_client=openai.AsyncOpenAI(
+                base_url=agent_session["base_url"], api_key=agent_session["api_key"]
+            ),
+        )
+        agent = agents.Agent(
+            name="adder",
+            instructions="Use the tool.",
+            tools=[add],
+            model=model,
+            model_settings=agents.ModelSettings(max_tokens=200),
+        )
+        run = asyncio.run(agents.Runner.run(agent, "What is 2 + 3?"))
+        assert run.final_output == "The answer is 5."
+        doc = trajectory(url, agent_session)
+    assert doc["turns"] == 2 and len(doc["sequences"]) == 1 and doc["breaks"]["clean"] == 1
+    [seq] = doc["sequences"]
+    assert len(seq["spans"]) == 2 and seq["token_source"] == "server"

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from atropos.api.origin import Site, refusal
-from atropos.proxy import openai_api
+from atropos.proxy import openai_api, responses_api
 from atropos.proxy.session import Limits, Session, new_session_id, new_session_key
 from atropos.proxy.turns import ProxyError
 
@@ -347,6 +347,18 @@ class _Routes:
             return _sse(openai_api.completion_stream(result))
         return JSONResponse(openai_api.completion_from_turn(result))
 
+    async def responses(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        turn = responses_api.to_turn(body, session.responses)
+        result = await session.complete(turn)
+        response, conversation = responses_api.from_turn(result, body, turn)
+        if body.get("store") is not False:  # as OpenAI's: kept for previous_response_id
+            session.responses[response["id"]] = conversation
+        if body.get("stream"):
+            return _sse(responses_api.stream_events(response))
+        return JSONResponse(response)
+
     # --- upstream's ManagedServerProxy ---
 
     async def upstream_create(self, request: Request) -> Response:
@@ -423,6 +435,7 @@ def build_app(proxy: Proxy) -> Starlette:
         "models": ("GET", r.models, openai_api.error_body),
         "chat/completions": ("POST", r.chat, openai_api.error_body),
         "completions": ("POST", r.completions, openai_api.error_body),
+        "responses": ("POST", r.responses, responses_api.error_body),
     }
     for prefix in ("/v1", "/s/{sid}/v1"):
         for name, (method, handler, error) in served.items():
