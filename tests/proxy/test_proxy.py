@@ -433,3 +433,52 @@ def test_the_responses_api_and_the_agents_sdk_through_the_proxy(fake):
     assert doc["turns"] == 2 and len(doc["sequences"]) == 1 and doc["breaks"]["clean"] == 1
     [seq] = doc["sequences"]
     assert len(seq["spans"]) == 2 and seq["token_source"] == "server"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_anthropic_sdk_through_the_proxy(fake, stream):
+    anthropic = pytest.importorskip("anthropic")
+    proxy = make_proxy(fake)
+    tools: Any = [
+        {
+            "name": "add",
+            "description": "Add two integers.",
+            "input_schema": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    with running(proxy) as url:
+        session = new_session(url)
+        client = anthropic.Anthropic(
+            base_url=session["anthropic_base_url"], api_key=session["api_key"]
+        )
+        messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+        first = client.messages.create(
+            model="atropos-tiny", max_tokens=200, messages=messages, tools=tools
+        )
+        assert first.stop_reason == "tool_use"
+        [use] = [block for block in first.content if block.type == "tool_use"]
+        assert (use.name, use.input) == ("add", {"a": 2, "b": 3})
+        messages += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}],
+            },
+        ]
+        if stream:
+            with client.messages.stream(
+                model="atropos-tiny", max_tokens=200, messages=messages, tools=tools
+            ) as events:
+                text = "".join(events.text_stream)
+        else:
+            second = client.messages.create(
+                model="atropos-tiny", max_tokens=200, messages=messages, tools=tools
+            )
+            text = "".join(b.text for b in second.content if b.type == "text")
+        assert text == "The answer is 5."
+        doc = trajectory(url, session)
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=url, api_key="wrong").messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+            )
+    assert doc["turns"] == 2 and len(doc["sequences"]) == 1 and doc["breaks"]["clean"] == 1

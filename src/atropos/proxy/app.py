@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from atropos.api.origin import Site, refusal
-from atropos.proxy import openai_api, responses_api
+from atropos.proxy import anthropic_api, openai_api, responses_api
 from atropos.proxy.session import Limits, Session, new_session_id, new_session_key
 from atropos.proxy.turns import ProxyError
 
@@ -359,6 +359,16 @@ class _Routes:
             return _sse(responses_api.stream_events(response))
         return JSONResponse(response)
 
+    # --- Anthropic dialect ---
+
+    async def messages(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        result = await session.complete(anthropic_api.to_turn(body))
+        if body.get("stream"):
+            return _sse(anthropic_api.stream_events(result, str(body.get("model") or result.model)))
+        return JSONResponse(anthropic_api.from_turn(result, str(body.get("model") or result.model)))
+
     # --- upstream's ManagedServerProxy ---
 
     async def upstream_create(self, request: Request) -> Response:
@@ -436,6 +446,7 @@ def build_app(proxy: Proxy) -> Starlette:
         "chat/completions": ("POST", r.chat, openai_api.error_body),
         "completions": ("POST", r.completions, openai_api.error_body),
         "responses": ("POST", r.responses, responses_api.error_body),
+        "messages": ("POST", r.messages, anthropic_api.error_body),
     }
     for prefix in ("/v1", "/s/{sid}/v1"):
         for name, (method, handler, error) in served.items():
