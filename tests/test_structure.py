@@ -57,10 +57,10 @@ LAYERS: dict[str, frozenset[str]] = {
     # the env runtime, then the environments built on it
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
-    "proxy": frozenset({"api", "envs", "inference", "metrics"}),  # api: its browser rules
+    "proxy": frozenset({"api", "envs", "inference", "metrics", "rewards"}),  # api: browser rules
     "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics"}),
     # the trainer: never the runtime (envs, environments), never the API
-    "trainer": frozenset({"inference", "local", "metrics", "tiny"}),
+    "trainer": frozenset({"inference", "local", "metrics", "rewards", "tiny"}),  # rewards: GRPO's
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests

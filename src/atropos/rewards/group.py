@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["MIN_TRAINED_TOKENS", "all_equal", "length_penalty", "too_short"]
+__all__ = ["MIN_TRAINED_TOKENS", "all_equal", "group_advantages", "length_penalty", "too_short"]
 
 MIN_TRAINED_TOKENS = 10  # upstream drops groups with a completion shorter than this
 
@@ -62,3 +62,23 @@ def too_short(lengths: Sequence[int], minimum: int = MIN_TRAINED_TOKENS) -> bool
 def all_equal(scores: Sequence[float]) -> bool:
     """Whether every score is the same (the group teaches nothing)."""
     return len(set(scores)) <= 1
+
+
+def group_advantages(scores: Sequence[float], eps: float = 1e-8) -> list[float]:
+    """GRPO's group-normalised advantage: ``A_i = (r_i - mean(r)) / max(std(r), eps)``.
+
+    ``std`` is the population standard deviation. A group whose scores are all equal gives zeros
+    (nothing to learn from it). A group of one is left as it is (``A = r``), as atroposlib's
+    trainer does, so an environment can send its own baseline-subtracted score that way.
+
+    >>> group_advantages([1.0, 0.0, 0.0, 1.0])
+    [1.0, -1.0, -1.0, 1.0]
+    >>> group_advantages([0.5, 0.5])
+    [0.0, 0.0]
+    """
+    if len(scores) == 1:
+        return [float(scores[0])]
+    n = len(scores)
+    mean = sum(scores) / n
+    std = (sum((s - mean) ** 2 for s in scores) / n) ** 0.5
+    return [(s - mean) / max(std, eps) for s in scores]

@@ -7,9 +7,9 @@ not) and inference logprobs ``q`` (1.0 where not generated)::
     targets[j]   = m[j + 1]         the token predicted at position j, or -100
     old_logp[j]  = q[j + 1]         the server's logprob of that same token
 
-Advantages come from `loss.group_advantages` over each group's scores, unless the group carries
-per-token `advantages` (then those are used, shifted like the targets), and are forced to 0 where
-`overrides[i].set_advantage_to_zero` is set. A sequence without inference logprobs (an
+Advantages come from `rewards.group.group_advantages` over each group's scores, unless the group
+carries per-token `advantages` (then those are used, shifted like the targets), and are forced
+to 0 where `overrides[i].set_advantage_to_zero` is set. A sequence without inference logprobs (an
 environment that only retokenised text) is trained on-policy: its old logprobs are the trainer's
 own, detached (ratio 1), and the step's metrics count it.
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from atropos.inference.base import MISSING_LOGPROB
-from atropos.trainer.loss import IGNORE, group_advantages
+from atropos.rewards.group import group_advantages
+from atropos.trainer.loss import IGNORE
 from atropos.wire import Group
 
 MISSING = MISSING_LOGPROB  # the inference layer's "server sent no logprob" marker (-9999.0)

@@ -6,33 +6,12 @@ worked out by hand (tests/trainer/test_loss.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 IGNORE = -100  # label of a token that is not trained (prompt, padding)
-
-
-def group_advantages(scores: Sequence[float], eps: float = 1e-8) -> list[float]:
-    """GRPO's group-normalised advantage: ``A_i = (r_i - mean(r)) / max(std(r), eps)``.
-
-    ``std`` is the population standard deviation. A group whose scores are all equal gives zeros
-    (nothing to learn from it). A group of one is left as it is (``A = r``), as atroposlib's
-    trainer does, so an environment can send its own baseline-subtracted score that way.
-
-    >>> group_advantages([1.0, 0.0, 0.0, 1.0])
-    [1.0, -1.0, -1.0, 1.0]
-    >>> group_advantages([0.5, 0.5])
-    [0.0, 0.0]
-    """
-    if len(scores) == 1:
-        return [float(scores[0])]
-    n = len(scores)
-    mean = sum(scores) / n
-    std = (sum((s - mean) ** 2 for s in scores) / n) ** 0.5
-    return [(s - mean) / max(std, eps) for s in scores]
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

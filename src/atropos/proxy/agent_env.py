@@ -1,0 +1,368 @@
+"""`AgentEnv`: an environment whose rollout is an agent program talking to the policy.
+
+Implement `load()` (the tasks), `agent(task, client)` (an async function that runs the agent
+with `client`'s OpenAI or Anthropic client, or set `--env.agent_command` to run an external
+program) and `score(task, run)` (or let the agent post its reward). For each task, `group_size`
+sessions of the rollout proxy (`atropos.proxy`) run at once; every model call of the agent goes
+through its session, so what is trained is exactly what the policy generated:
+
+    class Adder(AgentEnv):
+        name = "adder"
+
+        def load(self):
+            return [{"question": "What is 2 + 3?", "answer": "5"}]
+
+        async def agent(self, task, client):
+            reply = await client.openai.chat.completions.create(
+                model=client.model, messages=[{"role": "user", "content": task["question"]}]
+            )
+            return reply.choices[0].message.content
+
+        def score(self, task, run):
+            return 1.0 if task["answer"] in str(run.output) else 0.0
+
+An external agent (`--env.agent_command "python my_agent.py"`) gets the task as JSON on stdin and
+in `ATROPOS_TASK`, its session in `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
+`ANTHROPIC_API_KEY` (and `ATROPOS_SESSION_URL` to post a reward); its stdout is `run.output`.
+
+**From rollouts to a group.** A rollout is one session; it may hold several sequences (a
+sub-agent, a rewritten history: `atropos.proxy.trajectory`). Every sequence of every rollout
+becomes a row of the group and carries its rollout's reward as its score. When every rollout is
+one sequence the group is an ordinary GRPO group. When some rollout has several, the group
+also carries per-token `advantages`: each rollout's GRPO advantage (its reward minus the mean
+over the group's rollouts, over their standard deviation), given to every token of each of its
+sequences, so a rollout is not weighted by how many sequences it split into; the group declares
+its size (`group_overrides.group_size`). A rollout whose agent failed (an exception, a timeout,
+a non-zero exit) drops the group (`dropped/agent_failed`) unless `--env.failed_agent_score` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import random
+import shlex
+import signal
+import time
+from abc import abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import Field
+from typing_extensions import TypeVar
+
+from atropos.envs.base import BaseEnv
+from atropos.envs.config import BaseEnvConfig
+from atropos.envs.types import Item, ScoredDataGroup
+from atropos.proxy.app import Proxy, ProxySettings
+from atropos.proxy.serve import serving
+from atropos.proxy.session import Limits, Session
+from atropos.proxy.trajectory import Trajectory
+from atropos.rewards.group import group_advantages
+
+__all__ = ["AgentClient", "AgentEnv", "AgentEnvConfig", "AgentRun"]
+
+
+class AgentEnvConfig(BaseEnvConfig):
+    """Settings of an agent environment (on top of every environment's)."""
+
+    agent_command: str | None = Field(
+        default=None, description="an external agent to run per rollout (shell words)"
+    )
+    agent_timeout: float = Field(default=600.0, gt=0, description="seconds per rollout")
+    max_agent_turns: int = Field(default=32, ge=1, description="model calls per rollout")
+    max_agent_tokens: int = Field(
+        default=32768, ge=1, description="completion tokens per rollout, all calls together"
+    )
+    tool_parser: str = Field(default="hermes", description="how tool calls are read from text")
+    failed_agent_score: float | None = Field(
+        default=None, description="score of a failed rollout (unset: the group is dropped)"
+    )
+
+
+AgentConfigT = TypeVar("AgentConfigT", bound=AgentEnvConfig, default=AgentEnvConfig)
+
+
+@dataclass
+class AgentClient:
+    """What an agent gets: its session's addresses and key, and ready clients.
+
+    Attributes:
+        base_url: the OpenAI base URL (`.../s/ID/v1`).
+        anthropic_base_url: the Anthropic base URL (`.../s/ID`).
+        api_key: the session's key (both APIs).
+        model: the model name to ask for.
+        session_url: where to `POST .../reward` a reward.
+    """
+
+    base_url: str
+    anthropic_base_url: str
+    api_key: str
+    model: str
+    session_url: str
+    _clients: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def openai(self) -> Any:
+        """An `openai.AsyncOpenAI` for this session (made on first use)."""
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
+        self._clients.append(client)
+        return client
+
+    @property
+    def anthropic(self) -> Any:
+        """An `anthropic.AsyncAnthropic` for this session (the `agents` extra)."""
+        import anthropic
+
+        client = anthropic.AsyncAnthropic(
+            base_url=self.anthropic_base_url, api_key=self.api_key, max_retries=0
+        )
+        self._clients.append(client)
+        return client
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """The variables an external agent reads."""
+        return {
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_KEY": self.api_key,
+            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
+            "ANTHROPIC_API_KEY": self.api_key,
+            "ATROPOS_MODEL": self.model,
+            "ATROPOS_SESSION_URL": self.session_url,
+        }
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.close()
+        self._clients.clear()
+
+
+@dataclass
+class AgentRun:
+    """One rollout: the agent's output, its session's trajectory and how it ended."""
+
+    output: Any
+    trajectory: Trajectory
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def reward(self) -> float | None:
+        """The reward the agent posted to its session, if any."""
+        return self.trajectory.reward
+
+
+class AgentEnv(BaseEnv[AgentConfigT]):
+    """An environment whose rollouts are agent runs through the rollout proxy."""
+
+    env_config_cls: ClassVar[type[BaseEnvConfig]] = AgentEnvConfig
+    seed: ClassVar[int] = 0
+    eval_group_size: ClassVar[int] = 1
+
+    @abstractmethod
+    def load(self) -> Iterable[Item]:
+        """The tasks."""
+
+    def load_eval(self) -> Iterable[Item]:
+        """Tasks for `evaluate` (none by default)."""
+        return []
+
+    async def agent(self, task: Item, client: AgentClient) -> Any:
+        """Run the agent on `task` with `client`; what it returns is `run.output`. Default:
+        run `--env.agent_command`."""
+        command = self.config.agent_command
+        if not command:
+            raise NotImplementedError(
+                f"{type(self).__name__}: override agent(task, client) or set --env.agent_command"
+            )
+        return await run_command(command, task, client, self.config.agent_timeout)
+
+    def score(self, task: Item, run: AgentRun) -> float:
+        """The rollout's reward (may be `async def`). Default: the reward the agent posted."""
+        if run.reward is None:
+            raise ValueError(
+                f"{type(self).__name__}: the agent posted no reward; override score(task, run)"
+            )
+        return run.reward
+
+    # ----- BaseEnv hooks ------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.items = list(self.load())
+        if not self.items:
+            raise ValueError(f"{type(self).__name__}.load() returned no tasks")
+        self._rng = random.Random(self.seed)
+        self._order: list[int] = []
+        settings = ProxySettings(
+            model=self._model_name(),
+            tool_parser=self.config.tool_parser,
+            limits=Limits(
+                max_turns=self.config.max_agent_turns,
+                max_tokens=self.config.max_agent_tokens,
+                max_seconds=self.config.agent_timeout + 60,
+            ),
+        )
+        text_only = all(getattr(c, "server_type", "") == "openai" for c in self._configs())
+        self.proxy = Proxy(self.server, self.tokenizer, settings, text_only=text_only)
+        self._serving = serving(self.proxy)
+        self.proxy_url = await self._serving.__aenter__()
+        self.on_close(self._stop_proxy)
+
+    async def _stop_proxy(self) -> None:
+        await self._serving.__aexit__(None, None, None)
+
+    async def get_next_item(self) -> Item:
+        if not self._order:
+            self._order = list(range(len(self.items)))
+            self._rng.shuffle(self._order)
+        return self.items[self._order.pop()]
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+        runs = await asyncio.gather(*(self.rollout(item) for _ in range(self.config.group_size)))
+        scores = await self._scores(item, list(runs))
+        if scores is None:
+            return None, []
+        return self.group(list(runs), scores), []  # type: ignore[return-value]
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """One rollout per `load_eval()` task: `eval/mean_score` and `eval/accuracy` (> 0)."""
+        tasks, start = list(self.load_eval()), time.time()
+        if not tasks:
+            return {}
+        limit = asyncio.Semaphore(self.config.max_eval_workers)
+
+        async def one(task: Item) -> dict[str, Any]:
+            async with limit:
+                run = await self.rollout(task)
+            score = self._failed_score() if run.error else await _value(self.score(task, run))
+            return {"task": task, "output": str(run.output), "error": run.error, "score": score}
+
+        samples = list(await asyncio.gather(*map(one, tasks)))
+        scores = [float(s["score"] or 0.0) for s in samples]
+        metrics = {
+            "eval/mean_score": sum(scores) / len(scores),
+            "eval/accuracy": sum(1 for v in scores if v > 0) / len(scores),
+            "eval/failed_runs": sum(1 for s in samples if s["error"]) / len(samples),
+        }
+        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
+        return metrics
+
+    # ----- rollouts ----------------------------------------------------------------------------
+
+    async def rollout(self, task: Item) -> AgentRun:
+        """Run the agent on `task` in a new session; its trajectory is read when it ends."""
+        session = await self.proxy.create_session()
+        client = self._client(session)
+        start = time.monotonic()
+        output, error = None, None
+        try:
+            timeout = self.config.agent_timeout
+            output = await asyncio.wait_for(self.agent(task, client), timeout)
+        except asyncio.TimeoutError:
+            error = f"the agent ran past agent_timeout={self.config.agent_timeout:g} s"
+        except Exception as err:  # an agent's failure is the rollout's, not the run's
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            await client.aclose()
+        trajectory = session.trajectory()
+        self.proxy.delete(session.id)
+        return AgentRun(output, trajectory, error, time.monotonic() - start)
+
+    def _client(self, session: Session) -> AgentClient:
+        root = f"{self.proxy_url}/s/{session.id}"
+        return AgentClient(
+            base_url=f"{root}/v1",
+            anthropic_base_url=root,
+            api_key=session.key,
+            model=self.proxy.settings.model,
+            session_url=f"{self.proxy_url}/sessions/{session.id}",
+        )
+
+    async def _scores(self, task: Item, runs: list[AgentRun]) -> list[float] | None:
+        scores = []
+        for run in runs:
+            if run.error is not None or not run.trajectory.sequences:
+                failed = self._failed_score()
+                if failed is None:
+                    self.drop("agent_failed")
+                    return None
+                scores.append(failed)
+            else:
+                scores.append(await _value(self.score(task, run)))
+        return scores
+
+    def _failed_score(self) -> float | None:
+        return self.config.failed_agent_score
+
+    def group(self, runs: list[AgentRun], scores: list[float]) -> dict[str, Any]:
+        """The group of these rollouts (see the module docstring for multi-sequence ones)."""
+        rows = [(seq, score, i) for i, (run, score) in enumerate(zip(runs, scores, strict=True))
+                for seq in run.trajectory.sequences]  # fmt: skip
+        group: dict[str, Any] = {
+            "tokens": [seq.tokens for seq, _, _ in rows],
+            "masks": [seq.masks for seq, _, _ in rows],
+            "scores": [score for _, score, _ in rows],
+            "messages": [seq.messages for seq, _, _ in rows],
+        }
+        sources = {seq.token_source for seq, _, _ in rows}
+        group["token_source"] = sources.pop() if len(sources) == 1 else "mixed"
+        if all(seq.logprobs is not None for seq, _, _ in rows):
+            group["inference_logprobs"] = [seq.logprobs for seq, _, _ in rows]
+        versions = [seq.policy_version for seq, _, _ in rows if seq.policy_version is not None]
+        if versions:
+            group["policy_version"] = min(versions)
+        if len(rows) != len(runs):
+            advantages = group_advantages(scores)
+            group["advantages"] = [[advantages[i]] * len(seq.tokens) for seq, _, i in rows]
+            group["group_overrides"] = {"group_size": len(rows)}
+        return group
+
+    # ----- settings ---------------------------------------------------------------------------
+
+    def _configs(self) -> list[Any]:
+        configs = self.server_configs
+        return list(configs) if isinstance(configs, list) else [configs]
+
+    def _model_name(self) -> str:
+        names = [getattr(c, "model_name", None) for c in self._configs()]
+        return next((str(n) for n in names if n), "atropos-policy")
+
+
+async def _value(score: Any) -> float:
+    if inspect.isawaitable(score):
+        score = await score
+    return float(score)
+
+
+async def run_command(command: str, task: Item, client: AgentClient, timeout: float) -> str:
+    """Run an external agent for `task`: the task as JSON on stdin and in `ATROPOS_TASK`, the
+    session in its environment; its stdout (stripped) is the output. A non-zero exit raises
+    RuntimeError with the end of its stderr; past `timeout` its process group is killed."""
+    text = json.dumps(task, ensure_ascii=False, default=str)
+    env = {**os.environ, **client.environ, "ATROPOS_TASK": text}
+    proc = await asyncio.create_subprocess_exec(
+        *shlex.split(command),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(text.encode()), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        raise RuntimeError(f"agent command exited {proc.returncode}: {' | '.join(tail)}")
+    return out.decode(errors="replace").strip()
