@@ -39,7 +39,8 @@ class Limits:
     """What one session may use; a call past any of them is refused (400)."""
 
     max_turns: int = 256  # model calls
-    max_tokens: int = 262_144  # completion tokens generated, all calls together
+    max_tokens: int = 262_144  # completion tokens, all calls together (a call that names its
+    # max_tokens is capped at what is left; one that does not gets the server's default)
     max_seconds: float = 3600.0  # from the session's creation
 
 
@@ -157,8 +158,8 @@ class Session:
         left = limits.max_tokens - self.completion_tokens
         if left <= 0:
             raise ProxyError(400, f"session {self.id} reached max_tokens={limits.max_tokens}")
-        if request.max_tokens is None:
-            return left if left < limits.max_tokens else None
+        if request.max_tokens is None:  # the server's default; the budget is checked per call
+            return None
         return min(request.max_tokens, left)
 
     def _render(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
