@@ -6,20 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from atropos.inference.config import APIServerConfig, ServerManagerConfig
-from atropos.inference.managed import ManagedServer
-from atropos.inference.manager import ServerManager
-from atropos.inference.tokenizer import load_tokenizer
-from atropos.proxy.app import Proxy, ProxySettings, build_app
+from atropos.proxy.app import Proxy, build_app
 from atropos.proxy.session import Limits
 from atropos.testing import FakeInferenceServer, serve_in_thread
+
+from .helpers import make_proxy
 
 TOOLS = [
     {
@@ -48,50 +46,10 @@ def responder(prompt: str) -> str:
     return f"The answer is 5.{tag}"
 
 
-class Recording:
-    """A token server that keeps what the real one returned (ids and logprobs), per call."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.outputs: list[tuple[list[int], list[float]]] = []
-
-    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
-        prompt, outs, lps, finishes = await self.inner.tokens_and_logprobs_completion(**kwargs)
-        self.outputs += [(list(o), list(lp)) for o, lp in zip(outs, lps, strict=True)]
-        return prompt, outs, lps, finishes
-
-
-class RecordingManager:
-    """`managed_server()` over a recording token server (everything else: the manager's)."""
-
-    def __init__(self, manager: ServerManager) -> None:
-        self.manager = manager
-        self.recording = Recording(manager)
-
-    def managed_server(self, tokenizer: Any) -> Any:
-        @contextlib.asynccontextmanager
-        async def session() -> AsyncIterator[ManagedServer]:
-            yield ManagedServer(self.recording, tokenizer)
-
-        return session()
-
-    async def chat_completion(self, **kwargs: Any) -> Any:
-        return await self.manager.chat_completion(**kwargs)
-
-
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeInferenceServer]:
     with FakeInferenceServer(responder=responder) as server:
         yield server
-
-
-def make_proxy(fake: FakeInferenceServer, server_type: str = "vllm", **settings: Any) -> Proxy:
-    config = APIServerConfig(base_url=fake.base_url, server_type=server_type, model_name="m")
-    manager = ServerManager([config], ServerManagerConfig())
-    tokenizer = load_tokenizer("tiny")
-    server: Any = manager if server_type == "openai" else RecordingManager(manager)
-    kwargs = {"model": "atropos-tiny", **settings}
-    return Proxy(server, tokenizer, ProxySettings(**kwargs), text_only=server_type == "openai")
 
 
 @contextlib.contextmanager
@@ -137,7 +95,7 @@ def tool_loop(client: openai.OpenAI, task: str = "What is 2 + 3?", stream: bool 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_tool_loop_is_one_sequence_of_the_servers_own_tokens(fake, stream):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     tok = proxy.tokenizer
     with running(proxy) as url:
         session = new_session(url)
@@ -163,7 +121,7 @@ def test_a_tool_loop_is_one_sequence_of_the_servers_own_tokens(fake, stream):
 
 
 def test_rewritten_history_starts_a_new_counted_sequence(fake):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
@@ -182,7 +140,7 @@ def test_rewritten_history_starts_a_new_counted_sequence(fake):
 
 
 def test_64_concurrent_sessions_never_mix(fake):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         sessions = [new_session(url) for _ in range(64)]
 
@@ -213,7 +171,7 @@ def test_64_concurrent_sessions_never_mix(fake):
 
 
 def test_bad_input_gets_a_4xx_and_leaves_other_sessions_untouched(fake):
-    proxy = make_proxy(fake, max_body_bytes=4096)
+    proxy = make_proxy(fake.base_url, max_body_bytes=4096)
     with running(proxy) as url:
         good, other = new_session(url), new_session(url)
         client = openai.OpenAI(base_url=good["base_url"], api_key=good["api_key"])
@@ -264,7 +222,7 @@ def test_bad_input_gets_a_4xx_and_leaves_other_sessions_untouched(fake):
 
 
 def test_plain_v1_paths_find_the_session_by_its_key(fake):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=session["api_key"])
@@ -274,7 +232,7 @@ def test_plain_v1_paths_find_the_session_by_its_key(fake):
 
 
 def test_limits_reward_and_delete(fake):
-    proxy = make_proxy(fake, limits=Limits(max_turns=2))
+    proxy = make_proxy(fake.base_url, limits=Limits(max_turns=2))
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(
@@ -304,7 +262,7 @@ def test_limits_reward_and_delete(fake):
 
 
 def test_malformed_tool_calls_come_back_as_text_and_are_counted(fake):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
@@ -322,7 +280,7 @@ def test_malformed_tool_calls_come_back_as_text_and_are_counted(fake):
 
 
 def test_a_text_only_server_is_retokenized_and_says_so(fake):
-    proxy = make_proxy(fake, server_type="openai")
+    proxy = make_proxy(fake.base_url, server_type="openai")
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
@@ -339,7 +297,7 @@ def test_a_text_only_server_is_retokenized_and_says_so(fake):
 
 
 def test_upstreams_managed_server_proxy_routes(fake):
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         created = httpx.post(f"{url}/sessions/create", json={"tool_parser": "hermes"}).json()
         assert {"uuid", "model_name", "tool_parser", "base_url", "created_at"} <= set(created)
@@ -358,7 +316,7 @@ def test_upstreams_managed_server_proxy_routes(fake):
 
 
 def test_an_api_key_guards_session_management(fake):
-    proxy = make_proxy(fake, api_key="admin-key")
+    proxy = make_proxy(fake.base_url, api_key="admin-key")
     with running(proxy) as url:
         assert httpx.post(f"{url}/sessions").status_code == 401
         assert httpx.post(f"{url}/sessions/create").status_code == 401
@@ -372,7 +330,7 @@ def test_an_api_key_guards_session_management(fake):
 
 
 def test_idle_sessions_expire(fake):
-    proxy = make_proxy(fake, session_ttl=60)
+    proxy = make_proxy(fake.base_url, session_ttl=60)
 
     async def main() -> None:
         session = await proxy.create_session()
@@ -385,7 +343,7 @@ def test_idle_sessions_expire(fake):
 
 def test_the_responses_api_and_the_agents_sdk_through_the_proxy(fake):
     agents = pytest.importorskip("agents")
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     with running(proxy) as url:
         session = new_session(url)
         client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
@@ -438,7 +396,7 @@ def test_the_responses_api_and_the_agents_sdk_through_the_proxy(fake):
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_anthropic_sdk_through_the_proxy(fake, stream):
     anthropic = pytest.importorskip("anthropic")
-    proxy = make_proxy(fake)
+    proxy = make_proxy(fake.base_url)
     tools: Any = [
         {
             "name": "add",
