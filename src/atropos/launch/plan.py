@@ -97,7 +97,7 @@ class Process(BaseModel):
         `where` says where it runs (`on node 0`); `gpus` is appended to it as given.
         """
         restart = self.restart
-        policy = restart.policy
+        policy: str = restart.policy
         if policy != "never":
             policy += f" (max {restart.max_restarts})"
         return (
