@@ -286,6 +286,24 @@ def check_group(group: Group, where: str = "$") -> list[str]:
     ...
     atropos.wire.ProtocolError: $.masks: has 2 rows but tokens has 1 sequences; they must match
     """
+    n = _check_sequences(group, where)
+    findings = _check_optional_rows(group, where, n)
+    for name in FREE_FORM:
+        value = getattr(group, name)
+        if value is not None:
+            check_free_form(value, f"{where}.{name}")
+    if group.messages is not None:
+        _check_messages(group.messages, where)
+        if len(group.messages) != n:
+            findings.append("messages_row_count")
+    return findings
+
+
+def _check_sequences(group: Group, where: str) -> int:
+    """The number of sequences, once tokens, masks and scores agree on it (else ProtocolError).
+
+    Every sequence has at least one token, a mask row of its length, and a finite score.
+    """
     n = len(group.tokens)
     if n == 0:
         raise ProtocolError(f"{where}.tokens: a group needs at least one sequence")
@@ -309,6 +327,15 @@ def check_group(group: Group, where: str = "$") -> list[str]:
     for i, s in enumerate(group.scores):
         if not math.isfinite(s):
             raise ProtocolError(f"{where}.scores[{i}]: {s} is not a finite number")
+    return n
+
+
+def _check_optional_rows(group: Group, where: str, n: int) -> list[str]:
+    """Check the optional per-sequence arrays: one row per sequence (else ProtocolError).
+
+    Per-token rows whose length differs from their tokens are accepted: each such array is a
+    finding (`<name>_row_length`).
+    """
     findings: list[str] = []
     for name in ("advantages", "ref_logprobs", "inference_logprobs"):
         rows: list[list[float]] | None = getattr(group, name)
@@ -328,20 +355,17 @@ def check_group(group: Group, where: str = "$") -> list[str]:
                 f"{where}.{name}: has {len(seq_rows)} rows but tokens has {n} sequences;"
                 " there must be one row per sequence"
             )
-    for name in FREE_FORM:
-        value = getattr(group, name)
-        if value is not None:
-            check_free_form(value, f"{where}.{name}")
-    if group.messages is not None:
-        for i, conversation in enumerate(group.messages):
-            for j, message in enumerate(conversation):
-                if "role" not in message or "content" not in message:
-                    raise ProtocolError(
-                        f"{where}.messages[{i}][{j}]: a message needs both 'role' and 'content'"
-                    )
-        if len(group.messages) != n:
-            findings.append("messages_row_count")
     return findings
+
+
+def _check_messages(messages: list[list[Message]], where: str) -> None:
+    """Every message of every conversation has both a role and a content (else ProtocolError)."""
+    for i, conversation in enumerate(messages):
+        for j, message in enumerate(conversation):
+            if "role" not in message or "content" not in message:
+                raise ProtocolError(
+                    f"{where}.messages[{i}][{j}]: a message needs both 'role' and 'content'"
+                )
 
 
 def _explain(body: bytes, err: Exception) -> ProtocolError:

@@ -14,7 +14,6 @@ import asyncio
 import contextvars
 import importlib
 from collections.abc import Awaitable, Iterable, Mapping
-from types import TracebackType
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -78,12 +77,7 @@ class PolicyVersions:
         self._token = _POLICY_VERSIONS.set(self)
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._token is not None:
             _POLICY_VERSIONS.reset(self._token)
             self._token = None
@@ -443,7 +437,19 @@ class HTTPBackend:
         max_tokens: int | None = None,
         **sampling: Any,
     ) -> TokensAndLogprobs:
-        """Sample `n` completions; return exact token ids and their logprobs."""
+        """Sample `n` completions; return exact token ids and their logprobs.
+
+        `max_tokens` joins the sampling kwargs (where an alias of it may already be); the
+        backend's `_sample_tokens` does the rest.
+        """
+        if max_tokens is not None:
+            sampling["max_tokens"] = max_tokens
+        return await self._sample_tokens(prompt, input_ids, n, sampling)
+
+    async def _sample_tokens(
+        self, prompt: str | None, input_ids: list[int] | None, n: int, sampling: dict[str, Any]
+    ) -> TokensAndLogprobs:
+        """`tokens_and_logprobs_completion` of this backend (`max_tokens` is in `sampling`)."""
         raise self._unsupported(
             "tokens_and_logprobs_completion", "use server_type 'vllm' or 'sglang'"
         )

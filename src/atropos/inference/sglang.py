@@ -70,18 +70,10 @@ class SGLangBackend(OpenAIBackend):
     supports_tokens = True
     supports_prompt_logprobs = True
 
-    async def tokens_and_logprobs_completion(
-        self,
-        *,
-        prompt: str | None = None,
-        input_ids: list[int] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        **sampling: Any,
+    async def _sample_tokens(
+        self, prompt: str | None, input_ids: list[int] | None, n: int, sampling: dict[str, Any]
     ) -> TokensAndLogprobs:
-        """Sample `n` completions; ids and logprobs exactly as SGLang produced them."""
-        if max_tokens is not None:
-            sampling["max_tokens"] = max_tokens
+        """`tokens_and_logprobs_completion` by `/generate`: ids and logprobs as SGLang made them."""
         ids = await self._prompt_ids(prompt, input_ids)
         body = self._generate_body(ids, prompt, self._sampling(sampling, n=n))
         results = await self._generate(body)

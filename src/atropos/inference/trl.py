@@ -85,20 +85,12 @@ class TRLBackend(HTTPBackend):
             return "stop"
         return "length" if len(ids) >= limit else "stop"
 
-    async def tokens_and_logprobs_completion(
-        self,
-        *,
-        prompt: str | None = None,
-        input_ids: list[int] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        **sampling: Any,
+    async def _sample_tokens(
+        self, prompt: str | None, input_ids: list[int] | None, n: int, sampling: dict[str, Any]
     ) -> TokensAndLogprobs:
-        """Sample `n` completions; token ids and sampled-token logprobs from TRL's server."""
+        """`tokens_and_logprobs_completion`: ids and sampled-token logprobs from TRL's server."""
         if prompt is None and input_ids is None:
             raise ValueError("pass prompt= or input_ids=")
-        if max_tokens is not None:
-            sampling["max_tokens"] = max_tokens
         text = prompt
         if input_ids is not None:
             tokenizer = await self._get_tokenizer()

@@ -132,18 +132,10 @@ class VLLMBackend(OpenAIBackend):
         """`GET {root}/health`."""
         return self.root + self.health_path
 
-    async def tokens_and_logprobs_completion(
-        self,
-        *,
-        prompt: str | None = None,
-        input_ids: list[int] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        **sampling: Any,
+    async def _sample_tokens(
+        self, prompt: str | None, input_ids: list[int] | None, n: int, sampling: dict[str, Any]
     ) -> TokensAndLogprobs:
-        """Sample `n` completions of the prompt; ids and logprobs exactly as vLLM produced them."""
-        if max_tokens is not None:
-            sampling["max_tokens"] = max_tokens
+        """`tokens_and_logprobs_completion`: ids and logprobs exactly as vLLM produced them."""
         limit = normalize_max_tokens(sampling)
         body = self._model(sampling)
         body["n"] = n

@@ -323,18 +323,15 @@ def stop_all(
 
     A second SIGINT/SIGTERM while stopping (`hurry`) cuts every grace period short: what is
     still running gets SIGKILL at once."""
-    tiers: dict[int, list[Process]] = {}
-    for proc in plan.processes:
-        tiers.setdefault(proc.stop_tier, []).append(proc)
     hurried = False
-    for tier in sorted(tiers):
+    for tier in plan.stop_tiers():
         threads = [
             threading.Thread(target=handles[p.name].stop, name=f"stop-{p.name}", daemon=True)
-            for p in tiers[tier]
+            for p in tier
         ]
         for t in threads:
             t.start()
-        for t, proc in zip(threads, tiers[tier], strict=True):
+        for t, proc in zip(threads, tier, strict=True):
             end = time.monotonic() + proc.grace + 15
             while t.is_alive() and time.monotonic() < end:
                 if hurry is not None and hurry.count >= 2 and not hurried:

@@ -91,6 +91,20 @@ class Process(BaseModel):
     def stop_tier(self) -> int:
         return STOP_TIER[self.role]
 
+    def headline(self, where: str, gpus: str = "") -> str:
+        """The dry runs' first line about this process: name, role, place, restart, readiness.
+
+        `where` says where it runs (`on node 0`); `gpus` is appended to it as given.
+        """
+        restart = self.restart
+        policy: str = restart.policy
+        if policy != "never":
+            policy += f" (max {restart.max_restarts})"
+        return (
+            f"{self.name} [{self.role}] {where}{gpus}; restart {policy};"
+            f" ready within {self.ready_timeout:g} s"
+        )
+
 
 class Plan(BaseModel):
     name: str
@@ -119,6 +133,16 @@ class Plan(BaseModel):
             done |= {p.name for p in tier}
             left = [p for p in left if p.name not in done]
         return tiers
+
+    def stop_tiers(self) -> list[list[Process]]:
+        """Processes in stop order (`STOP_TIER`): trainer, environments, inference, API.
+
+        Each group stops at once, and the next only once it has.
+        """
+        tiers: dict[int, list[Process]] = {}
+        for proc in self.processes:
+            tiers.setdefault(proc.stop_tier, []).append(proc)
+        return [tiers[t] for t in sorted(tiers)]
 
 
 # ----- building ----------------------------------------------------------------------------------

@@ -207,17 +207,9 @@ def parse_time(text: str) -> int | None:
     return values[0] * 3600 + values[1] * 60 + values[2]
 
 
-def stop_tiers(plan: Plan) -> list[list[Process]]:
-    """The processes in stop order: trainer, environments, inference servers, API."""
-    tiers: dict[int, list[Process]] = {}
-    for proc in plan.processes:
-        tiers.setdefault(proc.stop_tier, []).append(proc)
-    return [tiers[t] for t in sorted(tiers)]
-
-
 def stop_budget(plan: Plan) -> int:
     """Seconds the ordered stop may take at most: each tier's grace period plus slack."""
-    return sum(int(max(p.grace for p in tier)) + STOP_SLACK for tier in stop_tiers(plan)) + 30
+    return sum(int(max(p.grace for p in tier)) + STOP_SLACK for tier in plan.stop_tiers()) + 30
 
 
 def node_cpus(plan: Plan) -> int:
@@ -566,7 +558,7 @@ def _stop_function(plan: Plan) -> list[str]:
         "# the environments (they drain), the inference servers, the API.",
         "stop() {",
     ]
-    lines += [f"  stop_steps {' '.join(p.name for p in tier)}" for tier in stop_tiers(plan)]
+    lines += [f"  stop_steps {' '.join(p.name for p in tier)}" for tier in plan.stop_tiers()]
     lines.append("}")
     return lines
 
@@ -601,13 +593,8 @@ def _step_lines(
         return fill(text, proc, book, python=python, run_dir=plan.run_dir, key="<run key>")
 
     gpus = f", GPUs {','.join(map(str, proc.gpu_ids))} of the node" if proc.gpu_ids else ""
-    restart = proc.restart
-    policy = restart.policy + (
-        f" (max {restart.max_restarts})" if restart.policy != "never" else ""
-    )
     lines = [
-        f"# {proc.name} [{proc.role}] on node {proc.node}{gpus}; restart {policy};"
-        f" ready within {proc.ready_timeout:g} s",
+        f"# {proc.headline(f'on node {proc.node}', gpus)}",
         f"#   $ {' '.join(_shown(render(a)) for a in proc.argv)}",
     ]
     for name, value in proc.environ.items():

@@ -49,13 +49,8 @@ def _block(
     gpus = (
         f", GPUs {proc.gpu_ids}" if proc.gpu_ids else (f", {proc.gpus} GPUs" if proc.gpus else "")
     )
-    restart = proc.restart
-    policy = restart.policy + (
-        f" (max {restart.max_restarts})" if restart.policy != "never" else ""
-    )
     out = [
-        f"  {proc.name} [{proc.role}] on {where}{gpus}; restart {policy};"
-        f" ready within {proc.ready_timeout:g} s",
+        f"  {proc.headline(f'on {where}', gpus)}",
         f"    $ {shlex.join(render(a) for a in proc.argv)}",
     ]
     if proc.name in book:

@@ -257,11 +257,7 @@ def follow(plan: Plan, job_id: str, say: Say = _say) -> int:
 def _outcome(plan: Plan, job_id: str, info: dict[str, str] | None, say: Say) -> int:
     run_dir = plan.run_dir
     output = run_dir / "logs" / f"job-{job_id}.out"
-    try:
-        record = json.loads((run_dir / "launch.json").read_text())
-    except (OSError, ValueError):
-        record = {}
-    code = record.get("exit_code") if record.get("job_id") == job_id else None
+    code = _exit_code(run_dir, job_id)
     if code is None:
         state = (info or {}).get("JobState", "unknown")
         _error(f"job {job_id} ended ({state}) before the run did; its output: {output}")
@@ -277,6 +273,19 @@ def _outcome(plan: Plan, job_id: str, info: dict[str, str] | None, say: Say) -> 
         f" {output}"
     )
     return int(code)
+
+
+def _exit_code(run_dir: Path, job_id: str) -> Any:
+    """The run's exit status as `launch.json` records it for job `job_id`; None if it does not.
+
+    The record is the run's own (written when it stops); a missing or unreadable one, or one
+    from another job, means the job ended before the run could say how.
+    """
+    try:
+        record = json.loads((run_dir / "launch.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("exit_code") if record.get("job_id") == job_id else None
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -334,11 +343,7 @@ def cancel(run_dir: Path, say: Say = _say) -> int:
 
 def _ended(run_dir: Path, job_id: str, info: dict[str, str] | None) -> str:
     state = info.get("JobState", "?") if info is not None else "no longer known"
-    try:
-        record = json.loads((run_dir / "launch.json").read_text())
-    except (OSError, ValueError):
-        record = {}
-    code = record.get("exit_code") if record.get("job_id") == job_id else None
+    code = _exit_code(run_dir, job_id)
     if code is None:
         return f"job {job_id} ended ({state})"
     return (

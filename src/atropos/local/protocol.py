@@ -7,6 +7,7 @@ returns a `Result`; `atropos.local.responses` shapes it as vLLM does. No torch h
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -292,6 +293,25 @@ def parse_chat(body: Mapping[str, Any], codec: Codec) -> Parsed:
         return_token_ids=get_bool(body, "return_token_ids"),
         as_token_ids=get_bool(body, "return_tokens_as_token_ids"),
     )
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body read as a JSON object; anything else is a `RequestError` (400).
+
+    >>> json_object(b'{"n": 2}')
+    {'n': 2}
+    >>> json_object(b"[1]")
+    Traceback (most recent call last):
+    ...
+    atropos.local.protocol.RequestError: the body must be a JSON object
+    """
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise RequestError(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
 
 
 def render_chat(body: Mapping[str, Any], tokenizer: Any) -> str:

@@ -35,6 +35,25 @@ def _lp(value: float) -> float:
     return value if value > FLOOR else FLOOR
 
 
+ID_PREFIXES = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}
+"""The id prefix of each kind of answer (its `object`), as OpenAI and vLLM write it."""
+
+
+def answer_head(kind: str, model: str) -> dict[str, Any]:
+    """The fields a completion answer opens with: a new `id`, its `object`, `created`, `model`.
+
+    >>> head = answer_head("chat.completion", "tiny")
+    >>> head["id"].startswith("chatcmpl-"), head["object"], head["model"]
+    (True, 'chat.completion', 'tiny')
+    """
+    return {
+        "id": f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
 class Shaper:
     """Builds the JSON answers of one server; token texts come from its codec."""
 
@@ -93,15 +112,25 @@ class Shaper:
                         "prompt_token_ids": ids if parsed.return_token_ids else None,
                     }
                 )
+        return self._answer("text_completion", model, choices, parsed, result, {})
+
+    def _answer(
+        self,
+        kind: str,
+        model: str,
+        choices: list[dict[str, Any]],
+        parsed: Parsed,
+        result: Result,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The top level of an answer of object `kind`, with the `extra` fields of that kind."""
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
+            **answer_head(kind, model),
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
             "usage": self._usage(parsed, result),
+            **extra,
             "kv_transfer_params": None,
             "policy_version": result.policy_version,
         }
@@ -144,20 +173,11 @@ class Shaper:
                     "token_ids": out.ids if parsed.return_token_ids else None,
                 }
             )
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": self._usage(parsed, result),
+        extra = {
             "prompt_logprobs": self._prompt_logprobs(result.prompt_logprobs[0]),
             "prompt_token_ids": parsed.prompts[0] if parsed.return_token_ids else None,
-            "kv_transfer_params": None,
-            "policy_version": result.policy_version,
         }
+        return self._answer("chat.completion", model, choices, parsed, result, extra)
 
     def _chat_logprobs(self, out: Output, parsed: Parsed, k: int) -> dict[str, Any]:
         as_ids = parsed.as_token_ids

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from atropos.local.protocol import RequestError, Result, Sampling, parse_chat, parse_completion
+from atropos.local.protocol import (
+    RequestError,
+    Result,
+    Sampling,
+    json_object,
+    parse_chat,
+    parse_completion,
+)
 from atropos.local.responses import Shaper, models_body
 
 if TYPE_CHECKING:
@@ -56,13 +62,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object")
-    return body
+    return json_object(await request.body())
 
 
 def _name(body: dict[str, Any], key: str) -> str:

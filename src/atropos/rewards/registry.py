@@ -38,27 +38,6 @@ from typing import Any, Literal, TypeVar
 
 from atropos.names import did_you_mean
 
-__all__ = [
-    "NORMALIZATIONS",
-    "Combination",
-    "Completion",
-    "Normalization",
-    "RewardError",
-    "RewardFn",
-    "RewardNotFound",
-    "Term",
-    "aliases",
-    "build",
-    "call",
-    "canonical",
-    "get",
-    "names",
-    "override_weights",
-    "reward",
-    "text_of",
-    "unregister",
-]
-
 Completion = str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
 RewardFn = Callable[..., float]
 F = TypeVar("F", bound=RewardFn)

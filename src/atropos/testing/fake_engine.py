@@ -20,7 +20,7 @@ from atropos.inference.tokenizer import import_transformers_quietly
 
 # Request fields are read as `atropos local serve` reads them (one set of rules, one error type).
 from atropos.local.protocol import RequestError as BadRequest
-from atropos.local.protocol import get_bool, get_float, get_int, get_stop
+from atropos.local.protocol import get_bool, get_float, get_int, get_stop, render_chat
 
 #: `responder(prompt_text)` returns the completion text, or None for the random default.
 Responder = Callable[[str], "str | None | Awaitable[str | None]"]
@@ -139,28 +139,7 @@ class Engine:
 
     def render_chat(self, body: Mapping[str, Any]) -> str:
         """The prompt text of a chat request, rendered with the chat template."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list", "messages")
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest("each message needs a string 'role'", "messages")
-            if not isinstance(m.get("content"), str | list | None):
-                raise BadRequest("message content must be a string, a list or null", "messages")
-        extra = body.get("chat_template_kwargs") or {}
-        if not isinstance(extra, dict):
-            raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=body.get("tools"),
-                tokenize=False,
-                add_generation_prompt=get_bool(body, "add_generation_prompt", True),
-                **extra,
-            )
-        except Exception as exc:  # a template error is the client's problem
-            raise BadRequest(f"chat template failed: {exc}", "messages") from exc
-        return str(text)
+        return render_chat(body, self.tokenizer)
 
     def check_length(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampling:
         """Refuse prompts that overflow the context (as vLLM does); fill in a missing max."""

@@ -63,7 +63,6 @@ import asyncio
 import collections
 import contextlib
 import importlib
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -76,6 +75,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atropos.local.protocol import RequestError as BadRequest
+from atropos.local.protocol import json_object
 from atropos.net import free_port
 from atropos.testing.fake_engine import (
     Engine,
@@ -288,12 +288,7 @@ class FakeInferenceServer:
             try:
                 body: dict[str, Any] = {}
                 if method == "POST":
-                    try:
-                        body = json.loads(await request.body())
-                    except ValueError as exc:
-                        raise BadRequest(f"the body is not JSON: {exc}") from exc
-                    if not isinstance(body, dict):
-                        raise BadRequest("the body must be a JSON object")
+                    body = json_object(await request.body())
                 answer = await handler(body)  # a Response: already encoded (cached answers)
                 return answer if isinstance(answer, Response) else JSONResponse(answer)
             except BadRequest as exc:

@@ -12,7 +12,6 @@ the fake cheap when benchmarks send it thousands of requests a second.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,6 +21,7 @@ from starlette.responses import Response
 
 from atropos.local.protocol import RequestError as BadRequest
 from atropos.local.protocol import get_bool, get_ids, get_int
+from atropos.local.responses import answer_head
 from atropos.testing.fake_engine import (
     Engine,
     Output,
@@ -96,6 +96,18 @@ class Shapes:
             "total_tokens": prompt + completion,
         }
 
+    def _answer(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        choices: list[dict[str, Any]],
+        prompts: Prompts,
+        outs: list[list[Output]],
+    ) -> dict[str, Any]:
+        """An OpenAI answer of object `kind` (the local server's head) around `choices`."""
+        head = answer_head(kind, body.get("model") or self.model)
+        return {**head, "choices": choices, "usage": self._usage(prompts, outs)}
+
     @staticmethod
     def _refuse_streaming(body: Mapping[str, Any]) -> None:
         if get_bool(body, "stream"):
@@ -140,16 +152,7 @@ class Shapes:
                 if pk is not None:
                     choice["prompt_logprobs"] = self._prompt_logprobs(prompt_ids, pk)
                 choices.append(choice)
-        return self._stamp(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": body.get("model") or self.model,
-                "choices": choices,
-                "usage": self._usage(prompts, outs),
-            }
-        )
+        return self._stamp(self._answer("text_completion", body, choices, prompts, outs))
 
     def _completion_logprobs(self, out: Output, as_ids: bool) -> Any:
         tokens = [self._token(i, as_ids) for i in out.ids]
@@ -191,14 +194,7 @@ class Shapes:
             if get_bool(body, "return_token_ids"):
                 choice["token_ids"] = out.ids
             choices.append(choice)
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.model,
-            "choices": choices,
-            "usage": self._usage(prompts, outs),
-        }
+        response = self._answer("chat.completion", body, choices, prompts, outs)
         if get_bool(body, "return_token_ids"):
             response["prompt_token_ids"] = prompts[0][0]
         pk = get_int(body, "prompt_logprobs", None, 0, 20)

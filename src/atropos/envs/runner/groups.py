@@ -14,10 +14,13 @@ import os
 import random
 from collections import Counter
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from atropos import wire
 from atropos.envs.types import DROP_REASONS
+
+if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
+    from atropos.envs.base import BaseEnv
 
 
 class _GroupIds:
@@ -86,6 +89,40 @@ def prepare(
     if env_id is not None:
         out["env_id"] = env_id
     return out
+
+
+def ready_groups(
+    env: BaseEnv,
+    result: Any,
+    dropped: EnvDrops,
+    drops: Counter[str],
+    *,
+    max_token_len: int,
+    policy_version: int | None,
+    env_id: int | None,
+) -> list[dict[str, Any]]:
+    """The groups of one item's `result`, checked and stamped by `prepare` under the env's config.
+
+    Every drop is counted in `drops`: the env's own (`dropped`) and the checks'.
+    """
+    cfg = env.config
+    groups = as_groups(result)
+    dropped.count(drops, groups)
+    decode = (lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None
+    ready = [
+        prepare(
+            group,
+            group_size=cfg.group_size,
+            max_token_len=max_token_len,
+            ensure_scores_differ=cfg.ensure_scores_are_not_same,
+            policy_version=policy_version,
+            env_id=env_id,
+            drops=drops,
+            decode=decode,
+        )
+        for group in groups
+    ]
+    return [group for group in ready if group is not None]
 
 
 def plural(n: int, noun: str) -> str:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atropos.envs.config import ResolvedConfig
-from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.html import write_html
 from atropos.envs.runner.stop import Stopped, Stopper
@@ -231,7 +231,7 @@ class ProcessRunner:
         return 0 if made > 0 or self.target == 0 else 1
 
     async def _one(self, item: Any) -> int:
-        env, cfg = self.env, self.env.config
+        env = self.env
         t0 = time.monotonic()
         try:
             # what the servers report for this rollout's calls, and why the env dropped it
@@ -245,26 +245,21 @@ class ProcessRunner:
             return 0
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()
-        written = 0
-        groups = as_groups(result)
-        dropped.count(self.drops, groups)
-        for group in groups:
-            ready = prepare(
-                group,
-                group_size=cfg.group_size,
-                max_token_len=-1,
-                ensure_scores_differ=cfg.ensure_scores_are_not_same,
-                policy_version=seen.lowest,  # none without a trainer, unless a server says
-                env_id=None,
-                drops=self.drops,
-                decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,
-            )
-            if ready is not None:
-                self.sink.write(ready)
-                self.scores.extend(float(s) for s in ready["scores"])
-                self.lengths.extend(trained_tokens(ready["masks"]))
-                written += 1
-        return written
+        # policy_version: none without a trainer, unless a server says
+        ready = ready_groups(
+            env,
+            result,
+            dropped,
+            self.drops,
+            max_token_len=-1,
+            policy_version=seen.lowest,
+            env_id=None,
+        )
+        for group in ready:
+            self.sink.write(group)
+            self.scores.extend(float(s) for s in group["scores"])
+            self.lengths.extend(trained_tokens(group["masks"]))
+        return len(ready)
 
     def _totals(self, made: int) -> dict[str, float]:
         """The run's metrics for the record at its end (names as in serve mode; every count

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner.control import ApiError, ControlClient
-from atropos.envs.runner.groups import EnvDrops, JsonlSink, as_groups, plural, prepare
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
@@ -340,21 +340,15 @@ class ServeRunner:
                 self._stop()
             return
         self.durations["succeeded"].append(time.monotonic() - started)
-        groups = as_groups(result)
-        dropped.count(self.drops, groups)
-        for group in groups:
-            ready = prepare(
-                group,
-                group_size=cfg.group_size,
-                max_token_len=env.max_token_len,
-                ensure_scores_differ=cfg.ensure_scores_are_not_same,
-                policy_version=version if seen.lowest is None else seen.lowest,
-                env_id=env.env_id,
-                drops=self.drops,
-                decode=(lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None,
-            )
-            if ready is None:
-                continue
+        for ready in ready_groups(
+            env,
+            result,
+            dropped,
+            self.drops,
+            max_token_len=env.max_token_len,
+            policy_version=version if seen.lowest is None else seen.lowest,
+            env_id=env.env_id,
+        ):
             if self.sink is not None:
                 self.sink.write(ready)
             if len(self.lengths) < self.window_limit:
