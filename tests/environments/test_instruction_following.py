@@ -29,6 +29,7 @@ from atropos.envs import registry
 
 from .helpers import (
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -490,7 +491,7 @@ def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
 
 
 def test_defaults_and_registration():
-    config, [server] = InstructionFollowing.config_init()
+    config, [server] = env_defaults(InstructionFollowing)
     assert isinstance(config, InstructionFollowingConfig)
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

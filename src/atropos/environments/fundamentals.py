@@ -24,7 +24,7 @@ import functools
 import itertools
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -32,8 +32,7 @@ from atropos.environments.common.data_loading import in_prompt, load_train_test
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, too_short
+from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
 
 __all__ = [
@@ -155,20 +154,14 @@ class FundamentalsConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.2, ge=0, description="sampling temperature of eval")
 
 
-class Fundamentals(Env):
+class Fundamentals(Env[FundamentalsConfig]):
     """Direction and magnitude of a company metric's next change; binarised reward."""
 
     name = "fundamentals"
-    env_config_cls = FundamentalsConfig
-    config: FundamentalsConfig
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
     seed = 42
-
-    @classmethod
-    def config_init(cls) -> tuple[FundamentalsConfig, list[APIServerConfig]]:
-        env = FundamentalsConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_split("train", self.config.dataset_name, self.config.test_fraction)
@@ -189,7 +182,7 @@ class Fundamentals(Env):
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        lengths = [sum(m != -100 for m in r.masks) for r in rollouts]
+        lengths = [r.trained_tokens for r in rollouts]
         if too_short(lengths):
             self.drop("too_short")
             return None
@@ -199,10 +192,7 @@ class Fundamentals(Env):
         final = [raw - length_term(n, limit) for raw, n in zip(scores, lengths, strict=True)]
         if self.config.binary_reward:
             final = [1.0 if x > 0 else -1.0 for x in final]
-        if self.config.ensure_scores_are_not_same and all_equal(final):
-            self.drop("all_equal")
-            return None
-        return final
+        return self.unless_all_equal(final)
 
     def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
         return {"metric": item["fundamental_metric"], "gold": item["answer"],

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -30,8 +30,7 @@ from atropos.environments.common.data_loading import in_prompt, load_train_test
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, too_short
+from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
 
 __all__ = [
@@ -90,19 +89,13 @@ class MCQAConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.5, ge=0, description="sampling temperature of eval")
 
 
-class MCQA(Env):
+class MCQA(Env[MCQAConfig]):
     """Multiple-choice questions; +1 for exactly one stated answer that is right, else -1."""
 
     name = "mcqa"
-    env_config_cls = MCQAConfig
-    config: MCQAConfig
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = THINKING_SYSTEM_PROMPT
     seed = 42
-
-    @classmethod
-    def config_init(cls) -> tuple[MCQAConfig, list[APIServerConfig]]:
-        env = MCQAConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_split("train", self.config.dataset_name, self.config.test_fraction)
@@ -126,14 +119,11 @@ class MCQA(Env):
             -1.0 if r.finish_reason == "length" else s
             for r, s in zip(rollouts, scores, strict=True)
         ]
-        if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
     def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
         score = -1.0 if r.finish_reason == "length" else score

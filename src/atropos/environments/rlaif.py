@@ -21,7 +21,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -30,7 +30,6 @@ from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 
 __all__ = [
@@ -160,18 +159,12 @@ class RLAIFConfig(BaseEnvConfig):
         return v
 
 
-class RLAIF(JudgedEnv, Env):
+class RLAIF(Env[RLAIFConfig], JudgedEnv):
     """Pairs of completions, judged against `preference` (or decided by truncation)."""
 
     name = "rlaif"
-    env_config_cls = RLAIFConfig
-    config: RLAIFConfig
+    config_defaults: ClassVar[dict[str, Any]] = {"max_token_length": 1024, "use_wandb": False}
     temperature = 1.0
-
-    @classmethod
-    def config_init(cls) -> tuple[RLAIFConfig, list[APIServerConfig]]:
-        env = RLAIFConfig(max_token_length=1024, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:

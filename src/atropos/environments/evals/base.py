@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
+from typing_extensions import TypeVar
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
@@ -207,12 +208,15 @@ def summarize(correct: Sequence[Sequence[bool]], ks: Iterable[int]) -> dict[str,
     return metrics
 
 
-class EvalEnv(BaseEnv):
-    """An evaluation-only environment: sample, grade, log pass@k. Subclasses give the data
-    (`fixture`, `hub_*`, `problem`) and the grading (`grade`)."""
+EvalConfigT = TypeVar("EvalConfigT", bound=EvalConfig, default=EvalConfig)
 
-    env_config_cls: ClassVar[type[BaseEnvConfig]] = EvalConfig
-    config: EvalConfig
+
+class EvalEnv(BaseEnv[EvalConfigT]):
+    """An evaluation-only environment: sample, grade, log pass@k. Subclasses give the data
+    (`fixture`, `hub_*`, `problem`) and the grading (`grade`); one with settings of its own is
+    generic over its config (`class MMLUEval(EvalEnv[MMLUConfig])`)."""
+
+    env_config_cls: ClassVar[type[BaseEnvConfig]] = EvalConfig  # the generic default's
     evaluation_only: ClassVar[bool] = True  # `serve`/`process` refused by the CLI, status 2
     benchmark: ClassVar[str] = ""  # the task name in metrics.json
     fixture: ClassVar[str] = ""  # file under atropos/environments/data/evals/

@@ -42,7 +42,6 @@ from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.math import after_think
@@ -85,20 +84,15 @@ class MathConfig(BaseEnvConfig):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
 
-class MathEnv(JudgedEnv, Env):
+class MathEnv(Env[MathConfig], JudgedEnv):
     """Math problems in normal, judge, self-correct and rlaif modes (+1/-1 by math-verify)."""
 
     name = "math"
     requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
-    env_config_cls = MathConfig
-    config: MathConfig
+    # the local server (`atropos local serve`), 2048 tokens
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = SYSTEM_PROMPT
     seed = 42  # upstream's shuffle seed
-
-    @classmethod
-    def config_init(cls) -> tuple[MathConfig, list[APIServerConfig]]:  # `atropos local serve`
-        env = MathConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -153,7 +147,7 @@ class MathEnv(JudgedEnv, Env):
                 return None, []
             scores.append(1.0 if right else -1.0)
             overrides.append(dict(ZERO) if truncated else {})
-        if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None, []
         self._record_normal(rollouts, scores, overrides)
