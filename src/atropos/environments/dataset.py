@@ -27,7 +27,6 @@ flag still wins::
 
 from __future__ import annotations
 
-import difflib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -39,6 +38,7 @@ from atropos.environments.common.data_loading import data_path, load_hub, read_j
 from atropos.envs.config import BaseEnvConfig, ConfigError
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
+from atropos.names import did_you_mean
 from atropos.rewards import Combination, build
 
 __all__ = ["DatasetEnv", "DatasetEnvConfig", "read_dataset_file"]
@@ -138,8 +138,7 @@ def read_dataset_file(path: str | Path) -> dict[str, Any]:
                 " or in the env: block of a --config file"
             )
         if key not in DATASET_FIELDS or key == "dataset_config_file":
-            close = difflib.get_close_matches(str(key), DATASET_FIELDS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(str(key), DATASET_FIELDS, repr)
             raise ValueError(
                 f"{path}: unknown key {key!r}{hint} (dataset settings: {', '.join(DATASET_FIELDS)})"
             )
@@ -193,8 +192,7 @@ class DatasetEnv(Env[DatasetEnvConfig]):
         for i, row in enumerate(rows):
             for setting, name in wanted.items():
                 if name not in row:
-                    close = difflib.get_close_matches(name, list(row), n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    hint = did_you_mean(name, map(str, row), repr)
                     raise ConfigError(
                         f"--env.{setting}: row {i} of {source} has no field {name!r}{hint}"
                         f" (its fields: {', '.join(map(str, row))})"
