@@ -151,12 +151,10 @@ class DatasetEnv(Env[DatasetEnvConfig]):
     """Prompts and answers from any dataset, scored by configurable rewards."""
 
     name = "dataset"
-    config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 4,
-        "max_token_length": 512,
-        "use_wandb": False,
-    }
     requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 4, "max_token_length": 512, "use_wandb": False
+    }  # fmt: skip
 
     @cached_property
     def rewards(self) -> Combination:

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from atropos.environments.common.data_loading import in_prompt, load_train_test
-from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
+from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
+from atropos.envs.simple import Rollout
 from atropos.envs.types import Message
 from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
@@ -141,20 +141,17 @@ def load_split(
     return load_train_test("fundamentals", split, dataset_name, test_fraction)
 
 
-class FundamentalsConfig(BaseEnvConfig):
-    """`fundamentals`' settings."""
+class FundamentalsConfig(HeldOutConfig):
+    """`fundamentals`' settings; the real data is `--env.dataset_name HUB_DATASET`
+    (NousResearch/company-fundamentals-prediction-lite)."""
 
-    dataset_name: str | None = Field(
-        default=None, description=f"hub dataset, e.g. {HUB_DATASET} (unset: shipped fixture)"
-    )
-    test_fraction: float = Field(default=0.05, gt=0, lt=1, description="hub rows held out")
     binary_reward: bool = Field(
         default=True, description="train on +1/-1 (upstream); false: the raw score"
     )
     eval_temperature: float = Field(default=0.2, ge=0, description="sampling temperature of eval")
 
 
-class Fundamentals(Env[FundamentalsConfig]):
+class Fundamentals(HeldOutEnv[FundamentalsConfig]):
     """Direction and magnitude of a company metric's next change; binarised reward."""
 
     name = "fundamentals"
@@ -162,12 +159,6 @@ class Fundamentals(Env[FundamentalsConfig]):
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
     seed = 42
-
-    def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.config.dataset_name, self.config.test_fraction)
-
-    def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.config.dataset_name, self.config.test_fraction)
 
     def prompt(self, item: Any) -> list[Message]:
         return [

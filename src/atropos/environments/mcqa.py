@@ -27,8 +27,8 @@ from pydantic import Field
 
 from atropos.environments.common.choices import LETTERS, extract_answers
 from atropos.environments.common.data_loading import in_prompt, load_train_test
-from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
+from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
+from atropos.envs.simple import Rollout
 from atropos.envs.types import Message
 from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
@@ -79,17 +79,15 @@ def load_split(
     return load_train_test("mcqa", split, dataset_name, test_fraction, _check)
 
 
-class MCQAConfig(BaseEnvConfig):
-    """`mcqa`'s settings."""
+class MCQAConfig(HeldOutConfig):
+    """`mcqa`'s settings; the real data is `--env.dataset_name HUB_DATASET`
+    (NousResearch/AcademicMCQA)."""
 
-    dataset_name: str | None = Field(
-        default=None, description=f"hub dataset, e.g. {HUB_DATASET} (unset: shipped fixture)"
-    )
     test_fraction: float = Field(default=0.02, gt=0, lt=1, description="hub rows held out")
     eval_temperature: float = Field(default=0.5, ge=0, description="sampling temperature of eval")
 
 
-class MCQA(Env[MCQAConfig]):
+class MCQA(HeldOutEnv[MCQAConfig]):
     """Multiple-choice questions; +1 for exactly one stated answer that is right, else -1."""
 
     name = "mcqa"
@@ -97,11 +95,8 @@ class MCQA(Env[MCQAConfig]):
     system_prompt = THINKING_SYSTEM_PROMPT
     seed = 42
 
-    def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.config.dataset_name, self.config.test_fraction)
-
-    def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.config.dataset_name, self.config.test_fraction)
+    def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        return _check(row, where)
 
     def prompt(self, item: Any) -> list[Message]:
         return [

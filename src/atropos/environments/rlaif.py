@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
-from atropos.envs.simple import Env, Rollout
+from atropos.envs.simple import Env, Rollout, rollout_group
 from atropos.envs.types import Message, ScoredDataGroup
 from atropos.inference.tokenize import template_ids
 
@@ -233,7 +233,7 @@ class RLAIF(Env[RLAIFConfig], JudgedEnv):
         if steered:
             self.counts["steered_pairs"] += 1
             self.counts["steered_preferred"] += scores[0] > scores[1]
-        return self._group(prompts, rollouts, scores), []
+        return rollout_group(rollouts, prompts, scores), []  # each with its own prompt
 
     async def score_pair(
         self, conversation: list[Message], a: Rollout, b: Rollout
@@ -260,29 +260,6 @@ class RLAIF(Env[RLAIFConfig], JudgedEnv):
             self.drop("no_judge_vote")
             return None
         return list(verdict.scores)
-
-    @staticmethod
-    def _group(
-        prompts: list[list[Message]], rollouts: list[Rollout], scores: list[float]
-    ) -> ScoredDataGroup:
-        """Each sequence keeps the prompt it was generated from (tokens, masks, messages)."""
-        sources = {r.token_source for r in rollouts}
-        group = ScoredDataGroup(
-            tokens=[r.tokens for r in rollouts],
-            masks=[r.masks for r in rollouts],
-            scores=scores,
-            messages=[
-                [*p, {"role": "assistant", "content": r.text}]
-                for p, r in zip(prompts, rollouts, strict=True)
-            ],
-            token_source=sources.pop() if len(sources) == 1 else "mixed",
-        )
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group
 
 
 _WORD = re.compile(r"[a-z]{5,}")

@@ -4,7 +4,8 @@ Implement `load()` (the items) and `score(item, completion)` (a float), and opti
 `prompt(item)` (the chat messages; default: the item's `prompt` or `question` as a user turn)
 and `load_eval()` (items for `evaluate`). Everything else (sampling a group per item through
 the inference servers with token ids and logprobs, building masks, evaluation with metrics and
-samples) is done here. `Env` is generic over its config (`class Mine(Env[MineConfig])` types
+samples) is done here; `rollout_group` builds the group for an env that samples its own
+rollouts. `Env` is generic over its config (`class Mine(Env[MineConfig])` types
 `self.config`). Evaluation is two hooks: `eval_sample(item, rollout, score)` (one row of
 `samples.jsonl`) and `eval_metrics(samples)`. A whole environment fits in a dozen lines:
 
@@ -37,7 +38,7 @@ import inspect
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,6 +67,41 @@ class Rollout:
     def trained_tokens(self) -> int:
         """How many of its tokens are trained (not masked with -100)."""
         return sum(1 for m in self.masks if m != -100)
+
+
+def rollout_group(
+    rollouts: Sequence[Rollout],
+    prompts: Sequence[list[Message]],
+    scores: list[float],
+    overrides: list[dict[str, Any]] | None = None,
+) -> ScoredDataGroup:
+    """The group of `rollouts` with their `scores`: tokens, masks, each rollout's conversation
+    (its prompt in `prompts`, then its text), the `overrides` when given, the token source
+    ("mixed" when they differ), the logprobs when every rollout has them, and the lowest
+    policy version reported (the weights that made the oldest tokens; with none the runner
+    stamps the step).
+
+    For an env that builds its groups itself (e.g. from completions of several prompts).
+    """
+    sources = {r.token_source for r in rollouts}
+    group = ScoredDataGroup(
+        tokens=[r.tokens for r in rollouts],
+        masks=[r.masks for r in rollouts],
+        scores=scores,
+        messages=[
+            [*p, {"role": "assistant", "content": r.text}]
+            for p, r in zip(prompts, rollouts, strict=True)
+        ],
+    )
+    if overrides is not None:
+        group["overrides"] = overrides
+    group["token_source"] = (sources.pop() if len(sources) == 1 else "mixed") if sources else None
+    if all(r.logprobs is not None for r in rollouts):
+        group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
+    versions = [r.policy_version for r in rollouts if r.policy_version is not None]
+    if versions:
+        group["policy_version"] = min(versions)
+    return group
 
 
 class Env(BaseEnv[ConfigT]):
@@ -167,27 +203,13 @@ class Env(BaseEnv[ConfigT]):
                 f"{type(self).__name__}.score_group returned {len(scores)} scores for"
                 f" {len(rollouts)} rollouts"
             )
-        group: dict[str, Any] = {
-            "tokens": [r.tokens for r in rollouts],
-            "masks": [r.masks for r in rollouts],
-            "scores": scores,
-            "messages": [[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-        }
         overrides = self.sequence_overrides(item, rollouts, scores)
-        if overrides is not None:
-            if len(overrides) != len(rollouts):
-                raise ValueError(
-                    f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
-                    f" for {len(rollouts)} rollouts"
-                )
-            group["overrides"] = overrides
-        group["token_source"] = rollouts[0].token_source if rollouts else None
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:  # the weights that made the oldest tokens (else the runner stamps the step)
-            group["policy_version"] = min(versions)
-        return group, []  # type: ignore[return-value]
+        if overrides is not None and len(overrides) != len(rollouts):
+            raise ValueError(
+                f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
+                f" for {len(rollouts)} rollouts"
+            )
+        return rollout_group(rollouts, [messages] * len(rollouts), scores, overrides), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One completion per `load_eval()` item with `eval_params()`, at most

@@ -77,10 +77,8 @@ class CodeExecution(Env[CodeExecutionConfig]):
 
     name = "code_execution"
     config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 8,
-        "max_token_length": 2048,
-        "use_wandb": False,
-    }
+        "group_size": 8, "max_token_length": 2048, "use_wandb": False
+    }  # fmt: skip
     system_prompt = SYSTEM_PROMPT
     score_concurrently = True  # a group's sandbox runs overlap, bounded by max_concurrency
 

@@ -22,7 +22,7 @@ from atropos.environments.npc_arena.lore import EventFeed, LoreIndex, load_lore
 from atropos.environments.npc_arena.retrieval import LoreDoc, make_retriever
 from atropos.environments.npc_arena.scoring import CriterionTally, cut_scores, rubric_score
 from atropos.envs.judge import JudgedEnv, compare, rate
-from atropos.envs.simple import Env, Rollout
+from atropos.envs.simple import Env, Rollout, rollout_group
 from atropos.envs.types import Message, ScoredDataGroup
 from atropos.inference.tokenize import template_ids
 
@@ -135,7 +135,7 @@ class NPCArena(Env[NPCArenaConfig], JudgedEnv):
         scores = await self.judge_group(item, lore[:kept], rollouts)
         if scores is None:
             return None, []
-        return self._group(messages, rollouts, scores), []
+        return rollout_group(rollouts, [messages] * len(rollouts), scores), []
 
     async def judge_group(
         self, item: dict[str, str], lore: list[LoreDoc], rollouts: list[Rollout]
@@ -204,21 +204,3 @@ class NPCArena(Env[NPCArenaConfig], JudgedEnv):
             means = None if r.finish_reason == "length" else next(rated).means
             scores.append(-1.0 if means is None else rubric_score(means, RUBRIC_LOW, RUBRIC_HIGH))
         return scores
-
-    @staticmethod
-    def _group(
-        messages: list[Message], rollouts: list[Rollout], scores: list[float]
-    ) -> ScoredDataGroup:
-        group = ScoredDataGroup(
-            tokens=[r.tokens for r in rollouts],
-            masks=[r.masks for r in rollouts],
-            scores=scores,
-            messages=[[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-            token_source=rollouts[0].token_source,
-        )
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group
