@@ -12,7 +12,7 @@ import pytest
 from atropos.envs.check import EnvCheckError, check_env
 from atropos.envs.config import BaseEnvConfig, ResolvedConfig
 from atropos.envs.runner.process import ProcessRunner
-from atropos.envs.simple import Env, Rollout, rollout_group
+from atropos.envs.simple import Env, Rollout, ShuffledPasses, rollout_group
 from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 
@@ -300,3 +300,18 @@ def test_rollout_group_keeps_each_prompt_and_the_oldest_policy_version():
     assert list(rollout_group(same, [a, b], [1.0, -1.0], zero))[3:6] == [
         "messages", "overrides", "token_source"
     ]  # fmt: skip
+
+
+def test_shuffled_passes_visit_every_item_once_per_pass_in_a_seeded_order():
+    items = list(range(7))
+    passes = ShuffledPasses(items, seed=3)
+    first, second = [passes.next() for _ in items], [passes.next() for _ in items]
+    assert sorted(first) == sorted(second) == items and first != second  # reshuffled
+    again = ShuffledPasses(items, seed=3)
+    assert [again.next() for _ in range(14)] == first + second
+    rng, expected = random.Random(3), []
+    for _ in range(2):  # the order Env has always taken its items in
+        order = list(range(7))
+        rng.shuffle(order)
+        expected += [items[i] for i in reversed(order)]
+    assert first + second == expected

@@ -24,7 +24,7 @@ import functools
 import itertools
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field
 
@@ -155,10 +155,8 @@ class Fundamentals(HeldOutEnv[FundamentalsConfig]):
     """Direction and magnitude of a company metric's next change; binarised reward."""
 
     name = "fundamentals"
-    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
-    seed = 42
 
     def prompt(self, item: Any) -> list[Message]:
         return [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field
 
@@ -91,9 +91,7 @@ class MCQA(HeldOutEnv[MCQAConfig]):
     """Multiple-choice questions; +1 for exactly one stated answer that is right, else -1."""
 
     name = "mcqa"
-    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = THINKING_SYSTEM_PROMPT
-    seed = 42
 
     def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         return _check(row, where)

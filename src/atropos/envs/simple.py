@@ -5,9 +5,10 @@ Implement `load()` (the items) and `score(item, completion)` (a float), and opti
 and `load_eval()` (items for `evaluate`). Everything else (sampling a group per item through
 the inference servers with token ids and logprobs, building masks, evaluation with metrics and
 samples) is done here; `rollout_group` builds the group for an env that samples its own
-rollouts. `Env` is generic over its config (`class Mine(Env[MineConfig])` types
-`self.config`). Evaluation is two hooks: `eval_sample(item, rollout, score)` (one row of
-`samples.jsonl`) and `eval_metrics(samples)`. A whole environment fits in a dozen lines:
+rollouts, and `ShuffledPasses` gives items in seeded shuffled passes. `Env` is generic over its
+config (`class Mine(Env[MineConfig])` types `self.config`). Evaluation is two hooks:
+`eval_sample(item, rollout, score)` (one row of `samples.jsonl`) and `eval_metrics(samples)`.
+A whole environment fits in a dozen lines:
 
     class Echo(Env):
         name = "echo"
@@ -40,11 +41,13 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.rewards.group import all_equal
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -67,6 +70,28 @@ class Rollout:
     def trained_tokens(self) -> int:
         """How many of its tokens are trained (not masked with -100)."""
         return sum(1 for m in self.masks if m != -100)
+
+
+class ShuffledPasses(Generic[T]):
+    """`items` in endless passes, each a fresh shuffle of them all by one seeded generator:
+    the order in which `Env` takes its training items.
+
+    >>> passes = ShuffledPasses("abc", seed=0)
+    >>> sorted(passes.next() for _ in range(3)), sorted(passes.next() for _ in range(3))
+    (['a', 'b', 'c'], ['a', 'b', 'c'])
+    """
+
+    def __init__(self, items: Sequence[T], seed: int) -> None:
+        self.items = items
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+
+    def next(self) -> T:
+        """The next item (a new pass, freshly shuffled, when the last one is done)."""
+        if not self._order:
+            self._order = list(range(len(self.items)))
+            self._rng.shuffle(self._order)
+        return self.items[self._order.pop()]
 
 
 def rollout_group(
@@ -175,14 +200,10 @@ class Env(BaseEnv[ConfigT]):
         self.items = list(self.load())
         if not self.items:
             raise ValueError(f"{type(self).__name__}.load() returned no items")
-        self._rng = random.Random(self.seed)
-        self._order: list[int] = []
+        self._passes = ShuffledPasses(self.items, self.seed)
 
     async def get_next_item(self) -> Item:
-        if not self._order:  # a fresh shuffled pass over the data
-            self._order = list(range(len(self.items)))
-            self._rng.shuffle(self._order)
-        return self.items[self._order.pop()]
+        return self._passes.next()
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         messages = self.prompt(item)

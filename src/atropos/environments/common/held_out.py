@@ -37,7 +37,9 @@ class HeldOutEnv(Env[HeldOutConfigT]):
     """An `Env` whose items are `fixture`'s files, or a hub dataset with a share held out."""
 
     env_config_cls: ClassVar[type[BaseEnvConfig]] = HeldOutConfig  # the generic default's
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     fixture: ClassVar[str] = ""  # its folder under atropos/environments/data/ (unset: `name`)
+    seed = 42  # upstream's shuffle seed
 
     def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         """A row as the env keeps it, or a ValueError naming `where`. Default: as it is."""

@@ -12,7 +12,6 @@ logprobs. A rollout stops at its first failed reply, or when the next turn would
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,6 +33,7 @@ from atropos.environments.tool_use_multiturn.scoring import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
@@ -144,14 +144,10 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         self.test_episodes = self.load("test")
         if not self.episodes:
             raise ValueError("tool_use_multiturn: no training episodes in the chosen scenarios")
-        self._rng = random.Random(self.seed)
-        self._order: list[int] = []
+        self._passes = ShuffledPasses(self.episodes, self.seed)
 
     async def get_next_item(self) -> Item:
-        if not self._order:  # a fresh shuffled pass over the episodes
-            self._order = list(range(len(self.episodes)))
-            self._rng.shuffle(self._order)
-        return self.episodes[self._order.pop()]
+        return self._passes.next()
 
     # ----- rollouts -----------------------------------------------------------------------------
 
