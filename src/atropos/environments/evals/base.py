@@ -326,7 +326,10 @@ class EvalEnv(BaseEnv[EvalConfigT]):
         return [(c.message.content or "", str(c.finish_reason)) for c in reply.choices]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Sample, grade and log every problem; returns the metrics."""
+        """Sample, grade and log every problem; returns the metrics.
+
+        Not `Env.evaluate`'s loop (an `EvalEnv` is no `Env`): `eval_n` completions per problem
+        give pass@k, and the metrics break down by subset."""
         s = self.config
         problems = getattr(self, "problems", None) or self._problems()
         start = time.time()

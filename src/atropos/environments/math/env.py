@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter, defaultdict
 from typing import Any, ClassVar
 
@@ -317,25 +316,26 @@ class MathEnv(Env[MathConfig], JudgedEnv):
         await super().wandb_log(out)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """Greedy answers to every eval item -> eval/{subset}_percent_correct and overall."""
+        """`Env.evaluate` unless `--env.run_evaluation false`."""
+        return await super().evaluate() if self.config.run_evaluation else {}
+
+    def eval_params(self) -> dict[str, Any]:
+        """`eval_temperature` (0: greedy answers) and `eval_max_tokens`."""
         s = self.config
-        items = self.load_eval() if s.run_evaluation else []
-        if not items:
-            return {}
-        params = {"temperature": 0.0, "max_tokens": s.eval_max_tokens or s.max_token_length}
+        return {**super().eval_params(), "max_tokens": s.eval_max_tokens or s.max_token_length}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
-            return {**item, "completion": r.text, "finish_reason": r.finish_reason,
-                    "score": float(verify(item["answer"], r.text) is True)}  # fmt: skip
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        """The item, the completion and its score: 1 right, 0 wrong."""
+        right = float(score > 0)
+        return {**item, "completion": r.text, "finish_reason": r.finish_reason, "score": right}
 
-        start, samples = time.time(), await asyncio.gather(*map(one, items))
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """eval/{subset}_percent_correct and eval/overall_percent_correct."""
         by_subset: defaultdict[str, list[float]] = defaultdict(list)
         for sample in samples:
             by_subset[sample["subset"]].append(sample["score"])
         metrics = {f"eval/{k}_percent_correct": sum(v) / len(v) for k, v in by_subset.items()}
         metrics["eval/overall_percent_correct"] = sum(x["score"] for x in samples) / len(samples)
-        self.evaluate_log(metrics, None, None, start, time.time(), params, list(samples))
         return metrics
 
 
