@@ -20,10 +20,11 @@ import pytest
 from atropos.envs import cli
 from atropos.envs.base import BaseEnv
 from atropos.envs.check import CheckReport, check_env
-from atropos.envs.config import ResolvedConfig
+from atropos.envs.config import BaseEnvConfig, ResolvedConfig
+from atropos.envs.layering import load_defaults
 from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.simple import Rollout
-from atropos.inference.config import ServerManagerConfig
+from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 
 OFFLINE = "http://127.0.0.1:9/v1"  # nothing listens: for envs that never generate
@@ -37,6 +38,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # ----- building and rolling out -------------------------------------------------------------------
+
+
+def env_defaults(cls: type[BaseEnv]) -> tuple[Any, list[APIServerConfig]]:
+    """(env config, servers) of `cls` as the runner reads them: `config_init()`, with the
+    local CPU server where it names none (a default `config_init` from `config_defaults`)."""
+    defaults = load_defaults(cls)
+    assert isinstance(defaults.servers, list), f"{cls.__name__}: servers {defaults.servers!r}"
+    assert isinstance(defaults.env, BaseEnvConfig)
+    return defaults.env, defaults.servers
 
 
 def make_env(
@@ -54,7 +64,7 @@ def make_env(
 
     The settings are copied in as given (`model_copy`); `validate=True` validates them instead,
     for configs that normalise what they are given."""
-    defaults, [server] = cls.config_init()
+    defaults, [server] = env_defaults(cls)
     update = env if group_size is None else {"group_size": group_size, **env}
     if validate:
         config = cls.env_config_cls.model_validate({**defaults.model_dump(), **update})

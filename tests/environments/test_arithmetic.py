@@ -22,7 +22,14 @@ from atropos.inference.tokenize import template_ids
 from atropos.inference.tokenizer import load_tokenizer
 from atropos.testing import FakeInferenceServer
 
-from .helpers import check_against, collect, evaluate_against, make_env, modules_loaded_by
+from .helpers import (
+    check_against,
+    collect,
+    env_defaults,
+    evaluate_against,
+    make_env,
+    modules_loaded_by,
+)
 
 
 def _operands(prompt: str) -> tuple[int, int]:
@@ -101,7 +108,7 @@ def test_evaluate_is_greedy_on_held_out_items_and_writes_metrics(tmp_path, respo
 
 
 def test_defaults_suit_the_demo():
-    config, [server] = Arithmetic.config_init()
+    config, [server] = env_defaults(Arithmetic)
     assert isinstance(config, ArithmeticConfig)
     assert (config.group_size, config.tokenizer_name, server.server_type) == (8, "tiny", "vllm")
     assert Arithmetic.temperature == 1.0 and config.max_token_length <= 64

@@ -19,6 +19,7 @@ from .helpers import (
     OFFLINE,
     check_against,
     collect,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -56,7 +57,7 @@ def make(url: str, mode: str = "process", server_type: str = "vllm", **env: obje
 
 
 def test_defaults_use_the_shipped_fixture_and_accuracy():
-    config, [server] = DatasetEnv.config_init()
+    config, [server] = env_defaults(DatasetEnv)
     assert config.rewards == [{"name": "accuracy", "weight": 1.0, "params": {}}]
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     env = make(OFFLINE)

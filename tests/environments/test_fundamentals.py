@@ -26,7 +26,14 @@ from atropos.environments.fundamentals import (
 from atropos.envs import registry
 from atropos.envs.simple import Rollout
 
-from .helpers import check_against, evaluate_against, fake_hub, make_env, process_through_cli
+from .helpers import (
+    check_against,
+    env_defaults,
+    evaluate_against,
+    fake_hub,
+    make_env,
+    process_through_cli,
+)
 
 TRAIN, TEST = load_split("train"), load_split("test")
 ITEM = {"context": "Revenue up 12%.", "fundamental_metric": "dividend per share",
@@ -169,7 +176,7 @@ def test_evaluate_reports_direction_magnitude_and_combined(tmp_path: Path) -> No
 
 
 def test_defaults_and_registration() -> None:
-    config, [server] = Fundamentals.config_init()
+    config, [server] = env_defaults(Fundamentals)
     assert isinstance(config, FundamentalsConfig) and config.tokenizer_name == "tiny"
     assert (server.base_url, server.server_type) == ("http://127.0.0.1:9001/v1", "vllm")
     assert config.test_fraction == 0.05 and config.binary_reward and Fundamentals.temperature == 0.8

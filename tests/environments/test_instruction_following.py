@@ -29,6 +29,7 @@ from atropos.envs import registry
 
 from .helpers import (
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -177,35 +178,37 @@ def test_language_rules():
 
 
 def test_loose_forgives_a_preamble_a_sign_off_and_markdown():
-    lower = [ifeval.Instruction("validate_lowercase")]
+    lower = [ifeval.scoring.Instruction("validate_lowercase")]
     preamble = "Sure! Here it is:\nall in lowercase."
-    assert ifeval.follow(preamble, lower) == ifeval.PromptResult((False,), (True,))
-    quoted = [ifeval.Instruction("validate_quotation")]
+    assert ifeval.scoring.follow(preamble, lower) == ifeval.scoring.PromptResult((False,), (True,))
+    quoted = [ifeval.scoring.Instruction("validate_quotation")]
     signed = '"A quote."\nHope this helps!'
-    assert ifeval.follow(signed, quoted) == ifeval.PromptResult((False,), (True,))
-    starts = [ifeval.Instruction("validate_start", {"start_phrase": "Dear team"})]
+    assert ifeval.scoring.follow(signed, quoted) == ifeval.scoring.PromptResult((False,), (True,))
+    starts = [ifeval.scoring.Instruction("validate_start", {"start_phrase": "Dear team"})]
     bold = "**Dear team**, the release is out."
-    assert ifeval.follow(bold, starts) == ifeval.PromptResult((False,), (True,))
-    assert ifeval.follow("NOT LOWER\nAT ALL", lower) == ifeval.PromptResult((False,), (False,))
+    assert ifeval.scoring.follow(bold, starts) == ifeval.scoring.PromptResult((False,), (True,))
+    assert ifeval.scoring.follow("NOT LOWER\nAT ALL", lower) == ifeval.scoring.PromptResult(
+        (False,), (False,)
+    )
 
 
 def test_accuracy_at_prompt_and_instruction_level():
     both = [
-        ifeval.Instruction("validate_lowercase"),
-        ifeval.Instruction("validate_no_commas"),
+        ifeval.scoring.Instruction("validate_lowercase"),
+        ifeval.scoring.Instruction("validate_no_commas"),
     ]
     results = [
-        ifeval.follow("all good here", both),  # strict 2/2
-        ifeval.follow("Intro, then:\nlower, with a comma", both),  # strict 0/2, loose 1/2
-        ifeval.follow("Intro:\nall lower no comma", both),  # strict 1/2, loose 2/2
+        ifeval.scoring.follow("all good here", both),  # strict 2/2
+        ifeval.scoring.follow("Intro, then:\nlower, with a comma", both),  # strict 0/2, loose 1/2
+        ifeval.scoring.follow("Intro:\nall lower no comma", both),  # strict 1/2, loose 2/2
     ]
-    assert ifeval.accuracy(results) == {
+    assert ifeval.scoring.accuracy(results) == {
         "prompt_level_strict_acc": 1 / 3,
         "inst_level_strict_acc": 3 / 6,
         "prompt_level_loose_acc": 2 / 3,
         "inst_level_loose_acc": 5 / 6,
     }
-    assert ifeval.accuracy([])["prompt_level_loose_acc"] == 0.0
+    assert ifeval.scoring.accuracy([])["prompt_level_loose_acc"] == 0.0
 
 
 def test_google_ifeval_rows_map_onto_the_checks():
@@ -222,17 +225,19 @@ def test_google_ifeval_rows_map_onto_the_checks():
             {"prompt_to_repeat": "Write about dogs."},
         ],
     }
-    instructions = ifeval.from_ifeval(row)
-    assert instructions[0] == ifeval.Instruction(
+    instructions = ifeval.scoring.from_ifeval(row)
+    assert instructions[0] == ifeval.scoring.Instruction(
         "validate_word_constraint", {"N": 5, "quantifier": "less than"}
     )
     assert instructions[1].args == {"quantifier": "at least", "section_splitter": "Section", "N": 2}
     text = "Write about dogs. Section 1 dogs Section 2 bark Section 3 loud"
-    assert ifeval.follow(text, instructions).strict == (False, True, True)
-    assert set(ifeval.IFEVAL_INSTRUCTIONS) >= {"punctuation:no_comma", "startend:quotation"}
-    assert {name for name, _, _ in ifeval.IFEVAL_INSTRUCTIONS.values()} <= set(ifeval.names())
+    assert ifeval.scoring.follow(text, instructions).strict == (False, True, True)
+    assert set(ifeval.scoring.IFEVAL_INSTRUCTIONS) >= {"punctuation:no_comma", "startend:quotation"}
+    assert {name for name, _, _ in ifeval.scoring.IFEVAL_INSTRUCTIONS.values()} <= set(
+        ifeval.names()
+    )
     with pytest.raises(ValueError, match="unknown IFEval instruction"):
-        ifeval.from_ifeval({"instruction_id_list": ["nope:nothing"], "kwargs": [{}]})
+        ifeval.scoring.from_ifeval({"instruction_id_list": ["nope:nothing"], "kwargs": [{}]})
 
 
 # ----- items ----------------------------------------------------------------------------------
@@ -490,7 +495,7 @@ def test_process_end_to_end_writes_jsonl_and_html(tmp_path):
 
 
 def test_defaults_and_registration():
-    config, [server] = InstructionFollowing.config_init()
+    config, [server] = env_defaults(InstructionFollowing)
     assert isinstance(config, InstructionFollowingConfig)
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

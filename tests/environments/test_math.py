@@ -33,6 +33,7 @@ from atropos.testing import FakeInferenceServer
 from .helpers import (
     check_against,
     collect,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -470,7 +471,7 @@ def test_evaluate_reports_each_subset_and_overall(tmp_path: Path) -> None:
 
 
 def test_defaults_flags_and_registration() -> None:
-    config, [server] = MathEnv.config_init()
+    config, [server] = env_defaults(MathEnv)
     assert isinstance(config, MathConfig) and config.tokenizer_name == "tiny"
     assert (server.base_url, server.server_type) == ("http://127.0.0.1:9001/v1", "vllm")
     assert (config.percent_to_judge, config.percent_length_penalty) == (0.3, 0.1)

@@ -28,6 +28,7 @@ from atropos.testing import FakeInferenceServer
 from .helpers import (
     check_against,
     collect,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -192,7 +193,7 @@ def test_evaluate_reports_percent_correct(tmp_path: Path) -> None:
 
 
 def test_defaults_and_registration() -> None:
-    config, [server] = MCQA.config_init()
+    config, [server] = env_defaults(MCQA)
     assert isinstance(config, MCQAConfig) and config.tokenizer_name == "tiny"
     assert (server.base_url, server.server_type) == ("http://127.0.0.1:9001/v1", "vllm")
     assert config.test_fraction == 0.02 and config.eval_temperature == 0.5

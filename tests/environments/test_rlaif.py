@@ -31,7 +31,7 @@ from atropos.envs.types import Message
 from atropos.inference.tokenize import template_ids
 from atropos.testing import FakeInferenceServer
 
-from .helpers import check_against, collect, fake_hub, make_env, process_with_runner
+from .helpers import check_against, collect, env_defaults, fake_hub, make_env, process_with_runner
 
 SYSTEM: Message = {"role": "system", "content": "You are a terse dataset assistant."}
 USER: Message = {"role": "user", "content": "Describe the sea at night."}
@@ -163,7 +163,7 @@ def test_hub_rows_keep_role_and_content_and_skip_bad_rows(monkeypatch: pytest.Mo
 
 
 def test_defaults_and_flags() -> None:
-    config, [server] = RLAIF.config_init()
+    config, [server] = env_defaults(RLAIF)
     assert (config.group_size, config.tokenizer_name, server.server_type) == (2, "tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"
     assert config.injection_rate == 0.05 and config.preference == DEFAULT_PREFERENCE

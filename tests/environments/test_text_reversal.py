@@ -24,6 +24,7 @@ from atropos.envs import registry
 
 from .helpers import (
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -192,7 +193,7 @@ def test_demo_responder_alternates_and_ignores_other_prompts():
 
 
 def test_defaults_and_registration():
-    config, [server] = TextReversal.config_init()
+    config, [server] = env_defaults(TextReversal)
     assert isinstance(config, TextReversalConfig) and config.thinking_mode
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

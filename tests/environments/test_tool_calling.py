@@ -37,6 +37,7 @@ from atropos.testing import FakeInferenceServer
 
 from .helpers import (
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -392,7 +393,7 @@ def test_demo_responder_gives_mixed_answers_for_fixture_prompts():
 
 
 def test_defaults_and_registration():
-    config, [server] = ToolCalling.config_init()
+    config, [server] = env_defaults(ToolCalling)
     assert isinstance(config, ToolCallingConfig) and config.dataset_name is None
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

@@ -34,6 +34,7 @@ from atropos.testing import FakeInferenceServer
 
 from .helpers import (
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -524,7 +525,7 @@ def test_an_openai_server_is_refused():
 
 
 def test_defaults_and_registration():
-    config, [server] = ToolUseMultiTurn.config_init()
+    config, [server] = env_defaults(ToolUseMultiTurn)
     assert isinstance(config, ToolUseMultiTurnConfig) and config.dataset_name is None
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

@@ -52,6 +52,7 @@ from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
     check_against,
+    env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
@@ -314,7 +315,7 @@ def make(url: str, mode: str = "process", server_type: str = "vllm", **env: obje
 
 
 def test_defaults_and_registration():
-    config, [server] = VisualCounting.config_init()
+    config, [server] = env_defaults(VisualCounting)
     assert isinstance(config, VisualCountingConfig) and config.dataset_name is None
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

@@ -12,7 +12,7 @@ import pytest
 from atropos.envs.check import EnvCheckError, check_env
 from atropos.envs.config import BaseEnvConfig, ResolvedConfig
 from atropos.envs.runner.process import ProcessRunner
-from atropos.envs.simple import Env
+from atropos.envs.simple import Env, Rollout, ShuffledPasses, rollout_group
 from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 
@@ -272,3 +272,46 @@ def test_default_evaluate_is_built_from_the_sample_and_metrics_hooks(fake, tmp_p
     assert row["score"] == 2 * seen[0] and "q" in row
     doc = json.loads((tmp_path / "metrics.json").read_text())
     assert doc["config_general"]["generation_parameters"]["temperature"] == 0.0  # greedy
+
+
+def test_rollout_group_keeps_each_prompt_and_the_oldest_policy_version():
+    def rollout(text: str, source: str, logprobs: list[float] | None, version: int | None):
+        return Rollout(text, [1, 2, 3], [-100, 2, 3], logprobs, "stop", source, version)
+
+    a, b = [{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]
+    same = [rollout("x", "server", [0.0, -0.5], 4), rollout("y", "server", [0.0, -0.1], 3)]
+    group = rollout_group(same, [a, b], [1.0, -1.0])
+    assert group == {
+        "tokens": [[1, 2, 3], [1, 2, 3]],
+        "masks": [[-100, 2, 3], [-100, 2, 3]],
+        "scores": [1.0, -1.0],
+        "messages": [[*a, {"role": "assistant", "content": "x"}],
+                     [*b, {"role": "assistant", "content": "y"}]],
+        "token_source": "server",
+        "inference_logprobs": [[0.0, -0.5], [0.0, -0.1]],
+        "policy_version": 3,
+    }  # fmt: skip
+    mixed = [rollout("x", "server", [0.0], None), rollout("y", "retokenized", None, None)]
+    group = rollout_group(mixed, [a, a], [0.0, 0.0])
+    assert group["token_source"] == "mixed"
+    assert "inference_logprobs" not in group and "policy_version" not in group
+    assert rollout_group([], [], [])["token_source"] is None
+    zero = [{"set_advantage_to_zero": True}, {}]
+    assert list(rollout_group(same, [a, b], [1.0, -1.0], zero))[3:6] == [
+        "messages", "overrides", "token_source"
+    ]  # fmt: skip
+
+
+def test_shuffled_passes_visit_every_item_once_per_pass_in_a_seeded_order():
+    items = list(range(7))
+    passes = ShuffledPasses(items, seed=3)
+    first, second = [passes.next() for _ in items], [passes.next() for _ in items]
+    assert sorted(first) == sorted(second) == items and first != second  # reshuffled
+    again = ShuffledPasses(items, seed=3)
+    assert [again.next() for _ in range(14)] == first + second
+    rng, expected = random.Random(3), []
+    for _ in range(2):  # the order Env has always taken its items in
+        order = list(range(7))
+        rng.shuffle(order)
+        expected += [items[i] for i in reversed(order)]
+    assert first + second == expected

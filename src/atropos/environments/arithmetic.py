@@ -15,13 +15,12 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env
-from atropos.inference.config import APIServerConfig, local_server_config
 
 __all__ = [
     "Arithmetic",
@@ -80,25 +79,15 @@ class ArithmeticConfig(BaseEnvConfig):
     eval_items: int = Field(default=200, ge=1, description="held-out items per evaluation")
 
 
-class Arithmetic(Env):
+class Arithmetic(Env[ArithmeticConfig]):
     """Add two numbers below 100; reward 1 for exactly the right sum (the demo task)."""
 
     name = "arithmetic"
-    env_config_cls = ArithmeticConfig
-    config: ArithmeticConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "max_token_length": 64, "use_wandb": False, "steps_per_eval": 20,
+    }  # fmt: skip
     temperature = 1.0
     max_tokens = 8  # an answer is at most 3 tokens and <|im_end|>
-
-    @classmethod
-    def config_init(cls) -> tuple[ArithmeticConfig, list[APIServerConfig]]:
-        env = ArithmeticConfig(
-            group_size=8,
-            max_token_length=64,
-            tokenizer_name="tiny",
-            use_wandb=False,
-            steps_per_eval=20,
-        )
-        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return sample_items("train", seed=self.seed)

@@ -27,9 +27,6 @@ flag still wins::
 
 from __future__ import annotations
 
-import asyncio
-import difflib
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -41,7 +38,7 @@ from atropos.environments.common.data_loading import data_path, load_hub, read_j
 from atropos.envs.config import BaseEnvConfig, ConfigError
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
+from atropos.names import did_you_mean
 from atropos.rewards import Combination, build
 
 __all__ = ["DatasetEnv", "DatasetEnvConfig", "read_dataset_file"]
@@ -141,8 +138,7 @@ def read_dataset_file(path: str | Path) -> dict[str, Any]:
                 " or in the env: block of a --config file"
             )
         if key not in DATASET_FIELDS or key == "dataset_config_file":
-            close = difflib.get_close_matches(str(key), DATASET_FIELDS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(str(key), DATASET_FIELDS, repr)
             raise ValueError(
                 f"{path}: unknown key {key!r}{hint} (dataset settings: {', '.join(DATASET_FIELDS)})"
             )
@@ -151,20 +147,14 @@ def read_dataset_file(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-class DatasetEnv(Env):
+class DatasetEnv(Env[DatasetEnvConfig]):
     """Prompts and answers from any dataset, scored by configurable rewards."""
 
     name = "dataset"
     requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
-    env_config_cls = DatasetEnvConfig
-    config: DatasetEnvConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[DatasetEnvConfig, list[APIServerConfig]]:
-        env = DatasetEnvConfig(
-            group_size=4, max_token_length=512, tokenizer_name="tiny", use_wandb=False
-        )
-        return env, [local_server_config()]
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 4, "max_token_length": 512, "use_wandb": False
+    }  # fmt: skip
 
     @cached_property
     def rewards(self) -> Combination:
@@ -200,8 +190,7 @@ class DatasetEnv(Env):
         for i, row in enumerate(rows):
             for setting, name in wanted.items():
                 if name not in row:
-                    close = difflib.get_close_matches(name, list(row), n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    hint = did_you_mean(name, map(str, row), repr)
                     raise ConfigError(
                         f"--env.{setting}: row {i} of {source} has no field {name!r}{hint}"
                         f" (its fields: {', '.join(map(str, row))})"
@@ -277,36 +266,20 @@ class DatasetEnv(Env):
 
     # ----- evaluation --------------------------------------------------------------------------
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """The first `eval_limit` eval items, one greedy sample each: mean, max and min score."""
-        items = self.load_eval()
-        if not items:
-            return {}
-        start, params = time.time(), {"temperature": 0.0, "top_p": 1.0}
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+    def eval_params(self) -> dict[str, Any]:
+        """The first `eval_limit` eval items, one sample each at `eval_temperature` (default
+        0: greedy) and top_p 1."""
+        return {**super().eval_params(), "top_p": 1.0}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            messages = self.prompt(item)
-            async with limit:
-                [rollout] = await self.generate(messages, 1, "eval", **params)
-            return {
-                "messages": messages,
-                "completion": rollout.text,
-                "gold": self.gold(item),
-                "finish_reason": rollout.finish_reason,
-                "score": self.score(item, rollout.text),
-            }
+    def eval_sample(self, item: dict[str, Any], rollout: Rollout, score: float) -> dict[str, Any]:
+        row = super().eval_sample(item, rollout, score)  # messages, completion, finish_reason
+        return {**row, "gold": self.gold(item), "score": score}
 
-        samples = await asyncio.gather(*map(one, items))
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """eval/{mean, max, min}_score."""
         scores = [s["score"] for s in samples]
-        metrics = {
+        return {
             "eval/mean_score": sum(scores) / len(scores),
             "eval/max_score": max(scores),
             "eval/min_score": min(scores),
         }
-        params = {**params, "n": 1}
-        self.evaluate_log(
-            metrics, start_time=start, end_time=time.time(), generation_parameters=params,
-            samples=samples,
-        )  # fmt: skip
-        return metrics

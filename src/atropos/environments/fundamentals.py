@@ -29,11 +29,10 @@ from typing import Any
 from pydantic import Field
 
 from atropos.environments.common.data_loading import in_prompt, load_train_test
-from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
+from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
+from atropos.envs.simple import Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, too_short
+from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
 
 __all__ = [
@@ -142,39 +141,22 @@ def load_split(
     return load_train_test("fundamentals", split, dataset_name, test_fraction)
 
 
-class FundamentalsConfig(BaseEnvConfig):
-    """`fundamentals`' settings."""
+class FundamentalsConfig(HeldOutConfig):
+    """`fundamentals`' settings; the real data is `--env.dataset_name HUB_DATASET`
+    (NousResearch/company-fundamentals-prediction-lite)."""
 
-    dataset_name: str | None = Field(
-        default=None, description=f"hub dataset, e.g. {HUB_DATASET} (unset: shipped fixture)"
-    )
-    test_fraction: float = Field(default=0.05, gt=0, lt=1, description="hub rows held out")
     binary_reward: bool = Field(
         default=True, description="train on +1/-1 (upstream); false: the raw score"
     )
     eval_temperature: float = Field(default=0.2, ge=0, description="sampling temperature of eval")
 
 
-class Fundamentals(Env):
+class Fundamentals(HeldOutEnv[FundamentalsConfig]):
     """Direction and magnitude of a company metric's next change; binarised reward."""
 
     name = "fundamentals"
-    env_config_cls = FundamentalsConfig
-    config: FundamentalsConfig
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
-    seed = 42
-
-    @classmethod
-    def config_init(cls) -> tuple[FundamentalsConfig, list[APIServerConfig]]:
-        env = FundamentalsConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
-
-    def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.config.dataset_name, self.config.test_fraction)
-
-    def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.config.dataset_name, self.config.test_fraction)
 
     def prompt(self, item: Any) -> list[Message]:
         return [
@@ -189,7 +171,7 @@ class Fundamentals(Env):
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        lengths = [sum(m != -100 for m in r.masks) for r in rollouts]
+        lengths = [r.trained_tokens for r in rollouts]
         if too_short(lengths):
             self.drop("too_short")
             return None
@@ -199,10 +181,7 @@ class Fundamentals(Env):
         final = [raw - length_term(n, limit) for raw, n in zip(scores, lengths, strict=True)]
         if self.config.binary_reward:
             final = [1.0 if x > 0 else -1.0 for x in final]
-        if self.config.ensure_scores_are_not_same and all_equal(final):
-            self.drop("all_equal")
-            return None
-        return final
+        return self.unless_all_equal(final)
 
     def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
         return {"metric": item["fundamental_metric"], "gold": item["answer"],

@@ -27,11 +27,10 @@ from pydantic import Field
 
 from atropos.environments.common.choices import LETTERS, extract_answers
 from atropos.environments.common.data_loading import in_prompt, load_train_test
-from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
+from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
+from atropos.envs.simple import Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, too_short
+from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think
 
 __all__ = [
@@ -80,35 +79,22 @@ def load_split(
     return load_train_test("mcqa", split, dataset_name, test_fraction, _check)
 
 
-class MCQAConfig(BaseEnvConfig):
-    """`mcqa`'s settings."""
+class MCQAConfig(HeldOutConfig):
+    """`mcqa`'s settings; the real data is `--env.dataset_name HUB_DATASET`
+    (NousResearch/AcademicMCQA)."""
 
-    dataset_name: str | None = Field(
-        default=None, description=f"hub dataset, e.g. {HUB_DATASET} (unset: shipped fixture)"
-    )
     test_fraction: float = Field(default=0.02, gt=0, lt=1, description="hub rows held out")
     eval_temperature: float = Field(default=0.5, ge=0, description="sampling temperature of eval")
 
 
-class MCQA(Env):
+class MCQA(HeldOutEnv[MCQAConfig]):
     """Multiple-choice questions; +1 for exactly one stated answer that is right, else -1."""
 
     name = "mcqa"
-    env_config_cls = MCQAConfig
-    config: MCQAConfig
     system_prompt = THINKING_SYSTEM_PROMPT
-    seed = 42
 
-    @classmethod
-    def config_init(cls) -> tuple[MCQAConfig, list[APIServerConfig]]:
-        env = MCQAConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
-
-    def load(self) -> list[dict[str, Any]]:
-        return load_split("train", self.config.dataset_name, self.config.test_fraction)
-
-    def load_eval(self) -> list[dict[str, Any]]:
-        return load_split("test", self.config.dataset_name, self.config.test_fraction)
+    def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        return _check(row, where)
 
     def prompt(self, item: Any) -> list[Message]:
         return [
@@ -126,14 +112,11 @@ class MCQA(Env):
             -1.0 if r.finish_reason == "length" else s
             for r, s in zip(rollouts, scores, strict=True)
         ]
-        if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
     def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
         score = -1.0 if r.finish_reason == "length" else score

@@ -21,16 +21,15 @@ import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
-from atropos.envs.simple import Env, Rollout
+from atropos.envs.simple import Env, Rollout, rollout_group
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 
 __all__ = [
@@ -160,18 +159,12 @@ class RLAIFConfig(BaseEnvConfig):
         return v
 
 
-class RLAIF(JudgedEnv, Env):
+class RLAIF(Env[RLAIFConfig], JudgedEnv):
     """Pairs of completions, judged against `preference` (or decided by truncation)."""
 
     name = "rlaif"
-    env_config_cls = RLAIFConfig
-    config: RLAIFConfig
+    config_defaults: ClassVar[dict[str, Any]] = {"max_token_length": 1024, "use_wandb": False}
     temperature = 1.0
-
-    @classmethod
-    def config_init(cls) -> tuple[RLAIFConfig, list[APIServerConfig]]:
-        env = RLAIFConfig(max_token_length=1024, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -240,7 +233,7 @@ class RLAIF(JudgedEnv, Env):
         if steered:
             self.counts["steered_pairs"] += 1
             self.counts["steered_preferred"] += scores[0] > scores[1]
-        return self._group(prompts, rollouts, scores), []
+        return rollout_group(rollouts, prompts, scores), []  # each with its own prompt
 
     async def score_pair(
         self, conversation: list[Message], a: Rollout, b: Rollout
@@ -267,29 +260,6 @@ class RLAIF(JudgedEnv, Env):
             self.drop("no_judge_vote")
             return None
         return list(verdict.scores)
-
-    @staticmethod
-    def _group(
-        prompts: list[list[Message]], rollouts: list[Rollout], scores: list[float]
-    ) -> ScoredDataGroup:
-        """Each sequence keeps the prompt it was generated from (tokens, masks, messages)."""
-        sources = {r.token_source for r in rollouts}
-        group = ScoredDataGroup(
-            tokens=[r.tokens for r in rollouts],
-            masks=[r.masks for r in rollouts],
-            scores=scores,
-            messages=[
-                [*p, {"role": "assistant", "content": r.text}]
-                for p, r in zip(prompts, rollouts, strict=True)
-            ],
-            token_source=sources.pop() if len(sources) == 1 else "mixed",
-        )
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group
 
 
 _WORD = re.compile(r"[a-z]{5,}")

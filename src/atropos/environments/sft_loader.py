@@ -188,12 +188,10 @@ class SFTLoaderConfig(BaseEnvConfig):
     shuffle: bool = Field(default=True, description="a seeded new order every pass")
 
 
-class SFTLoader(BaseEnv):
+class SFTLoader(BaseEnv[SFTLoaderConfig]):
     """Supervised examples as 1-sequence groups with score 1."""
 
     name = "sft_loader"
-    env_config_cls: ClassVar[type[BaseEnvConfig]] = SFTLoaderConfig
-    config: SFTLoaderConfig
     seed: ClassVar[int] = 0
 
     @classmethod

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -30,8 +29,7 @@ from atropos.environments.common.data_loading import data_path, load_hub, read_j
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, too_short
+from atropos.rewards.group import too_short
 from atropos.rewards.text import split_think, tagged
 
 __all__ = [
@@ -107,20 +105,14 @@ class TextReversalConfig(BaseEnvConfig):
     )
 
 
-class TextReversal(Env):
+class TextReversal(Env[TextReversalConfig]):
     """Reverse a text character by character; 1.0 for an exact reversal, else 0.0."""
 
     name = "text_reversal"
-    env_config_cls = TextReversalConfig
-    config: TextReversalConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "use_wandb": False, "thinking_mode": True
+    }  # fmt: skip
     seed = 42  # upstream's shuffle seed
-
-    @classmethod
-    def config_init(cls) -> tuple[TextReversalConfig, list[APIServerConfig]]:
-        env = TextReversalConfig(
-            group_size=8, tokenizer_name="tiny", use_wandb=False, thinking_mode=True
-        )
-        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, str]]:
         return load_texts(self.config.train_dataset, self.config.train_split)
@@ -141,48 +133,33 @@ class TextReversal(Env):
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
-        if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", scores)
         thinking = self.config.thinking_mode
         formatted = [extract_reversal(r.text, thinking) is not None for r in rollouts]
         self.record_mean("train/format_compliance", (float(ok) for ok in formatted))
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def eval_params(self) -> dict[str, Any]:
+        """`eval_temperature`, and `eval_max_tokens` when set."""
+        most = self.config.eval_max_tokens
+        return {**super().eval_params(), **({"max_tokens": most} if most else {})}
+
+    def eval_sample(self, item: Any, r: Rollout, score: float) -> dict[str, Any]:
+        found = extract_reversal(r.text, self.config.thinking_mode)
+        return {"text": item["text"], "completion": r.text, "reversed": found, "score": score,
+                "finish_reason": r.finish_reason}  # fmt: skip
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One sample per eval text: accuracy, format compliance and mean answer length."""
-        s, start = self.config, time.time()
-        params: dict[str, Any] = {"temperature": s.eval_temperature}
-        if s.eval_max_tokens:
-            params["max_tokens"] = s.eval_max_tokens
-        samples: list[dict[str, Any]] = []
-        for item in self.load_eval():
-            messages = self.prompt(item)
-            [r] = await self.generate(messages, n=1, split="eval", **params)
-            found = extract_reversal(r.text, s.thinking_mode)
-            samples.append(
-                {
-                    "text": item["text"],
-                    "completion": r.text,
-                    "reversed": found,
-                    "score": self.score(item, r.text),
-                    "finish_reason": r.finish_reason,
-                }
-            )
-        if not samples:
-            return {}
         n = len(samples)
-        metrics = {
+        return {
             "eval/percent_correct": sum(x["score"] for x in samples) / n,
             "eval/format_compliance": sum(x["reversed"] is not None for x in samples) / n,
             "eval/avg_response_chars": sum(len(x["completion"]) for x in samples) / n,
         }
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
 
 
 _demo_turns = itertools.count()

@@ -22,9 +22,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -44,8 +43,7 @@ from atropos.environments.common.tool_calls import (
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, length_penalty, too_short
+from atropos.rewards.group import length_penalty, too_short
 
 __all__ = [
     "SYSTEM_PREAMBLE",
@@ -146,20 +144,14 @@ class ToolCallingConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=1.0, ge=0, description="sampling temperature of eval")
 
 
-class ToolCalling(Env):
+class ToolCalling(Env[ToolCallingConfig]):
     """Call the right function(s) with the right arguments; +1/-1 (or partial credit)."""
 
     name = "tool_calling"
-    env_config_cls = ToolCallingConfig
-    config: ToolCallingConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "max_token_length": 2048, "use_wandb": False
+    }  # fmt: skip
     temperature = 0.8
-
-    @classmethod
-    def config_init(cls) -> tuple[ToolCallingConfig, list[APIServerConfig]]:
-        env = ToolCallingConfig(
-            group_size=8, max_token_length=2048, tokenizer_name="tiny", use_wandb=False
-        )
-        return env, [local_server_config()]
 
     def load(self) -> list[dict[str, Any]]:
         return load_rows("train", self.config.dataset_name, self.config.test_size)
@@ -182,51 +174,22 @@ class ToolCalling(Env):
         if not item["expected"]:
             self.drop("bad_gold")  # no calls expected: nothing to check against
             return None
-        lengths = [sum(1 for m in r.masks if m != -100) for r in rollouts]
+        lengths = [r.trained_tokens for r in rollouts]
         if too_short(lengths):
             self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", (1.0 if s >= 1.0 else 0.0 for s in scores))
-        scores = length_penalty(scores, lengths, self.config.max_token_length)
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(length_penalty(scores, lengths, self.config.max_token_length))
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One sample per held-out item; `eval/percent_correct` is the share exactly right."""
-        items, start = self.load_eval(), time.time()
-        samples: list[dict[str, Any]] = []
-        for item in items:
-            messages = self.prompt(item)
-            [rollout] = await self.generate(
-                messages, n=1, split="eval", temperature=self.config.eval_temperature
-            )
-            score = self.score(item, rollout.text)
-            samples.append(
-                {
-                    "messages": messages,
-                    "completion": rollout.text,
-                    "score": score,
-                    "expected": item["expected"],
-                    "finish_reason": rollout.finish_reason,
-                }
-            )
-        if not samples:
-            return {}
-        metrics = {
+    def eval_sample(self, item: Any, rollout: Rollout, score: float) -> dict[str, Any]:
+        return {**super().eval_sample(item, rollout, score), "expected": item["expected"]}
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One sample per held-out item: `eval/percent_correct` is the share exactly right."""
+        return {
             "eval/percent_correct": sum(s["score"] >= 1.0 for s in samples) / len(samples),
             "eval/mean_score": sum(s["score"] for s in samples) / len(samples),
         }
-        params = {"temperature": self.config.eval_temperature}
-        self.evaluate_log(
-            metrics,
-            start_time=start,
-            end_time=time.time(),
-            generation_parameters=params,
-            samples=samples,
-        )
-        return metrics
 
 
 _demo_turns = itertools.count()

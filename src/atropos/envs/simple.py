@@ -4,9 +4,11 @@ Implement `load()` (the items) and `score(item, completion)` (a float), and opti
 `prompt(item)` (the chat messages; default: the item's `prompt` or `question` as a user turn)
 and `load_eval()` (items for `evaluate`). Everything else (sampling a group per item through
 the inference servers with token ids and logprobs, building masks, evaluation with metrics and
-samples) is done here. `Env` is generic over its config (`class Mine(Env[MineConfig])` types
-`self.config`). Evaluation is two hooks: `eval_sample(item, rollout, score)` (one row of
-`samples.jsonl`) and `eval_metrics(samples)`. A whole environment fits in a dozen lines:
+samples) is done here; `rollout_group` builds the group for an env that samples its own
+rollouts, and `ShuffledPasses` gives items in seeded shuffled passes. `Env` is generic over its
+config (`class Mine(Env[MineConfig])` types `self.config`). Evaluation is two hooks:
+`eval_sample(item, rollout, score)` (one row of `samples.jsonl`) and `eval_metrics(samples)`.
+A whole environment fits in a dozen lines:
 
     class Echo(Env):
         name = "echo"
@@ -37,13 +39,15 @@ import inspect
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.rewards.group import all_equal
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,6 +70,63 @@ class Rollout:
     def trained_tokens(self) -> int:
         """How many of its tokens are trained (not masked with -100)."""
         return sum(1 for m in self.masks if m != -100)
+
+
+class ShuffledPasses(Generic[T]):
+    """`items` in endless passes, each a fresh shuffle of them all by one seeded generator:
+    the order in which `Env` takes its training items.
+
+    >>> passes = ShuffledPasses("abc", seed=0)
+    >>> sorted(passes.next() for _ in range(3)), sorted(passes.next() for _ in range(3))
+    (['a', 'b', 'c'], ['a', 'b', 'c'])
+    """
+
+    def __init__(self, items: Sequence[T], seed: int) -> None:
+        self.items = items
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+
+    def next(self) -> T:
+        """The next item (a new pass, freshly shuffled, when the last one is done)."""
+        if not self._order:
+            self._order = list(range(len(self.items)))
+            self._rng.shuffle(self._order)
+        return self.items[self._order.pop()]
+
+
+def rollout_group(
+    rollouts: Sequence[Rollout],
+    prompts: Sequence[list[Message]],
+    scores: list[float],
+    overrides: list[dict[str, Any]] | None = None,
+) -> ScoredDataGroup:
+    """The group of `rollouts` with their `scores`: tokens, masks, each rollout's conversation
+    (its prompt in `prompts`, then its text), the `overrides` when given, the token source
+    ("mixed" when they differ), the logprobs when every rollout has them, and the lowest
+    policy version reported (the weights that made the oldest tokens; with none the runner
+    stamps the step).
+
+    For an env that builds its groups itself (e.g. from completions of several prompts).
+    """
+    sources = {r.token_source for r in rollouts}
+    group = ScoredDataGroup(
+        tokens=[r.tokens for r in rollouts],
+        masks=[r.masks for r in rollouts],
+        scores=scores,
+        messages=[
+            [*p, {"role": "assistant", "content": r.text}]
+            for p, r in zip(prompts, rollouts, strict=True)
+        ],
+    )
+    if overrides is not None:
+        group["overrides"] = overrides
+    group["token_source"] = (sources.pop() if len(sources) == 1 else "mixed") if sources else None
+    if all(r.logprobs is not None for r in rollouts):
+        group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
+    versions = [r.policy_version for r in rollouts if r.policy_version is not None]
+    if versions:
+        group["policy_version"] = min(versions)
+    return group
 
 
 class Env(BaseEnv[ConfigT]):
@@ -139,14 +200,10 @@ class Env(BaseEnv[ConfigT]):
         self.items = list(self.load())
         if not self.items:
             raise ValueError(f"{type(self).__name__}.load() returned no items")
-        self._rng = random.Random(self.seed)
-        self._order: list[int] = []
+        self._passes = ShuffledPasses(self.items, self.seed)
 
     async def get_next_item(self) -> Item:
-        if not self._order:  # a fresh shuffled pass over the data
-            self._order = list(range(len(self.items)))
-            self._rng.shuffle(self._order)
-        return self.items[self._order.pop()]
+        return self._passes.next()
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         messages = self.prompt(item)
@@ -167,27 +224,13 @@ class Env(BaseEnv[ConfigT]):
                 f"{type(self).__name__}.score_group returned {len(scores)} scores for"
                 f" {len(rollouts)} rollouts"
             )
-        group: dict[str, Any] = {
-            "tokens": [r.tokens for r in rollouts],
-            "masks": [r.masks for r in rollouts],
-            "scores": scores,
-            "messages": [[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-        }
         overrides = self.sequence_overrides(item, rollouts, scores)
-        if overrides is not None:
-            if len(overrides) != len(rollouts):
-                raise ValueError(
-                    f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
-                    f" for {len(rollouts)} rollouts"
-                )
-            group["overrides"] = overrides
-        group["token_source"] = rollouts[0].token_source if rollouts else None
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:  # the weights that made the oldest tokens (else the runner stamps the step)
-            group["policy_version"] = min(versions)
-        return group, []  # type: ignore[return-value]
+        if overrides is not None and len(overrides) != len(rollouts):
+            raise ValueError(
+                f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
+                f" for {len(rollouts)} rollouts"
+            )
+        return rollout_group(rollouts, [messages] * len(rollouts), scores, overrides), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One completion per `load_eval()` item with `eval_params()`, at most

@@ -21,7 +21,7 @@ from atropos.envs import registry
 from atropos.rewards.passk import mean_pass_at_k
 from atropos.testing import FakeInferenceServer
 
-from ..helpers import check_against, evaluate_against, make_env, process_with_runner
+from ..helpers import check_against, env_defaults, evaluate_against, make_env, process_with_runner
 
 FIXTURE = load_problems("train") + load_problems("test")
 
@@ -158,7 +158,7 @@ def test_demo_responder_gives_mixed_answers_for_fixture_prompts():
 
 
 def test_defaults_and_registration():
-    config, [server] = CodeExecution.config_init()
+    config, [server] = env_defaults(CodeExecution)
     assert isinstance(config, CodeExecutionConfig) and config.dataset_name is None
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"

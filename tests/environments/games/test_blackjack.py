@@ -27,7 +27,7 @@ from atropos.environments.games.value import optimal_value  # noqa: E402
 from atropos.envs import registry  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
-from ..helpers import check_against, evaluate_against, process_through_cli  # noqa: E402
+from ..helpers import check_against, env_defaults, evaluate_against, process_through_cli  # noqa: E402
 from .helpers import Script, assistant_turns, collect, make, take, trained_spans  # noqa: E402
 
 STRING_ARGUMENTS = (
@@ -304,7 +304,7 @@ def test_demo_responder_plays_legal_mixed_moves():
 def test_registry_resolves_and_defaults():
     assert registry.get("blackjack") is Blackjack
     assert registry.get("blackjack_thinking") is BlackjackThinking
-    config, [server] = BlackjackThinking.config_init()
+    config, [server] = env_defaults(BlackjackThinking)
     assert (config.temperature, config.top_p, config.tokenizer_name) == (0.7, 0.9, "tiny")
     assert server.base_url == "http://127.0.0.1:9001/v1" and server.server_type == "vllm"
 

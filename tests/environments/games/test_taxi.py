@@ -26,7 +26,7 @@ from atropos.environments.games.taxi import (  # noqa: E402
 from atropos.envs import registry  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
-from ..helpers import check_against, evaluate_against, process_through_cli  # noqa: E402
+from ..helpers import check_against, env_defaults, evaluate_against, process_through_cli  # noqa: E402
 from .helpers import assistant_turns, collect, make, trained_spans  # noqa: E402
 
 STANDS = ((0, 0), (0, 4), (4, 0), (4, 3))
@@ -151,7 +151,7 @@ def test_process_from_the_command_line_writes_mixed_groups_and_html(tmp_path):
 
 def test_evaluate_and_registration(tmp_path):
     assert registry.get("taxi") is Taxi
-    config, [server] = Taxi.config_init()
+    config, [server] = env_defaults(Taxi)
     assert (config.max_turns, config.tokenizer_name, server.server_type) == (25, "tiny", "vllm")
     run = evaluate_against(partial(make, Taxi), solver(), tmp_path, setup=True, eval_episodes=3)
     assert run.metrics == {

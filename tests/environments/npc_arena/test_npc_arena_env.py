@@ -14,7 +14,7 @@ from atropos.envs.config import ConfigError
 from atropos.envs.judge import JudgeConfig
 from atropos.testing import FakeInferenceServer
 
-from ..helpers import Processed, check_against, fake_hub, modules_loaded_by
+from ..helpers import Processed, check_against, env_defaults, fake_hub, modules_loaded_by
 from .helpers import Script, make, one_group, pair_of, prefers
 
 KAELEN = {"character": "kaelen", "line": "Where does mithril come from?"}
@@ -264,7 +264,7 @@ def test_lines_for_characters_not_loaded_are_skipped_with_a_hint(tmp_path, caplo
 
 
 def test_config_rules_and_defaults():
-    config, [server] = NPCArena.config_init()
+    config, [server] = env_defaults(NPCArena)
     assert (config.group_size, config.tokenizer_name, server.server_type) == (2, "tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1" and config.judge.max_tokens == 1024
     resolved = parse(NPCArena, "process", ["--judge.base_url", "http://127.0.0.1:9/v1"])

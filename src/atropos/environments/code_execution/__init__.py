@@ -16,7 +16,7 @@ import asyncio
 import functools
 import itertools
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -25,7 +25,6 @@ from atropos.environments.code_execution.sandbox import DEFAULT_UID_BASE, Sandbo
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.passk import mean_pass_at_k
 
 __all__ = ["SYSTEM_PROMPT", "CodeExecution", "CodeExecutionConfig", "demo_responder"]
@@ -73,21 +72,15 @@ class CodeExecutionConfig(BaseEnvConfig):
     )
 
 
-class CodeExecution(Env):
+class CodeExecution(Env[CodeExecutionConfig]):
     """MBPP/HumanEval-style problems; +1 when the code passes every test, else -1."""
 
     name = "code_execution"
-    env_config_cls = CodeExecutionConfig
-    config: CodeExecutionConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "max_token_length": 2048, "use_wandb": False
+    }  # fmt: skip
     system_prompt = SYSTEM_PROMPT
     score_concurrently = True  # a group's sandbox runs overlap, bounded by max_concurrency
-
-    @classmethod
-    def config_init(cls) -> tuple[CodeExecutionConfig, list[APIServerConfig]]:
-        env = CodeExecutionConfig(
-            group_size=8, max_token_length=2048, tokenizer_name="tiny", use_wandb=False
-        )
-        return env, [local_server_config()]
 
     @property
     def sandbox(self) -> Sandbox:
@@ -168,7 +161,9 @@ class CodeExecution(Env):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_samples` completions per eval problem; unbiased `eval/pass@1` and
-        `eval/pass@k` (k = `eval_k`, default n), and the share cut at the token limit."""
+        `eval/pass@k` (k = `eval_k`, default n), and the share cut at the token limit.
+
+        A loop of its own, not `Env.evaluate`'s: pass@k takes n completions per problem."""
         items = self.load_eval()
         if not items:
             return {}

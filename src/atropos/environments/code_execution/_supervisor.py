@@ -232,6 +232,9 @@ def install_guard(workdir: str, block_processes: bool) -> None:
     processes' /proc entries and (when `block_processes`) starting processes.
 
     Defence in depth only: code that reaches C (or a process it execs) is not audited.
+
+    Long because the hook and its path checks are closures over the sandbox's root and local
+    aliases of `os` (bound before any user code runs), so every rule reads in one place.
     """
     realpath, fsdecode, getpid = os.path.realpath, os.fsdecode, os.getpid
     root = realpath(workdir)

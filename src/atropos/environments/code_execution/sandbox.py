@@ -258,6 +258,23 @@ class Sandbox:
         )
 
 
+def _write_files(
+    workdir: str, program: str, stdin: str, tests: str | None, uid: int | None
+) -> None:
+    """The program and its input into `workdir` (owned by `uid` when set), and the tests,
+    which stay ours (0600): the harness reads and removes them as root."""
+    for name, text in (("main.py", program), ("input.txt", stdin)):
+        Path(workdir, name).write_text(text, encoding="utf-8")
+        if uid is not None:
+            os.chown(Path(workdir, name), uid, uid)
+    if tests is not None:
+        descriptor = os.open(Path(workdir, "tests.py"), os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+            f.write(tests)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+
+
 def _execute(
     program: str,
     stdin: str,
@@ -272,16 +289,7 @@ def _execute(
     proc: subprocess.Popen[bytes] | None = None
     lines: list[dict[str, Any]] = []
     try:
-        for name, text in (("main.py", program), ("input.txt", stdin)):
-            Path(workdir, name).write_text(text, encoding="utf-8")
-            if uid is not None:
-                os.chown(Path(workdir, name), uid, uid)
-        if tests is not None:  # stays ours (0600): the harness reads and removes it as root
-            descriptor = os.open(Path(workdir, "tests.py"), os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(descriptor, "w", encoding="utf-8") as f:
-                f.write(tests)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
+        _write_files(workdir, program, stdin, tests, uid)
         read_fd, write_fd = os.pipe()
         config = {
             "workdir": workdir,

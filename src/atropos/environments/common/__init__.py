@@ -2,6 +2,8 @@
 
 - `data_loading`: the shipped fixtures (`data_path`) and datasets read by name, from the hub or
   a local JSONL path (`load_hub`, `load_train_test`, `split_rows`).
+- `held_out`: `HeldOutEnv`, an env whose items are its fixture or a hub dataset with a share
+  held out (`--env.dataset_name`, `--env.test_fraction`).
 - `tool_calls`: parsing `<tool_call>` blocks and scoring calls against the expected ones.
 - `choices`: the answers a completion states to a multiple-choice question (`extract_answers`).
 - `ifeval`: the IFEval instruction checks (`instruction_following`, `eval_ifeval`).

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
+from typing_extensions import TypeVar
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
@@ -207,12 +208,15 @@ def summarize(correct: Sequence[Sequence[bool]], ks: Iterable[int]) -> dict[str,
     return metrics
 
 
-class EvalEnv(BaseEnv):
-    """An evaluation-only environment: sample, grade, log pass@k. Subclasses give the data
-    (`fixture`, `hub_*`, `problem`) and the grading (`grade`)."""
+EvalConfigT = TypeVar("EvalConfigT", bound=EvalConfig, default=EvalConfig)
 
-    env_config_cls: ClassVar[type[BaseEnvConfig]] = EvalConfig
-    config: EvalConfig
+
+class EvalEnv(BaseEnv[EvalConfigT]):
+    """An evaluation-only environment: sample, grade, log pass@k. Subclasses give the data
+    (`fixture`, `hub_*`, `problem`) and the grading (`grade`); one with settings of its own is
+    generic over its config (`class MMLUEval(EvalEnv[MMLUConfig])`)."""
+
+    env_config_cls: ClassVar[type[BaseEnvConfig]] = EvalConfig  # the generic default's
     evaluation_only: ClassVar[bool] = True  # `serve`/`process` refused by the CLI, status 2
     benchmark: ClassVar[str] = ""  # the task name in metrics.json
     fixture: ClassVar[str] = ""  # file under atropos/environments/data/evals/
@@ -322,7 +326,10 @@ class EvalEnv(BaseEnv):
         return [(c.message.content or "", str(c.finish_reason)) for c in reply.choices]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Sample, grade and log every problem; returns the metrics."""
+        """Sample, grade and log every problem; returns the metrics.
+
+        Not `Env.evaluate`'s loop (an `EvalEnv` is no `Env`): `eval_n` completions per problem
+        give pass@k, and the metrics break down by subset."""
         s = self.config
         problems = getattr(self, "problems", None) or self._problems()
         start = time.time()

@@ -38,14 +38,14 @@ class IFEvalEval(EvalEnv):
         from atropos.environments.common import ifeval  # the checks load with the first problem
 
         ids = [str(i) for i in row["instruction_id_list"]]
-        data = {"instructions": ifeval.from_ifeval(row)}
+        data = {"instructions": ifeval.scoring.from_ifeval(row)}
         pid = f"ifeval-{row['key']}" if row.get("key") is not None else f"ifeval-{index}"
         return Problem(pid, str(row["prompt"]), ids, {}, data)
 
     def grade(self, problem: Problem, answer: str) -> Graded:
         from atropos.environments.common import ifeval
 
-        result = ifeval.follow(answer.strip(), problem.data["instructions"])
+        result = ifeval.scoring.follow(answer.strip(), problem.data["instructions"])
         details = {"strict": list(result.strict), "loose": list(result.loose)}
         return Graded(answer.strip(), all(result.strict), details)
 
@@ -57,5 +57,5 @@ class IFEvalEval(EvalEnv):
             for g in row:  # an unclosed think block follows nothing
                 none = (False,) * len(problem.gold)
                 strict, loose = g.details.get("strict", none), g.details.get("loose", none)
-                results.append(ifeval.PromptResult(tuple(strict), tuple(loose)))
-        return {f"eval/{k}": v for k, v in ifeval.accuracy(results).items()}
+                results.append(ifeval.scoring.PromptResult(tuple(strict), tuple(loose)))
+        return {f"eval/{k}": v for k, v in ifeval.scoring.accuracy(results).items()}

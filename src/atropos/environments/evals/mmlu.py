@@ -69,12 +69,10 @@ class MMLUConfig(EvalConfig):
         return _names(value)
 
 
-class MMLUEval(EvalEnv):
+class MMLUEval(EvalEnv[MMLUConfig]):
     """MMLU multiple-choice questions; one stated letter, the right one."""
 
     name = "eval_mmlu"
-    env_config_cls = MMLUConfig
-    config: MMLUConfig
     benchmark = "mmlu"
     fixture = "mmlu.jsonl"
     hub_dataset, hub_config, hub_split = "cais/mmlu", "all", "test"

@@ -34,6 +34,7 @@ from atropos.environments.games import require_gymnasium
 from atropos.environments.games.episodes import (
     Episode,
     GameConfig,
+    GameConfigT,
     GameEnv,
     fits_next_turn,
     step_group,
@@ -177,7 +178,7 @@ class BlackjackGame:
             self.step(action)
 
 
-class Blackjack(GameEnv):
+class Blackjack(GameEnv[GameConfigT]):
     """Blackjack-v1 episodes as multi-turn tool-calling chats; score = the final reward."""
 
     name = "blackjack"
@@ -224,12 +225,10 @@ class BlackjackThinkingConfig(GameConfig):
     top_p: float = Field(default=0.9, gt=0, le=1, description="nucleus sampling of alternatives")
 
 
-class BlackjackThinking(Blackjack):
+class BlackjackThinking(Blackjack[BlackjackThinkingConfig]):
     """Per-step windowed GRPO on Blackjack-v1 with exact V* shaping; a list of groups per item."""
 
     name = "blackjack_thinking"
-    env_config_cls = BlackjackThinkingConfig
-    config: BlackjackThinkingConfig
     rules: ClassVar[str] = THINKING_RULES
 
     def alternative(self, game: BlackjackGame, reply: str, tokens: int) -> tuple[Any, float]:

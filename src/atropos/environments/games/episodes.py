@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pydantic import Field
+from typing_extensions import TypeVar
 
 from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.managed import ChatTurn
 from atropos.inference.sequence import MASKED, PROMPT_LOGPROB, SequenceNode
 
@@ -41,6 +41,7 @@ __all__ = [
     "Episode",
     "Game",
     "GameConfig",
+    "GameConfigT",
     "GameEnv",
     "centered",
     "episode_group",
@@ -179,21 +180,20 @@ class GameConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
 
 
-class GameEnv(BaseEnv):
+GameConfigT = TypeVar("GameConfigT", bound=GameConfig, default=GameConfig)
+
+
+class GameEnv(BaseEnv[GameConfigT]):
     """A game environment: items are env seeds; a group is `group_size` episodes of one seed
-    (the same deal, so the episodes differ only by the policy's moves)."""
+    (the same deal, so the episodes differ only by the policy's moves). Generic over its
+    config (`GameConfig` unless a subclass names its own)."""
 
-    env_config_cls: ClassVar[type[BaseEnvConfig]] = GameConfig
+    env_config_cls: ClassVar[type[BaseEnvConfig]] = GameConfig  # the generic default's
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "max_token_length": 4096, "use_wandb": False
+    }  # fmt: skip
     requires: ClassVar[dict[str, str]] = {"gymnasium": "games"}  # checked before a run
-    config: GameConfig
     rules: ClassVar[str] = ""  # the system turn
-
-    @classmethod
-    def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
-        env = cls.env_config_cls(
-            group_size=8, max_token_length=4096, tokenizer_name="tiny", use_wandb=False
-        )
-        return env, [local_server_config()]
 
     @abstractmethod
     def new_game(self, seed: int) -> Any:
@@ -246,7 +246,9 @@ class GameEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples
-        go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`)."""
+        go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`).
+
+        A loop of its own, not `Env.evaluate`'s: an item is a game played over many turns."""
         s, start = self.config, time.time()
         seeds = range(s.eval_seed, s.eval_seed + s.eval_episodes)
         limit = asyncio.Semaphore(self.config.max_eval_workers)
@@ -262,11 +264,5 @@ class GameEnv(BaseEnv):
             for seed, e in zip(seeds, episodes, strict=True)
         ]
         params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
-        self.evaluate_log(
-            metrics,
-            start_time=start,
-            end_time=time.time(),
-            generation_parameters=params,
-            samples=samples,
-        )
+        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
         return metrics

@@ -156,10 +156,9 @@ class Taxi(GameEnv):
     name = "taxi"
     rules: ClassVar[str] = RULES
 
-    @classmethod
-    def config_init(cls) -> tuple[Any, Any]:
-        env, servers = super().config_init()
-        return env.model_copy(update={"max_turns": 25, "reply_tokens": 256}), servers
+    config_defaults: ClassVar[dict[str, Any]] = {
+        **GameEnv.config_defaults, "max_turns": 25, "reply_tokens": 256
+    }  # fmt: skip
 
     def new_game(self, seed: int) -> TaxiGame:
         return TaxiGame(seed)

@@ -23,10 +23,9 @@ import itertools
 import json
 import logging
 import random
-import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from pydantic import Field
 
@@ -36,8 +35,7 @@ from atropos.environments.instruction_following.active_queue import ActiveQueue,
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal, length_penalty, too_short
+from atropos.rewards.group import length_penalty, too_short
 from atropos.rewards.text import split_think
 
 __all__ = [
@@ -134,19 +132,13 @@ class InstructionFollowingConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.2, ge=0, description="sampling temperature of eval")
 
 
-class InstructionFollowing(Env):
+class InstructionFollowing(Env[InstructionFollowingConfig]):
     """Follow a verifiable instruction; 1.0/0.0 from the `ifeval` checks."""
 
     name = "instruction_following"
-    env_config_cls = InstructionFollowingConfig
-    config: InstructionFollowingConfig
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = SYSTEM_PROMPT
     temperature = 0.8
-
-    @classmethod
-    def config_init(cls) -> tuple[InstructionFollowingConfig, list[APIServerConfig]]:
-        env = InstructionFollowingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     @functools.cached_property
     def _splits(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -200,7 +192,7 @@ class InstructionFollowing(Env):
     ) -> list[float] | None:
         s = self.config
         self.queue.record(item, scores, s.max_group_average_for_training, s.solve_on_single_correct)
-        if too_short([sum(1 for m in r.masks if m != -100) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None
         self.record_mean("train/percent_correct", scores)
@@ -211,10 +203,7 @@ class InstructionFollowing(Env):
         scores = length_penalty(
             scores, lengths, s.max_token_length, threshold=LENGTH_PENALTY_THRESHOLD
         )
-        if s.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         await super().wandb_log({**(metrics or {}), **self.queue.metrics()})
@@ -226,19 +215,12 @@ class InstructionFollowing(Env):
         self.iter = int(state.get("iter", 0))
         self.queue.restore(state)
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One sample per held-out item at `eval_temperature`; `eval/percent_correct`."""
-        start, params = time.time(), {"temperature": self.config.eval_temperature}
-        samples = []
-        for item in self.load_eval():
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
-            score = self.score(item, r.text)
-            samples.append({**item, "completion": r.text, "score": score})
-        if not samples:
-            return {}
-        metrics = {"eval/percent_correct": sum(x["score"] for x in samples) / len(samples)}
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+    def eval_sample(self, item: Item, rollout: Rollout, score: float) -> dict[str, Any]:
+        return {**item, "completion": rollout.text, "score": score}
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One sample per held-out item at `eval_temperature` -> `eval/percent_correct`."""
+        return {"eval/percent_correct": sum(x["score"] for x in samples) / len(samples)}
 
 
 _demo_turns = itertools.count()

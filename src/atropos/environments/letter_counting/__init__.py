@@ -18,7 +18,7 @@ import json
 import random
 import re
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from pydantic import Field
 
@@ -35,8 +35,7 @@ from atropos.environments.letter_counting.letters import (
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import MIN_TRAINED_TOKENS, all_equal
+from atropos.rewards.group import MIN_TRAINED_TOKENS
 
 __all__ = ["LetterCounting", "LetterCountingConfig", "demo_responder"]
 
@@ -62,17 +61,11 @@ class LetterCountingConfig(BaseEnvConfig):
     seed: int = Field(default=42, description="seed of the word split and the item generator")
 
 
-class LetterCounting(Env):
+class LetterCounting(Env[LetterCountingConfig]):
     """Count letters; a curriculum of ten tiers follows the policy's success rate."""
 
     name = "letter_counting"
-    env_config_cls = LetterCountingConfig
-    config: LetterCountingConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[LetterCountingConfig, list[APIServerConfig]]:
-        env = LetterCountingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
 
     @property
     def curriculum(self) -> Curriculum:
@@ -130,7 +123,7 @@ class LetterCounting(Env):
         scores = [
             0.0 if r.finish_reason == "length" else s for r, s in zip(rollouts, scores, strict=True)
         ]
-        trained = [sum(1 for m in r.masks if m != -100) for r in rollouts]
+        trained = [r.trained_tokens for r in rollouts]
         kept = [s for s, n in zip(scores, trained, strict=True) if n >= MIN_TRAINED_TOKENS]
         multiple = isinstance(item["expected"], Mapping)
         self.record_mean(
@@ -153,10 +146,7 @@ class LetterCounting(Env):
         if mean < s.difficulty_decrease_threshold:
             self.drop("too_hard")
             return None
-        if s.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         metrics = dict(metrics or {})

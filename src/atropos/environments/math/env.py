@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter, defaultdict
 from typing import Any, ClassVar
 
@@ -42,7 +41,6 @@ from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, compare
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 from atropos.rewards.group import all_equal, too_short
 from atropos.rewards.math import after_think
@@ -85,20 +83,15 @@ class MathConfig(BaseEnvConfig):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
 
-class MathEnv(JudgedEnv, Env):
+class MathEnv(Env[MathConfig], JudgedEnv):
     """Math problems in normal, judge, self-correct and rlaif modes (+1/-1 by math-verify)."""
 
     name = "math"
     requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
-    env_config_cls = MathConfig
-    config: MathConfig
+    # the local server (`atropos local serve`), 2048 tokens
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = SYSTEM_PROMPT
     seed = 42  # upstream's shuffle seed
-
-    @classmethod
-    def config_init(cls) -> tuple[MathConfig, list[APIServerConfig]]:  # `atropos local serve`
-        env = MathConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)  # 2048 tokens
-        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -153,7 +146,7 @@ class MathEnv(JudgedEnv, Env):
                 return None, []
             scores.append(1.0 if right else -1.0)
             overrides.append(dict(ZERO) if truncated else {})
-        if too_short([sum(m != -100 for m in r.masks) for r in rollouts]):
+        if too_short([r.trained_tokens for r in rollouts]):
             self.drop("too_short")
             return None, []
         self._record_normal(rollouts, scores, overrides)
@@ -323,25 +316,26 @@ class MathEnv(JudgedEnv, Env):
         await super().wandb_log(out)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """Greedy answers to every eval item -> eval/{subset}_percent_correct and overall."""
+        """`Env.evaluate` unless `--env.run_evaluation false`."""
+        return await super().evaluate() if self.config.run_evaluation else {}
+
+    def eval_params(self) -> dict[str, Any]:
+        """`eval_temperature` (0: greedy answers) and `eval_max_tokens`."""
         s = self.config
-        items = self.load_eval() if s.run_evaluation else []
-        if not items:
-            return {}
-        params = {"temperature": 0.0, "max_tokens": s.eval_max_tokens or s.max_token_length}
+        return {**super().eval_params(), "max_tokens": s.eval_max_tokens or s.max_token_length}
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            [r] = await self.generate(self.prompt(item), 1, "eval", **params)
-            return {**item, "completion": r.text, "finish_reason": r.finish_reason,
-                    "score": float(verify(item["answer"], r.text) is True)}  # fmt: skip
+    def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
+        """The item, the completion and its score: 1 right, 0 wrong."""
+        right = float(score > 0)
+        return {**item, "completion": r.text, "finish_reason": r.finish_reason, "score": right}
 
-        start, samples = time.time(), await asyncio.gather(*map(one, items))
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """eval/{subset}_percent_correct and eval/overall_percent_correct."""
         by_subset: defaultdict[str, list[float]] = defaultdict(list)
         for sample in samples:
             by_subset[sample["subset"]].append(sample["score"])
         metrics = {f"eval/{k}_percent_correct": sum(v) / len(v) for k, v in by_subset.items()}
         metrics["eval/overall_percent_correct"] = sum(x["score"] for x in samples) / len(samples)
-        self.evaluate_log(metrics, None, None, start, time.time(), params, list(samples))
         return metrics
 
 

@@ -28,49 +28,43 @@ SYSTEM_PROMPT = (
     " \\boxed{answer}."
 )
 
-JUDGE_TEMPLATE = """Below are a math problem and a proposed solution.
 
-[START PROBLEM]
-{problem}
-[END PROBLEM]
-[START SOLUTION]
-{solution}
-[END SOLUTION]
+def _block(tag: str, field: str) -> str:
+    """`[START TAG]`, the template field `{field}`, `[END TAG]`: a line each."""
+    return f"[START {tag}]\n{{{field}}}\n[END {tag}]\n"
 
+
+_PROBLEM_AND_SOLUTION = _block("PROBLEM", "problem") + _block("SOLUTION", "solution")
+
+JUDGE_TEMPLATE = (
+    "Below are a math problem and a proposed solution.\n\n"
+    + _PROBLEM_AND_SOLUTION
+    + """
 Check whether the solution is correct.
 
 If it is correct, include \\boxed{{True}} in your response.
 If it is incorrect, include \\boxed{{False}} in your response.
 
 Also explain how to solve the problem correctly."""
+)
 
-RETRY_TEMPLATE = """Below are a math problem, a proposed solution and a verification of it.
-[START PROBLEM]
-{problem}
-[END PROBLEM]
-[START SOLUTION]
-{solution}
-[END SOLUTION]
-[START VERIFICATION]
-{verification}
-[END VERIFICATION]
-
+RETRY_TEMPLATE = (
+    "Below are a math problem, a proposed solution and a verification of it.\n"
+    + _PROBLEM_AND_SOLUTION
+    + _block("VERIFICATION", "verification")
+    + """
 Use the verification to help you solve the problem correctly.
 
 Give your final answer as \\boxed{{answer}}."""
+)
 
-RLAIF_TEMPLATE = """Below are a math problem and two solutions, both with the correct final \
-answer. Choose the one you prefer.
-[START PROBLEM]
-{problem}
-[END PROBLEM]
-[START SOLUTION 1]
-{first}
-[END SOLUTION 1]
-[START SOLUTION 2]
-{second}
-[END SOLUTION 2]
-
+RLAIF_TEMPLATE = (
+    "Below are a math problem and two solutions, both with the correct final answer. Choose the"
+    " one you prefer.\n"
+    + _block("PROBLEM", "problem")
+    + _block("SOLUTION 1", "first")
+    + _block("SOLUTION 2", "second")
+    + """
 Judge them on, in order of priority:
 - Conciseness: is the solution too long or too short?
 - Clarity: is it easy to follow?
@@ -78,6 +72,7 @@ Judge them on, in order of priority:
 reasoning may still contain mistakes.
 
 Answer \\boxed{{1}} for the first solution or \\boxed{{2}} for the second."""
+)
 
 
 def _chat(user: str) -> list[Message]:

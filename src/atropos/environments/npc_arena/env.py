@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 from atropos.environments.common.data_loading import data_path
 from atropos.environments.npc_arena import lines, prompts
@@ -21,10 +21,9 @@ from atropos.environments.npc_arena.config import NPCArenaConfig
 from atropos.environments.npc_arena.lore import EventFeed, LoreIndex, load_lore
 from atropos.environments.npc_arena.retrieval import LoreDoc, make_retriever
 from atropos.environments.npc_arena.scoring import CriterionTally, cut_scores, rubric_score
-from atropos.envs.judge import JudgeConfig, JudgedEnv, compare, rate
-from atropos.envs.simple import Env, Rollout
+from atropos.envs.judge import JudgedEnv, compare, rate
+from atropos.envs.simple import Env, Rollout, rollout_group
 from atropos.envs.types import Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.tokenize import template_ids
 
 __all__ = ["COUNTERS", "NPCArena"]
@@ -42,23 +41,16 @@ COUNTERS = (
 RUBRIC_LOW, RUBRIC_HIGH = 1, 10  # the rubric's scale
 
 
-class NPCArena(JudgedEnv, Env):
+class NPCArena(Env[NPCArenaConfig], JudgedEnv):
     """Play the character of the sheet, judged on consistency, lore accuracy and engagingness."""
 
     name = "npc_arena"
-    env_config_cls = NPCArenaConfig
-    config: NPCArenaConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "max_token_length": 2048,
+        "use_wandb": False,
+        "judge": {"max_tokens": 1024},  # sheet, lore and a pair fit in 4096 with it
+    }
     temperature = 1.0
-
-    @classmethod
-    def config_init(cls) -> tuple[NPCArenaConfig, list[APIServerConfig]]:
-        env = NPCArenaConfig(
-            max_token_length=2048,
-            tokenizer_name="tiny",
-            use_wandb=False,
-            judge=JudgeConfig(max_tokens=1024),  # sheet, lore and a pair fit in 4096 with it
-        )
-        return env, [local_server_config()]
 
     @property
     def counts(self) -> Counter[str]:
@@ -143,7 +135,7 @@ class NPCArena(JudgedEnv, Env):
         scores = await self.judge_group(item, lore[:kept], rollouts)
         if scores is None:
             return None, []
-        return self._group(messages, rollouts, scores), []
+        return rollout_group(rollouts, [messages] * len(rollouts), scores), []
 
     async def judge_group(
         self, item: dict[str, str], lore: list[LoreDoc], rollouts: list[Rollout]
@@ -212,21 +204,3 @@ class NPCArena(JudgedEnv, Env):
             means = None if r.finish_reason == "length" else next(rated).means
             scores.append(-1.0 if means is None else rubric_score(means, RUBRIC_LOW, RUBRIC_HIGH))
         return scores
-
-    @staticmethod
-    def _group(
-        messages: list[Message], rollouts: list[Rollout], scores: list[float]
-    ) -> ScoredDataGroup:
-        group = ScoredDataGroup(
-            tokens=[r.tokens for r in rollouts],
-            masks=[r.masks for r in rollouts],
-            scores=scores,
-            messages=[[*messages, {"role": "assistant", "content": r.text}] for r in rollouts],
-            token_source=rollouts[0].token_source,
-        )
-        if all(r.logprobs is not None for r in rollouts):
-            group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
-        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group

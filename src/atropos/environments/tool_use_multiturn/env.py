@@ -12,7 +12,6 @@ logprobs. A rollout stops at its first failed reply, or when the next turn would
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,8 +33,8 @@ from atropos.environments.tool_use_multiturn.scoring import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
 from atropos.inference.tokenize import template_ids
@@ -103,20 +102,14 @@ class Trajectory:
         return sum(1 for m in self.node.masked_tokens if m != MASKED)
 
 
-class ToolUseMultiTurn(BaseEnv):
+class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
     """Sequential and multi-turn tool use over replayed tool responses."""
 
     name = "tool_use_multiturn"
-    env_config_cls: ClassVar[type[BaseEnvConfig]] = ToolUseMultiTurnConfig
-    config: ToolUseMultiTurnConfig
+    config_defaults: ClassVar[dict[str, Any]] = {
+        "group_size": 8, "max_token_length": 8192, "use_wandb": False
+    }  # fmt: skip
     seed: ClassVar[int] = 0
-
-    @classmethod
-    def config_init(cls) -> tuple[ToolUseMultiTurnConfig, list[APIServerConfig]]:
-        env = ToolUseMultiTurnConfig(
-            group_size=8, max_token_length=8192, tokenizer_name="tiny", use_wandb=False
-        )
-        return env, [local_server_config()]
 
     @property
     def _stats(self) -> dict[str, float]:
@@ -151,14 +144,10 @@ class ToolUseMultiTurn(BaseEnv):
         self.test_episodes = self.load("test")
         if not self.episodes:
             raise ValueError("tool_use_multiturn: no training episodes in the chosen scenarios")
-        self._rng = random.Random(self.seed)
-        self._order: list[int] = []
+        self._passes = ShuffledPasses(self.episodes, self.seed)
 
     async def get_next_item(self) -> Item:
-        if not self._order:  # a fresh shuffled pass over the episodes
-            self._order = list(range(len(self.episodes)))
-            self._rng.shuffle(self._order)
-        return self.episodes[self._order.pop()]
+        return self._passes.next()
 
     # ----- rollouts -----------------------------------------------------------------------------
 
@@ -297,7 +286,9 @@ class ToolUseMultiTurn(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One rollout per held-out episode at `eval_temperature` (0: greedy); logs
-        `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0)."""
+        `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0).
+
+        A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
         s, start = self.config, time.time()
         episodes = self.test_episodes[: s.eval_limit or None]
         limit = asyncio.Semaphore(self.config.max_eval_workers)
@@ -327,11 +318,5 @@ class ToolUseMultiTurn(BaseEnv):
             "eval/percent_correct": sum(1 for x in scores if x >= 1.0) / len(scores),
         }
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        self.evaluate_log(
-            metrics,
-            start_time=start,
-            end_time=time.time(),
-            generation_parameters=params,
-            samples=samples,
-        )
+        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
         return metrics

@@ -40,8 +40,6 @@ from atropos.environments.visual_counting.shapes import (
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message, ScoredDataGroup
-from atropos.inference.config import APIServerConfig, local_server_config
-from atropos.rewards.group import all_equal
 
 __all__ = [
     "EVAL_SEEDS",
@@ -227,19 +225,13 @@ class VisualCountingConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
 
-class VisualCounting(Env):
+class VisualCounting(Env[VisualCountingConfig]):
     """Answer a question about an image (count the shapes); +1 exact, else -1."""
 
     name = "visual_counting"
+    config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     requires: ClassVar[dict[str, str]] = {"PIL": "vision"}  # checked before a run
-    env_config_cls = VisualCountingConfig
-    config: VisualCountingConfig
     system_prompt = SYSTEM_PROMPT
-
-    @classmethod
-    def config_init(cls) -> tuple[VisualCountingConfig, list[APIServerConfig]]:
-        env = VisualCountingConfig(group_size=8, tokenizer_name="tiny", use_wandb=False)
-        return env, [local_server_config()]
 
     def _items(self, split: str) -> list[dict[str, Any]]:
         s = self.config
@@ -280,10 +272,7 @@ class VisualCounting(Env):
         self, item: Item, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
         self.record_mean("train/percent_correct", (1.0 if s > 0 else 0.0 for s in scores))
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None
-        return scores
+        return self.unless_all_equal(scores)
 
     async def setup(self) -> None:
         require_pillow()  # fail now, naming the `vision` extra, not at the first prompt

@@ -5,7 +5,8 @@
 - `checks_content`, `checks_format`: the 26 checks (25 of RLVR-IFeval plus `validate_start`).
 - `language`: offline response-language rules (no `langdetect`).
 - `scoring`: loose variants, per-prompt strict/loose outcomes, IFEval's four accuracies, and
-  `from_ifeval` for Google IFEval rows, for an evaluation environment to reuse.
+  `from_ifeval` for Google IFEval rows, for an evaluation environment to reuse
+  (`ifeval.scoring.follow`, ...).
 
 >>> from atropos.environments.common import ifeval
 >>> ifeval.verify("validate_lowercase", "all quiet here.")
@@ -16,7 +17,7 @@ True
 
 from __future__ import annotations
 
-from atropos.environments.common.ifeval import checks_content, checks_format
+from atropos.environments.common.ifeval import checks_content, checks_format, scoring
 from atropos.environments.common.ifeval.registry import (
     CHECKS,
     Check,
@@ -27,15 +28,6 @@ from atropos.environments.common.ifeval.registry import (
     names,
     validate,
     verify,
-)
-from atropos.environments.common.ifeval.scoring import (
-    IFEVAL_INSTRUCTIONS,
-    Instruction,
-    PromptResult,
-    accuracy,
-    follow,
-    from_ifeval,
-    loose_variants,
 )
 
 __all__ = [
@@ -49,15 +41,8 @@ __all__ = [
     "names",
     "validate",
     "verify",
-    # accuracy
-    "IFEVAL_INSTRUCTIONS",
-    "Instruction",
-    "PromptResult",
-    "accuracy",
-    "follow",
-    "from_ifeval",
-    "loose_variants",
-    # the checks, by module
+    # the modules: the checks, and accuracy over them
     "checks_content",
     "checks_format",
+    "scoring",
 ]

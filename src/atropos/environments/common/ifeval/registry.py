@@ -19,13 +19,14 @@ no instruction check named 'validate_no_comas'; did you mean validate_no_commas?
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from atropos.names import did_you_mean
 
 __all__ = [
     "CHECKS",
@@ -90,8 +91,7 @@ def get(name: str) -> Check:
     try:
         return CHECKS[name]
     except KeyError:
-        close = difflib.get_close_matches(str(name), list(CHECKS), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(CHECKS))})"
+        hint = did_you_mean(str(name), CHECKS) or f" (known: {', '.join(sorted(CHECKS))})"
         raise UnknownCheck(f"no instruction check named {name!r}{hint}") from None
 
 
