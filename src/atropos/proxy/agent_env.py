@@ -43,7 +43,6 @@ import contextlib
 import inspect
 import json
 import os
-import random
 import shlex
 import signal
 import time
@@ -57,6 +56,7 @@ from typing_extensions import TypeVar
 
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.proxy.app import Proxy, ProxySettings
 from atropos.proxy.serve import serving
@@ -198,8 +198,7 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         self.items = list(self.load())
         if not self.items:
             raise ValueError(f"{type(self).__name__}.load() returned no tasks")
-        self._rng = random.Random(self.seed)
-        self._order: list[int] = []
+        self._passes = ShuffledPasses(self.items, self.seed)
         settings = ProxySettings(
             model=self._model_name(),
             tool_parser=self.config.tool_parser,
@@ -219,10 +218,7 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         await self._serving.__aexit__(None, None, None)
 
     async def get_next_item(self) -> Item:
-        if not self._order:
-            self._order = list(range(len(self.items)))
-            self._rng.shuffle(self._order)
-        return self.items[self._order.pop()]
+        return self._passes.next()
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         runs = await asyncio.gather(*(self.rollout(item) for _ in range(self.config.group_size)))
