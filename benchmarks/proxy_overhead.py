@@ -157,9 +157,7 @@ def table(rounds: list[dict[str, dict[str, Any]]], modes: list[str]) -> str:
         cells = []
         for key in ("proxy_cpu_ms_per_request", "latency_p50_ms", "requests_per_s"):
             values = [r[mode][key] for r in rounds]
-            cells.append(
-                f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-            )
+            cells.append(f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})")
         rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
