@@ -16,11 +16,11 @@ machine, against the same fake inference server process: `atropos.testing.fake_s
   atroposlib.envs.server_handling.managed_server_proxy` (`POST /sessions/create`, then
   `/UUID/v1/chat/completions`), from the venv of `scripts/upstream_venv.py full`.
 
-Measured: the proxy process's CPU seconds (utime+stime from /proc, its whole tree) over the
-requests it served, in ms per request (`direct` has no proxy: 0); the wall time and the
-requests' median latency. The overhead of the proxy over calling directly is its CPU per
-request. Prints a table (min / median / max over rounds) and writes
-benchmarks/results/proxy_overhead.json.
+Measured: the proxy process's CPU seconds (utime+stime from /proc, its whole tree) while the
+conversations run (the sessions are opened before), over their chat requests, in ms per request
+(`direct` has no proxy: 0); the wall time and the requests' median latency. The overhead of the
+proxy over calling directly is its CPU per request. Prints a table (min / median / max over
+rounds) and writes benchmarks/results/proxy_overhead.json.
 """
 
 from __future__ import annotations
@@ -88,8 +88,11 @@ def proxy_command(mode: str, port: int, fake: str, tmp: Path) -> list[str]:
     ]  # fmt: skip
 
 
-async def drive(mode: str, base: str, sessions: int, turns: int) -> dict[str, Any]:
-    """Run the agents; return wall seconds, requests and their latencies."""
+async def drive(
+    mode: str, base: str, sessions: int, turns: int, cpu: Any = lambda: 0.0
+) -> dict[str, Any]:
+    """Open the sessions, then run the agents; return wall seconds, requests, their latencies
+    and `cpu()`'s growth over the conversations (sessions already open)."""
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     latencies: list[float] = []
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
@@ -119,10 +122,10 @@ async def drive(mode: str, base: str, sessions: int, turns: int) -> dict[str, An
                 ]
 
         urls = await asyncio.gather(*(session_url(i) for i in range(sessions)))
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu(), time.perf_counter()
         await asyncio.gather(*(agent(i, u, h) for i, (u, h) in enumerate(urls)))
-        wall = time.perf_counter() - t0
-    return {"wall_s": wall, "requests": len(latencies), "latencies": latencies}
+        wall, used = time.perf_counter() - t0, cpu() - cpu0
+    return {"wall_s": wall, "requests": len(latencies), "latencies": latencies, "cpu_s": used}
 
 
 def one(mode: str, fake: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -136,16 +139,15 @@ def one(mode: str, fake: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
     try:
         asyncio.run(drive(mode, base, 8, 2))  # warm up: imports, template compiled, pools
         wait_quiet(10)
-        cpu0 = cpu_seconds(proc.pid) if proc else 0.0
-        result = asyncio.run(drive(mode, base, args.sessions, args.turns))
-        cpu = (cpu_seconds(proc.pid) - cpu0) if proc else 0.0
+        cpu = (lambda: cpu_seconds(proc.pid)) if proc else (lambda: 0.0)
+        result = asyncio.run(drive(mode, base, args.sessions, args.turns, cpu))
     finally:
         if proc is not None:
             stop(proc)
     lat = sorted(result.pop("latencies"))
     return {
         **result,
-        "proxy_cpu_ms_per_request": 1000 * cpu / result["requests"],
+        "proxy_cpu_ms_per_request": 1000 * result["cpu_s"] / result["requests"],
         "latency_p50_ms": 1000 * lat[len(lat) // 2],
         "requests_per_s": result["requests"] / result["wall_s"],
     }
