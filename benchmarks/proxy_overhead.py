@@ -16,11 +16,13 @@ machine, against the same fake inference server process: `atropos.testing.fake_s
   atroposlib.envs.server_handling.managed_server_proxy` (`POST /sessions/create`, then
   `/UUID/v1/chat/completions`), from the venv of `scripts/upstream_venv.py full`.
 
-Measured: the proxy process's CPU seconds (utime+stime from /proc, its whole tree) while the
-conversations run (the sessions are opened before), over their chat requests, in ms per request
-(`direct` has no proxy: 0); the wall time and the requests' median latency. The overhead of the
-proxy over calling directly is its CPU per request. Prints a table (min / median / max over
-rounds) and writes benchmarks/results/proxy_overhead.json.
+Measured, while the conversations run (the sessions are opened before), over their chat
+requests, in ms per request: the proxy process's CPU (utime+stime from /proc, its whole tree;
+`direct` has none), the fake server's CPU (a proxy sends it token ids, so it renders no
+template: it works less than when called directly), and so the whole path's CPU over calling
+directly, `net_cpu_ms_over_direct` = proxy + server - direct's server; the wall time and the
+requests' median latency. Prints a table (median, then min-max over rounds) and writes
+benchmarks/results/proxy_overhead.json.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ async def drive(
     return {"wall_s": wall, "requests": len(latencies), "latencies": latencies, "cpu_s": used}
 
 
-def one(mode: str, fake: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def one(mode: str, fake: str, fake_pid: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     proc = None
     base = fake.removesuffix("/v1")
     if mode != "direct":
@@ -140,7 +142,9 @@ def one(mode: str, fake: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
         asyncio.run(drive(mode, base, 8, 2))  # warm up: imports, template compiled, pools
         wait_quiet(10)
         cpu = (lambda: cpu_seconds(proc.pid)) if proc else (lambda: 0.0)
+        server0 = cpu_seconds(fake_pid)
         result = asyncio.run(drive(mode, base, args.sessions, args.turns, cpu))
+        result["server_cpu_s"] = cpu_seconds(fake_pid) - server0
     finally:
         if proc is not None:
             stop(proc)
@@ -148,16 +152,26 @@ def one(mode: str, fake: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
     return {
         **result,
         "proxy_cpu_ms_per_request": 1000 * result["cpu_s"] / result["requests"],
+        "server_cpu_ms_per_request": 1000 * result["server_cpu_s"] / result["requests"],
         "latency_p50_ms": 1000 * lat[len(lat) // 2],
         "requests_per_s": result["requests"] / result["wall_s"],
     }
 
 
 def table(rounds: list[dict[str, dict[str, Any]]], modes: list[str]) -> str:
-    rows = ["| mode | proxy CPU ms/request | latency p50 ms | requests/s |", "|---|---|---|---|"]
+    for found in rounds:  # what the path costs in all, proxy and server, over calling directly
+        direct = found.get("direct", {}).get("server_cpu_ms_per_request")
+        for row in found.values():
+            if direct is not None:
+                spent = row["proxy_cpu_ms_per_request"] + row["server_cpu_ms_per_request"]
+                row["net_cpu_ms_over_direct"] = spent - direct
+    keys = ["proxy_cpu_ms_per_request", "server_cpu_ms_per_request"]
+    keys += ["net_cpu_ms_over_direct"] if "direct" in modes else []
+    keys += ["latency_p50_ms", "requests_per_s"]
+    rows = ["| mode | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for mode in modes:
         cells = []
-        for key in ("proxy_cpu_ms_per_request", "latency_p50_ms", "requests_per_s"):
+        for key in keys:
             values = [r[mode][key] for r in rounds]
             cells.append(f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})")
         rows.append(f"| {mode} | " + " | ".join(cells) + " |")
@@ -187,7 +201,7 @@ def main() -> int:
             for r in range(args.rounds):
                 found = {}
                 for mode in modes:
-                    found[mode] = one(mode, fake, args, tmp)
+                    found[mode] = one(mode, fake, fake_proc.pid, args, tmp)
                     print(f"round {r + 1}/{args.rounds} {mode}: {found[mode]}", flush=True)
                 rounds.append(found)
         finally:

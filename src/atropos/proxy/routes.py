@@ -1,0 +1,302 @@
+"""The proxy's route handlers: sessions, the four APIs, upstream's proxy routes.
+
+Each handler takes a Starlette `Request` and returns a `Response`; `Routes.guard` wraps one with
+the API's browser rules and turns a `ProxyError` into its status in the API's error shape
+(`atropos.proxy.asgi` dispatches to them). JSON is read and written with msgspec.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from atropos.api.origin import Site, refusal
+from atropos.proxy import anthropic_api, openai_api, responses_api
+from atropos.proxy.session import Limits, Session
+from atropos.proxy.turns import ProxyError
+
+if TYPE_CHECKING:
+    from atropos.proxy.app import Proxy
+
+__all__ = ["ErrorShape", "Handler", "Routes", "json_response"]
+
+log = logging.getLogger("atropos.proxy")
+Handler = Callable[[Request], Awaitable[Response]]
+ErrorShape = Callable[[ProxyError], dict[str, Any]]
+_JSON = msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder()
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    """`doc` as a JSON response (msgspec: several times faster than the json module)."""
+    return Response(_JSON.encode(doc), status, media_type="application/json")
+
+
+def _key_of(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
+    if not data:
+        return {}
+    try:
+        body = _DECODE.decode(bytes(data))
+    except msgspec.DecodeError as err:
+        raise ProxyError(400, f"the body is not JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, "the body must be a JSON object")
+    return body
+
+
+def _sse(events: Iterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+    )
+
+
+class Routes:
+    """The route handlers, bound to one proxy."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        s = proxy.settings
+        self.site = Site.of(s.host, (), s.api_key is not None)
+
+    # --- access ---
+
+    def _admin(self, request: Request) -> bool:
+        key = self.proxy.settings.api_key
+        given = _key_of(request)
+        return key is not None and given is not None and hmac.compare_digest(given, key)
+
+    def require_admin(self, request: Request) -> None:
+        if self.proxy.settings.api_key is not None and not self._admin(request):
+            raise ProxyError(401, "missing or wrong API key (the proxy's --api-key)", "auth")
+
+    def session_for(self, request: Request, session_id: str | None) -> Session:
+        """The session a request is for: by its path id (key: the session's or the proxy's),
+        else by its bearer key."""
+        given = _key_of(request)
+        if session_id is not None:
+            session = self.proxy.get(session_id)
+            ok = given is not None and hmac.compare_digest(given, session.key)
+            if not ok and not self._admin(request):
+                raise ProxyError(
+                    401, f"missing or wrong key for session {session_id}: use its api_key", "auth"
+                )
+            return session
+        found = self.proxy.by_key(given) if given else None
+        if found is None:
+            raise ProxyError(
+                401,
+                "no session has this key: POST /sessions, then use its api_key (or its"
+                " base_url /s/{id}/v1)",
+                "auth",
+            )
+        return found
+
+    def guard(self, fn: Handler, error: ErrorShape = openai_api.error_body) -> Handler:
+        """Browser rules, then `fn`; a ProxyError becomes its status in `error`'s shape."""
+
+        async def route(request: Request) -> Response:
+            refused = refusal(request.method, request.url.path, request.headers, self.site)
+            if refused is not None:
+                return json_response(
+                    error(ProxyError(refused.status, refused.message, "refused")), refused.status
+                )
+            try:
+                return await fn(request)
+            except ProxyError as err:
+                return json_response(error(err), err.status)
+            except ClientDisconnect:
+                return Response(status_code=400)
+            except Exception as err:  # one record per failure; the client gets a 502
+                log.exception("proxy: %s %s failed", request.method, request.url.path)
+                message = f"the inference server call failed: {type(err).__name__}: {err}"
+                return json_response(error(ProxyError(502, message, "api_error")), 502)
+
+        return route
+
+    # --- sessions ---
+
+    async def health(self, request: Request) -> Response:
+        p = self.proxy
+        return json_response(
+            {"status": "ok", "model": p.settings.model, "sessions": len(p.sessions)}
+        )
+
+    async def create(self, request: Request) -> Response:
+        self.require_admin(request)
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        limits = _limits(body.get("limits"), self.proxy.settings.limits)
+        session = await self.proxy.create_session(limits, body.get("metadata"))
+        root = str(request.base_url).rstrip("/")
+        return json_response(
+            {
+                "id": session.id,
+                "api_key": session.key,
+                "base_url": f"{root}/s/{session.id}/v1",
+                "anthropic_base_url": f"{root}/s/{session.id}",
+            }
+        )
+
+    async def list_sessions(self, request: Request) -> Response:
+        self.require_admin(request)
+        rows = [
+            {
+                "id": s.id,
+                "turns": s.turns,
+                "completion_tokens": s.completion_tokens,
+                "finished": s.finished,
+                "reward": s.reward,
+            }  # fmt: skip
+            for s in self.proxy.sessions.values()
+        ]
+        return json_response({"sessions": rows})
+
+    async def trajectory(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params["sid"])
+        return json_response(session.trajectory().to_dict())
+
+    async def reward(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params["sid"])
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        value = body.get("reward")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProxyError(400, 'the body must be {"reward": <number>}')
+        session.reward = float(value)
+        return json_response({"id": session.id, "reward": session.reward})
+
+    async def delete(self, request: Request) -> Response:
+        sid = request.path_params["sid"]
+        self.session_for(request, sid)
+        self.proxy.delete(sid)
+        return json_response({"status": "deleted", "id": sid})
+
+    # --- OpenAI dialect ---
+
+    async def models(self, request: Request) -> Response:
+        sid = request.path_params.get("sid")
+        if sid is not None or _key_of(request) is not None:
+            self.session_for(request, sid)
+        return json_response(openai_api.models_body(self.proxy.settings.model))
+
+    async def chat(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        turn = openai_api.chat_to_turn(body)
+        result = await session.complete(turn)
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return _sse(openai_api.chat_stream(result, usage))
+        return json_response(openai_api.chat_from_turn(result))
+
+    async def completions(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        result = await session.complete(openai_api.completion_to_turn(body))
+        if body.get("stream"):
+            return _sse(openai_api.completion_stream(result))
+        return json_response(openai_api.completion_from_turn(result))
+
+    async def responses(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        turn = responses_api.to_turn(body, session.responses)
+        result = await session.complete(turn)
+        response, conversation = responses_api.from_turn(result, body, turn)
+        if body.get("store") is not False:  # as OpenAI's: kept for previous_response_id
+            session.responses[response["id"]] = conversation
+        if body.get("stream"):
+            return _sse(responses_api.stream_events(response))
+        return json_response(response)
+
+    # --- Anthropic dialect ---
+
+    async def messages(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        result = await session.complete(anthropic_api.to_turn(body))
+        if body.get("stream"):
+            return _sse(anthropic_api.stream_events(result, str(body.get("model") or result.model)))
+        return json_response(
+            anthropic_api.from_turn(result, str(body.get("model") or result.model))
+        )
+
+    # --- upstream's ManagedServerProxy ---
+
+    async def upstream_create(self, request: Request) -> Response:
+        self.require_admin(request)
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        session = await self.proxy.create_session()
+        parser = body.get("tool_parser") or self.proxy.settings.tool_parser
+        session.tool_parser = str(parser)
+        return json_response(
+            {
+                "uuid": session.id,
+                "model_name": session.model,
+                "tool_parser": session.tool_parser,
+                "base_url": body.get("base_url"),
+                "created_at": time.time(),
+                "api_key": session.key,
+            }
+        )
+
+    def _upstream_session(self, request: Request) -> Session:
+        session = self.proxy.get(request.path_params["uuid"])
+        given = _key_of(request)
+        if self.proxy.settings.api_key is not None and not self._admin(request):
+            if given is None or not hmac.compare_digest(given, session.key):
+                raise ProxyError(401, "missing or wrong API key", "auth")
+        return session
+
+    async def upstream_chat(self, request: Request) -> Response:
+        session = self._upstream_session(request)
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        result = await session.complete(openai_api.chat_to_turn(body))
+        return json_response(openai_api.chat_from_turn(result))
+
+    async def upstream_nodes(self, request: Request) -> Response:
+        session = self._upstream_session(request)
+        nodes = session.managed.nodes if session.managed is not None else []
+        return json_response({"nodes": [n.to_dict() for n in nodes]})
+
+    async def upstream_delete(self, request: Request) -> Response:
+        session = self._upstream_session(request)
+        self.proxy.delete(session.id)
+        return json_response({"status": "deleted", "uuid": session.id})
+
+
+def _limits(value: Any, default: Limits) -> Limits:
+    if value is None:
+        return default
+    if not isinstance(value, Mapping):
+        raise ProxyError(400, "limits must be an object: {max_turns, max_tokens, max_seconds}")
+    unknown = set(value) - {"max_turns", "max_tokens", "max_seconds"}
+    if unknown:
+        raise ProxyError(
+            400, f"unknown limits {sorted(unknown)}: use max_turns, max_tokens, max_seconds"
+        )
+    for name, given in value.items():
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or given <= 0:
+            raise ProxyError(400, f"limits.{name} must be a positive number")
+    return replace(default, **value)
