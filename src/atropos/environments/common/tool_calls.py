@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atropos.inference.tool_calls import read_call
+
 __all__ = [
     "ParsedCalls",
     "count_matched",
@@ -54,23 +56,14 @@ class ParsedCalls:
 
 
 def _normalize(obj: Any) -> dict[str, Any] | None:
-    """`{"name", "arguments"}` from a decoded call (OpenAI's `function` wrapper removed, JSON-string
-    arguments decoded), or None when it is not a readable call. Other keys are kept."""
-    if isinstance(obj, Mapping) and isinstance(obj.get("function"), Mapping):
-        obj = obj["function"]
-    if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+    """`{"name", "arguments"}` from a decoded call (`atropos.inference.tool_calls.read_call`:
+    OpenAI's `function` wrapper removed, JSON-string arguments decoded), or None when it is not
+    a readable call. Other keys are kept."""
+    found = read_call(obj)
+    if found is None:
         return None
-    call = dict(obj)
-    args = call.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, Mapping):
-        return None
-    call["arguments"] = dict(args)
-    return call
+    inner = obj["function"] if isinstance(obj.get("function"), Mapping) else obj
+    return {**inner, "name": found[0], "arguments": found[1]}
 
 
 def parse_text(text: str) -> ParsedCalls:
