@@ -75,3 +75,37 @@ def test_text_completions_through_the_proxy(local_url):
         assert reply.choices[0].text is not None and reply.usage is not None
     [(ids, _)] = proxy.server.recording.outputs
     assert reply.usage.completion_tokens == len(ids)
+
+
+def test_the_responses_api_with_tools_over_the_local_server(local_url):
+    proxy = make_proxy(local_url)
+    tools: Any = [
+        {
+            "type": "function",
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        }
+    ]
+    with serve_in_thread(build_app(proxy)) as url:
+        session = httpx.post(f"{url}/sessions").json()
+        client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        first = client.responses.create(
+            model="atropos-tiny", input="What is 3 + 4?", tools=tools, max_output_tokens=24
+        )
+        second = client.responses.create(
+            model="atropos-tiny",
+            previous_response_id=first.id,
+            input="And 5 + 6?",
+            tools=tools,
+            max_output_tokens=24,
+        )
+        assert second.status in ("completed", "incomplete")
+        headers = {"authorization": f"Bearer {session['api_key']}"}
+        doc = httpx.get(f"{url}/sessions/{session['id']}/trajectory", headers=headers).json()
+    [seq] = doc["sequences"]  # the second call continued the first
+    tokens = seq["tokens"]
+    assert "# Tools" in proxy.tokenizer.decode(tokens)  # the template rendered the tools
+    for span, (ids, logprobs) in zip(seq["spans"], proxy.server.recording.outputs, strict=True):
+        assert tokens[span["start"] : span["end"]] == ids
+        assert seq["logprobs"][span["start"] : span["end"]] == logprobs
