@@ -24,9 +24,10 @@ from atropos.environments.reasoning_gym import (  # noqa: E402
     extract_answer,
 )
 from atropos.environments.reasoning_gym.tasks import parse_tasks  # noqa: E402
-from atropos.envs.config import ConfigError  # noqa: E402
+from atropos.envs import cli  # noqa: E402
+from atropos.testing import FakeInferenceServer  # noqa: E402
 
-from .helpers import evaluate_against, make_env, rollout  # noqa: E402
+from .helpers import evaluate_against, make_env, read_jsonl, rollout  # noqa: E402
 
 make = partial(make_env, ReasoningGym, validate=True)
 VARIED = ["leg_counting", "basic_arithmetic", "spell_backward", "word_sorting", "maze"]
@@ -184,8 +185,33 @@ def test_no_curriculum_by_default_and_the_per_task_metrics():
     assert pending["errors/no_answer_rate"] == [0.0, 1.0]
 
 
-def test_a_task_setting_given_as_text_is_read_as_the_list():
-    with pytest.raises((ConfigError, ValueError)):
+def test_a_config_file_lists_tasks_with_their_settings(tmp_path: Path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "env:\n"
+        "  tasks:\n"
+        "    - gcd:2\n"
+        "    - name: leg_counting\n"
+        "      config: {min_animals: 1, max_animals: 1}\n"
+    )
+    out = tmp_path / "groups.jsonl"
+    with FakeInferenceServer() as fake:
+        argv = ["process", "--config", str(config), f"--openai.base_url={fake.base_url}"]
+        argv += [
+            "--env.total_steps=6",
+            "--env.group_size=2",
+            f"--env.data_path_to_save_groups={out}",
+        ]
+        assert cli.main(ReasoningGym, argv) == 0
+    questions = [g["messages"][0][1]["content"] for g in read_jsonl(out)]
+    assert len(questions) == 6
+    legs = [q for q in questions if "how many legs" in q]
+    assert legs and all("," not in q.partition("if you have")[2] for q in legs)  # one animal
+    assert len(legs) < 6  # gcd too
+
+
+def test_tasks_that_are_neither_text_nor_a_list_are_refused():
+    with pytest.raises(ValueError, match="must be a 'name\\[:weight\\],...' string or a list"):
         ReasoningGymConfig.model_validate({"tasks": 3})
 
 
