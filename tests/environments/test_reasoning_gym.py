@@ -27,7 +27,7 @@ from atropos.environments.reasoning_gym.tasks import parse_tasks  # noqa: E402
 from atropos.envs import cli  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
-from .helpers import evaluate_against, make_env, read_jsonl, rollout  # noqa: E402
+from .helpers import check_against, evaluate_against, make_env, read_jsonl, rollout  # noqa: E402
 
 make = partial(make_env, ReasoningGym, validate=True)
 VARIED = ["leg_counting", "basic_arithmetic", "spell_backward", "word_sorting", "maze"]
@@ -213,6 +213,12 @@ def test_a_config_file_lists_tasks_with_their_settings(tmp_path: Path):
 def test_tasks_that_are_neither_text_nor_a_list_are_refused():
     with pytest.raises(ValueError, match="must be a 'name\\[:weight\\],...' string or a list"):
         ReasoningGymConfig.model_validate({"tasks": 3})
+
+
+def test_check_env_passes():
+    answer = "<think>x</think><answer>4</answer>"
+    report = check_against(make, lambda prompt: answer, ensure_scores_are_not_same=False)
+    assert report.groups == 3 and report.token_sources == {"server"}
 
 
 # ----- evaluation ---------------------------------------------------------------------------
