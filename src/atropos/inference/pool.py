@@ -128,12 +128,14 @@ class ServerPool:
         self._waiting: Counter[Split] = Counter()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
+        self._closing = False
 
     def start(self) -> None:
         """Start one health probe task per server that wants one (idempotent; needs a loop)."""
         if self._started:
             return
         self._started = True
+        self._closing = False
         for slot in self.slots:
             if slot.config.health_check:
                 self._spawn(self._watch(slot), f"health:{slot.config.base_url}")
@@ -144,7 +146,10 @@ class ServerPool:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
-        """Cancel the probe tasks and wait for them."""
+        """Cancel the probe tasks and wait for them. A probe whose cancellation was swallowed
+        (Python 3.11's `asyncio.wait_for` can lose a cancel that lands as its inner call ends)
+        still stops, at its next turn: `_closing` ends its loop."""
+        self._closing = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -313,7 +318,7 @@ class ServerPool:
         failures = 0
         loop = asyncio.get_running_loop()
         noted = loop.time()
-        while True:
+        while not self._closing:
             ok = await slot.backend.check_health(timeout=self.health_timeout)
             self.set_health(slot, ok, ": health probe failed")
             failures = 0 if ok else failures + 1
