@@ -486,7 +486,9 @@ def test_concurrent_requests_overlap(srv):
 
     elapsed = asyncio.run(main())
     assert srv.requests["/generate"] == 500
-    assert 0.2 <= elapsed < 1.5, elapsed
+    # overlapped: one 0.2 s wait for all, not 500 in turn (100 s); the bound leaves room for a
+    # loaded 2-core machine, where 1.5 s was once missed at 1.7 s
+    assert 0.2 <= elapsed < 5.0, elapsed
 
 
 def test_async_responder_and_fallback_to_random():
