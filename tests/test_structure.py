@@ -64,7 +64,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
-    "testing": frozenset({"inference", "local", "api", "envs", "environments", "proxy"}),
+    "testing": frozenset({"inference", "local", "api", "envs", "environments", "proxy", "tiny"}),
     # export and launch read files and start processes through the CLIs
     "export": frozenset({"view", "metrics"}),
     "launch": frozenset(),

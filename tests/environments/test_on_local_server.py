@@ -25,10 +25,8 @@ pytest.importorskip("torch")
 
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.cli import main  # noqa: E402
-from atropos.local.engine import Engine  # noqa: E402
-from atropos.local.server import LocalServer  # noqa: E402
-from atropos.testing import FakeInferenceServer, serve_in_thread  # noqa: E402
-from atropos.tiny.warmstart import policy_path  # noqa: E402
+from atropos.testing import FakeInferenceServer  # noqa: E402
+from atropos.testing.serve import local_tiny_server  # noqa: E402
 
 JUDGED = {"rlaif", "npc_arena"}
 SEED_ENVS = ["arithmetic", "gsm8k", "tool_calling", "dataset", "rlaif", "npc_arena"]
@@ -57,13 +55,8 @@ OWN_TOKENS = {  # envs whose groups are not the server's token ids, and why
 @pytest.fixture(scope="module")
 def local_url() -> Iterator[str]:
     # the tiny model was trained on 128 positions; longer prompts run (RoPE), as noise
-    engine = Engine(str(policy_path()), device="cpu", max_model_len=4096).start()
-    try:
-        app = LocalServer(engine, served_model_name="atropos-tiny").app
-        with serve_in_thread(app) as url:
-            yield f"{url}/v1"
-    finally:
-        engine.close()
+    with local_tiny_server() as url:
+        yield url
 
 
 def judge_answer(prompt: str) -> str:

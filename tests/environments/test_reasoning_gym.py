@@ -248,18 +248,10 @@ def test_evaluate_reports_accuracy_per_task(tmp_path: Path):
 @pytest.fixture(scope="module")
 def local_url():
     pytest.importorskip("torch")
-    from atropos.local.engine import Engine
-    from atropos.local.server import LocalServer
-    from atropos.testing import serve_in_thread
-    from atropos.tiny.warmstart import policy_path
+    from atropos.testing.serve import local_tiny_server
 
-    engine = Engine(str(policy_path()), device="cpu", max_model_len=4096).start()
-    try:
-        app = LocalServer(engine, served_model_name="atropos-tiny").app
-        with serve_in_thread(app) as url:
-            yield f"{url}/v1"
-    finally:
-        engine.close()
+    with local_tiny_server() as url:
+        yield url
 
 
 @pytest.mark.parametrize("task", VARIED)

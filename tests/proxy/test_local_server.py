@@ -12,23 +12,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from atropos.local.engine import Engine  # noqa: E402
-from atropos.local.server import LocalServer  # noqa: E402
 from atropos.proxy.app import build_app  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
-from atropos.tiny.warmstart import policy_path  # noqa: E402
+from atropos.testing.serve import local_tiny_server  # noqa: E402
 
 from .helpers import make_proxy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def local_url() -> Iterator[str]:
-    engine = Engine(str(policy_path()), device="cpu", max_model_len=2048).start()
-    try:
-        with serve_in_thread(LocalServer(engine, served_model_name="atropos-tiny").app) as url:
-            yield f"{url}/v1"
-    finally:
-        engine.close()
+    with local_tiny_server(max_model_len=2048) as url:
+        yield url
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -68,3 +68,19 @@ def serve_in_thread(app: Any, port: int = 0, deadline: float = 10.0) -> Iterator
     finally:
         server.should_exit = True
         thread.join(timeout=deadline)
+
+
+@contextlib.contextmanager
+def local_tiny_server(max_model_len: int = 4096) -> Iterator[str]:
+    """`atropos local serve tiny` in this process (needs torch): the shipped tiny policy on
+    the CPU, served on 127.0.0.1; yields its OpenAI base URL (`.../v1`), stops it on exit."""
+    from atropos.local.engine import Engine
+    from atropos.local.server import LocalServer
+    from atropos.tiny.warmstart import policy_path
+
+    engine = Engine(str(policy_path()), device="cpu", max_model_len=max_model_len).start()
+    try:
+        with serve_in_thread(LocalServer(engine, served_model_name="atropos-tiny").app) as url:
+            yield f"{url}/v1"
+    finally:
+        engine.close()
