@@ -3,7 +3,8 @@
 
 `make demo` and `make test` install from `requirements/lock.txt` (pip constraints: exact
 versions of everything the project and its dev tools pull in), and the upstream atroposlib
-virtualenvs the compatibility tests use install from `requirements/upstream-{light,full}.txt`.
+virtualenvs the compatibility tests use install from `requirements/upstream-{light,full}.txt`
+(the verifiers tests' from `requirements/verifiers.txt`).
 So a fresh machine installs exactly what was tested, whatever was released since.
 `pyproject.toml` keeps version ranges for people who install the package as a library.
 
@@ -154,6 +155,8 @@ def fresh(args: argparse.Namespace) -> int:
         locks = {"ours": (OURS_LOCK, python, "Atropos and its dev extras.")}
         for flavour in upstream_venv.FLAVOURS:
             what = f"upstream atroposlib 0.4.0, {flavour} venv (scripts/upstream_venv.py)."
+            if flavour == "verifiers":
+                what = "Atropos with verifiers, for the verifiers tests (scripts/upstream_venv.py)."
             venv_python = upstream_venv.home(flavour, env) / "bin" / "python"
             locks[flavour] = (upstream_venv.lock_file(flavour), venv_python, what)
         for label, (path, venv_python, what) in locks.items():

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""Make (once) a separate virtualenv holding upstream atroposlib 0.4.0 from PyPI; print its python.
+"""Make (once) a separate virtualenv for code that must not share ours; print its python.
 
-We compare against upstream and prove wire compatibility with it, so it must never share our
-environment. Two flavours, cached under .cache/:
+We compare against upstream atroposlib 0.4.0 and prove wire compatibility with it, so it must
+never share our environment; nor can verifiers 0.4, whose pins (openai < 3, mcp 2.0.0) the
+`agents` extra's openai-agents does not accept. Three flavours, cached under .cache/:
 
 * `light` (default): atroposlib without its heavy dependencies, plus what its API server and
   its black-box API tests import (fastapi, uvicorn, requests, pytest). About 30 s.
 * `full`: atroposlib with every dependency, for running its BaseEnv client code. About 2 min.
+* `verifiers`: this project (editable) with its `verifiers` extra, and `uv`, which verifiers'
+  harnesses run their programs with; the verifiers tests run `atropos` from it. About 3 min.
 
-Each installs from its lock, `requirements/upstream-{flavour}.txt` (pip constraints refreshed
-by `make lock`), so the compatibility tests run against the same upstream dependencies on
-every machine; a venv made from another lock is made again. `scripts/deps.py fresh` sets
-`ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the ranges).
+Each installs from its lock, `requirements/upstream-{flavour}.txt` (`requirements/
+verifiers.txt`; pip constraints refreshed by `make lock`), so the tests run against the same
+dependencies on every machine; a venv made from another lock is made again. `scripts/deps.py
+fresh` sets `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from
+the ranges).
 
-Usage: python scripts/upstream_venv.py [light|full]
+Usage: python scripts/upstream_venv.py [light|full|verifiers]
 """
 
 from __future__ import annotations
@@ -29,18 +33,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = "atroposlib==0.4.0"
 LIGHT_DEPS = ["fastapi", "uvicorn[standard]", "pydantic", "requests", "pytest", "pytest-asyncio"]
-FLAVOURS = ("light", "full")
+VERIFIERS_DEPS = ["uv"]
+FLAVOURS = ("light", "full", "verifiers")
 
 
 def lock_file(flavour: str) -> Path:
     """The constraints file the `flavour` venv installs from."""
-    return ROOT / "requirements" / f"upstream-{flavour}.txt"
+    name = "verifiers" if flavour == "verifiers" else f"upstream-{flavour}"
+    return ROOT / "requirements" / f"{name}.txt"
 
 
 def home(flavour: str, env: Mapping[str, str] = os.environ) -> Path:
     """Where the `flavour` venv lives."""
     base = Path(env.get("ATROPOS_UPSTREAM_HOME") or ROOT / ".cache")
-    return base / f"upstream-atroposlib-{flavour}"
+    return base / ("verifiers-venv" if flavour == "verifiers" else f"upstream-atroposlib-{flavour}")
 
 
 def unlocked_env(base: Path) -> dict[str, str]:
@@ -51,7 +57,7 @@ def unlocked_env(base: Path) -> dict[str, str]:
 def ensure(flavour: str = "light") -> Path:
     """Create the venv if missing or made from another lock; return the path of its python."""
     if flavour not in FLAVOURS:
-        raise SystemExit(f"unknown flavour {flavour!r}: use 'light' or 'full'")
+        raise SystemExit(f"unknown flavour {flavour!r}: use one of {', '.join(FLAVOURS)}")
     where = home(flavour)
     python = where / "bin" / "python"
     stamp = where / ".installed"
@@ -59,15 +65,18 @@ def ensure(flavour: str = "light") -> Path:
     if lock is not None and not lock.exists():
         raise SystemExit(f"{lock} is missing: `make lock` writes it")
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock else "unlocked"
-    made = f"{UPSTREAM} {digest}\n"
+    what = "atropos-rl[verifiers]" if flavour == "verifiers" else UPSTREAM
+    made = f"{what} {digest}\n"
     if stamp.exists() and stamp.read_text() == made:
         return python
-    print(f"creating {where} with {UPSTREAM} ({flavour}) ...", file=sys.stderr, flush=True)
+    print(f"creating {where} with {what} ({flavour}) ...", file=sys.stderr, flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(where)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if lock is not None:
         pip += ["-c", str(lock)]
-    if flavour == "light":
+    if flavour == "verifiers":
+        subprocess.run([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS], check=True)
+    elif flavour == "light":
         subprocess.run([*pip, "--no-deps", UPSTREAM], check=True)
         subprocess.run([*pip, *LIGHT_DEPS], check=True)
     else:

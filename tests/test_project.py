@@ -72,16 +72,32 @@ def test_the_lock_pins_every_requirement_make_test_installs_within_its_range():
         wanted += [Requirement(r) for r in project["optional-dependencies"][extra]]
     # `make lock` and `make test-latest` point this at the lock they are about to write
     locks = Path(os.environ.get("ATROPOS_LOCK_DIR") or ROOT / "requirements")
-    pins = _lock_pins(locks / "lock.txt")
+    problems = _unpinned(wanted, locks / "lock.txt")
+    assert not problems, "run `make lock`: " + "; ".join(problems)
+
+
+def _unpinned(wanted: list[Requirement], lock: Path) -> list[str]:
+    """The requirements `lock` does not pin, or pins outside their range."""
+    pins = _lock_pins(lock)
     problems = []
     for req in wanted:
         if req.marker is not None and not req.marker.evaluate():
             continue
         version = pins.get(canonicalize_name(req.name))
         if version is None:
-            problems.append(f"{req.name}: not in requirements/lock.txt")
+            problems.append(f"{req.name}: not in requirements/{lock.name}")
         elif not req.specifier.contains(version, prereleases=True):
             problems.append(f"{req.name}=={version} is outside {req}")
+    return problems
+
+
+def test_the_verifiers_lock_pins_the_core_and_the_verifiers_extra_within_range():
+    """The verifiers venv (scripts/upstream_venv.py verifiers) installs from its own lock."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for r in project["optional-dependencies"]["verifiers"]]
+    locks = Path(os.environ.get("ATROPOS_LOCK_DIR") or ROOT / "requirements")
+    problems = _unpinned([*wanted, Requirement("uv")], locks / "verifiers.txt")
     assert not problems, "run `make lock`: " + "; ".join(problems)
 
 

@@ -32,6 +32,7 @@ TOOLS = [
         },
     }
 ]
+HELLO: Any = [{"role": "user", "content": "hi"}]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 
@@ -229,6 +230,41 @@ def test_plain_v1_paths_find_the_session_by_its_key(fake):
         assert tool_loop(client) == "The answer is 5."
         assert [m.id for m in client.models.list().data] == ["atropos-tiny"]
         assert trajectory(url, session)["turns"] == 2
+
+
+def test_one_client_with_the_proxy_key_reaches_sessions_by_their_header(fake):
+    """A multiplexing client (verifiers' interception server) keeps one pool and one key and
+    names each rollout in `X-Session-ID`: an alias or the session id routes it."""
+    proxy = make_proxy(fake.base_url, api_key="admin-key")
+    with running(proxy) as url:
+        admin = {"authorization": "Bearer admin-key"}
+        a, b = (httpx.post(f"{url}/sessions", headers=admin).json() for _ in range(2))
+        proxy.alias("trace-a", a["id"])
+        with pytest.raises(ValueError, match="already names session"):
+            proxy.alias("trace-a", b["id"])
+        shared = openai.OpenAI(base_url=f"{url}/v1", api_key="admin-key")
+        for name, task in (("trace-a", "task-1"), (b["id"], "task-2")):
+            shared.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": task}],
+                extra_headers={"X-Session-ID": name},
+            )
+        turns = {s["id"]: trajectory(url, s)["turns"] for s in (a, b)}
+        assert turns == {a["id"]: 1, b["id"]: 1}
+        with pytest.raises(openai.NotFoundError, match="unknown or expired session"):
+            shared.chat.completions.create(
+                model="m", messages=HELLO, extra_headers={"X-Session-ID": "trace-z"}
+            )
+        proxy.delete(a["id"])
+        with pytest.raises(openai.NotFoundError):  # the alias went with its session
+            shared.chat.completions.create(
+                model="m", messages=HELLO, extra_headers={"X-Session-ID": "trace-a"}
+            )
+        own = openai.OpenAI(base_url=f"{url}/v1", api_key=b["api_key"])
+        own.chat.completions.create(  # without the proxy key the header is not read
+            model="m", messages=HELLO, extra_headers={"X-Session-ID": a["id"]}
+        )
+        assert trajectory(url, b)["turns"] == 2
 
 
 def test_limits_reward_and_delete(fake):

@@ -114,9 +114,10 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type:
-    """The environment class registered as `name` (imported now), at `"module:Class"` (a
-    module found on `sys.path` or in the current directory), or in a file: `"path/env.py"` (its
-    one environment class) or `"path/env.py:Class"`.
+    """The environment class registered as `name` (imported now); `"FAMILY:MEMBER"` where
+    `FAMILY` is a registered environment with a `named(MEMBER)` classmethod (`verifiers:NAME`);
+    at `"module:Class"` (a module found on `sys.path` or in the current directory), or in a
+    file: `"path/env.py"` (its one environment class) or `"path/env.py:Class"`.
 
     Raises:
         EnvNotFound: unknown name (the message suggests the closest id and lists them all), a
@@ -127,15 +128,31 @@ def get(name: str) -> type:
     path, attr = _file_target(name)
     if path is not None:
         return _load_file(name, path, attr)
+    known = specs()
+    family, sep, member = name.partition(":")
+    if sep and family in known:
+        return _member(family, get(family), member)
     if ":" in name:
         return _load(name, name, from_cwd=True)
-    known = specs()
     spec = known.get(name)
     if spec is None:
         raise EnvNotFound(_not_found(name, sorted(known)))
     if isinstance(spec.target, type):
         return spec.target
     return _load(name, spec.target)
+
+
+def _member(family: str, cls: type, member: str) -> type:
+    """`FAMILY:MEMBER`: the environment `FAMILY` for one of the things it runs, e.g.
+    `verifiers:NAME` (an installed verifiers taskset), made by its class's `named(MEMBER)`."""
+    named = getattr(cls, "named", None)
+    if named is None:
+        raise EnvNotFound(f"environment {family!r} takes no name after ':' (got {member!r})")
+    try:
+        made: type = named(member)
+    except ValueError as e:
+        raise EnvNotFound(str(e)) from None
+    return made
 
 
 def describe(name: str) -> str:

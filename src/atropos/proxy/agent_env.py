@@ -97,6 +97,7 @@ class AgentClient:
         api_key: the session's key (both APIs).
         model: the model name to ask for.
         session_url: where to `POST .../reward` a reward.
+        session_id: the session's id (`Proxy.alias` names it for header-routed clients).
     """
 
     base_url: str
@@ -104,6 +105,7 @@ class AgentClient:
     api_key: str
     model: str
     session_url: str
+    session_id: str = ""
     _clients: list[Any] = field(default_factory=list, repr=False)
 
     @property
@@ -199,7 +201,15 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         if not self.items:
             raise ValueError(f"{type(self).__name__}.load() returned no tasks")
         self._passes = ShuffledPasses(self.items, self.seed)
-        settings = ProxySettings(
+        text_only = all(getattr(c, "server_type", "") == "openai" for c in self._configs())
+        self.proxy = Proxy(self.server, self.tokenizer, self.proxy_settings(), text_only=text_only)
+        self._serving = serving(self.proxy)
+        self.proxy_url = await self._serving.__aenter__()
+        self.on_close(self._stop_proxy)
+
+    def proxy_settings(self) -> ProxySettings:
+        """The settings of the environment's own proxy (its limits from `--env.*`)."""
+        return ProxySettings(
             model=self._model_name(),
             tool_parser=self.config.tool_parser,
             limits=Limits(
@@ -208,11 +218,6 @@ class AgentEnv(BaseEnv[AgentConfigT]):
                 max_seconds=self.config.agent_timeout + 60,
             ),
         )
-        text_only = all(getattr(c, "server_type", "") == "openai" for c in self._configs())
-        self.proxy = Proxy(self.server, self.tokenizer, settings, text_only=text_only)
-        self._serving = serving(self.proxy)
-        self.proxy_url = await self._serving.__aenter__()
-        self.on_close(self._stop_proxy)
 
     async def _stop_proxy(self) -> None:
         await self._serving.__aexit__(None, None, None)
@@ -279,6 +284,7 @@ class AgentEnv(BaseEnv[AgentConfigT]):
             api_key=session.key,
             model=self.proxy.settings.model,
             session_url=f"{self.proxy_url}/sessions/{session.id}",
+            session_id=session.id,
         )
 
     async def _scores(self, task: Item, runs: list[AgentRun]) -> list[float] | None:

@@ -15,6 +15,7 @@ Upstream's routes are `POST /sessions/create`, `POST /{uuid}/v1/chat/completions
 | `DELETE /sessions/{id}` | KEY or the session | forget it |
 | `/s/{id}/v1/...` | the session (or KEY) | the dialects below, for that session |
 | `/v1/...` | a session's key | the dialects below, for the session the key names |
+| `/v1/...` + `X-Session-ID: NAME` | KEY | the same, for the session NAME (its id or an alias) |
 | `POST /sessions/create`, `/{uuid}/...` | KEY when set | upstream's ManagedServerProxy |
 
 Dialects: `chat/completions`, `completions`, `models` (`openai_api`), `responses`
@@ -82,6 +83,8 @@ class Proxy:
         self.server_configs = list(server_configs or [])
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
+        self._aliases: dict[str, Session] = {}
+        self._alias_names: dict[str, list[str]] = {}  # session id -> its aliases
 
     async def create_session(
         self, limits: Limits | None = None, metadata: Mapping[str, Any] | None = None
@@ -128,12 +131,33 @@ class Proxy:
             return session
         return None
 
+    def alias(self, name: str, session_id: str) -> None:
+        """Let requests that name `name` in their `X-Session-ID` header (with the proxy's key)
+        reach the session `session_id`: a client that multiplexes many rollouts over one
+        connection pool and one key, and tells them apart by that header (verifiers'
+        interception server sends its trace id), is routed per rollout. The alias goes with the
+        session."""
+        session = self.get(session_id)
+        taken = self._aliases.get(name)
+        if taken is not None and taken is not session:
+            raise ValueError(f"alias {name!r} already names session {taken.id}")
+        if taken is None:
+            self._aliases[name] = session
+            self._alias_names.setdefault(session.id, []).append(name)
+
+    def by_name(self, name: str) -> Session:
+        """The session with this id or alias, or ProxyError 404."""
+        session = self._aliases.get(name)
+        return session if session is not None else self.get(name)
+
     def delete(self, session_id: str) -> Session:
-        """Forget a session; returns it (its trajectory stays readable from it)."""
+        """Forget a session and its aliases; returns it (its trajectory stays readable)."""
         session = self.get(session_id)
         session.close()
         del self.sessions[session_id]
         self._by_key.pop(session.key, None)
+        for name in self._alias_names.pop(session_id, ()):
+            del self._aliases[name]
         return session
 
     def describe_servers(self) -> list[str]:

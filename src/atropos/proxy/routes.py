@@ -94,8 +94,12 @@ class Routes:
 
     def session_for(self, request: Request, session_id: str | None) -> Session:
         """The session a request is for: by its path id (key: the session's or the proxy's),
-        else by its bearer key."""
+        by its `X-Session-ID` header (an id or an alias; the proxy's key), else by its bearer
+        key."""
         given = _key_of(request)
+        named = request.headers.get("x-session-id")
+        if session_id is None and named and self._admin(request):
+            return self.proxy.by_name(named)
         if session_id is not None:
             session = self.proxy.get(session_id)
             ok = given is not None and hmac.compare_digest(given, session.key)

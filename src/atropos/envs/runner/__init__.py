@@ -15,12 +15,14 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from atropos.envs.config import ResolvedConfig
+from atropos.envs.config import ConfigError, ResolvedConfig
+from atropos.envs.layering import env_name
 
 log = logging.getLogger("atropos.env")
 
@@ -84,6 +86,9 @@ def run(env_cls: type[Any], resolved: ResolvedConfig) -> int:
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return _run(env_cls, resolved)
+    except ConfigError as err:  # found by the env's setup (a taskset it cannot load, ...)
+        print(f"{env_name(env_cls)} {resolved.mode}: error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as err:  # a signal before a runner took the signals over
         log.warning("interrupted before the run started")
         return 143 if isinstance(err, _Terminated) else 130
