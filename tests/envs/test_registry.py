@@ -156,8 +156,9 @@ def test_atropos_env_list(tmp_path, monkeypatch, capsys):
     registry.register("a-v1", BaseEnvConfig, description="the first one")
     assert atropos_main(["env", "list"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "a-v1         the first one",
-        "words-ep-v1  Counts words, for tests.",
+        "NAME         ORIGIN       DESCRIPTION",
+        "a-v1         built in     the first one",  # registered, but an atropos class
+        "words-ep-v1  entry point  Counts words, for tests.",  # no distribution behind it
     ]
 
 

@@ -77,7 +77,7 @@ _ENV_VERBS = {
 
 
 def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
-    env_p = nouns.add_parser("env", help="environments: serve, process, evaluate, list")
+    env_p = nouns.add_parser("env", help="environments: serve, process, evaluate, list, new")
     env_verbs = env_p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for mode, text in _ENV_VERBS.items():
         verb_p = env_verbs.add_parser(mode, help=text, description=f"{text}.")
@@ -86,8 +86,29 @@ def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
             "flags", nargs=argparse.REMAINDER, help="--env.*, --openai.*, ... (NAME --help)"
         )
         verb_p.set_defaults(run=_env_run)
-    list_p = env_verbs.add_parser("list", help="installed environments")
+    list_p = env_verbs.add_parser(
+        "list",
+        help="installed environments, where each comes from, and what it does",
+        description="Installed environments: name, origin (built in, the package and version"
+        " that installed it, or registered) and description. A broken plugin is listed with"
+        " its error.",
+    )
     list_p.set_defaults(run=_env_list)
+    new_p = env_verbs.add_parser(
+        "new",
+        help="write an installable package for a new environment",
+        description="Write DIR/NAME/: a package with the environment NAME (module NAME with '-'"
+        " made '_'), its entry point, a small dataset, tests against the fake inference"
+        " server, and a README. Then: cd NAME && pip install -e . && pytest.",
+    )
+    new_p.add_argument("name", help="letters, digits, '-' and '_', starting with a letter")
+    new_p.add_argument(
+        "--dir", default=".", metavar="PATH", help="where to make the folder (default: here)"
+    )
+    new_p.add_argument(
+        "--force", action="store_true", help="overwrite the package's files in an existing folder"
+    )
+    new_p.set_defaults(run=_env_new)
 
 
 def _env_run(args: argparse.Namespace) -> int:
@@ -107,17 +128,49 @@ def _env_run(args: argparse.Namespace) -> int:
 
 
 def _env_list(args: argparse.Namespace) -> int:
+    """A table of the environments (name, origin, description), then a line for each plugin
+    whose entry points cannot be read; exit 0 whatever is broken."""
     from atropos.envs import registry
 
-    names = registry.names()
-    if not names:
+    known = registry.specs()
+    if not known:
         print(
-            "no environments installed (register one with atropos.envs.registry.register or an"
-            f" entry point in group {registry.ENTRY_POINT_GROUP!r})"
+            "no environments installed (`atropos env new NAME` writes a package for one; or"
+            " register one with atropos.envs.registry.register or an entry point in group"
+            f" {registry.ENTRY_POINT_GROUP!r})"
         )
-    width = max((len(n) for n in names), default=0)
-    for name in names:
-        print(f"{name:<{width}}  {registry.describe(name)}".rstrip())
+    rows = [("NAME", "ORIGIN", "DESCRIPTION")] if known else []
+    rows += [(n, known[n].origin, registry.describe(n, known[n])) for n in sorted(known)]
+    name_width = max((len(r[0]) for r in rows), default=0)
+    origin_width = max((len(r[1]) for r in rows), default=0)
+    for name, origin, text in rows:
+        print(f"{name:<{name_width}}  {origin:<{origin_width}}  {text}".rstrip())
+    for line in registry.unreadable_plugins():
+        print(f"(not listed: {line})")
+    return 0
+
+
+def _env_new(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from atropos.envs.scaffold import ScaffoldError, package_names, write_package
+
+    prog = "atropos env new"
+    try:
+        package_names(args.name)
+    except ScaffoldError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        written = write_package(args.name, Path(args.dir), force=args.force)
+    except (ScaffoldError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    root = Path(args.dir) / args.name
+    print(f"wrote the environment package {root}:")
+    for path in written:
+        print(f"  {path.relative_to(root).as_posix()}")
+    print(f"next: cd {root} && pip install -e . && pytest")
     return 0
 
 

@@ -73,7 +73,7 @@ def _check_group(group: dict[str, Any], size: int, where: str, problems: list[st
     return str(source) if source else None
 
 
-async def check_env_async(env: BaseEnv, items: int = 2) -> CheckReport:
+async def check_env_async(env: BaseEnv[Any], items: int = 2) -> CheckReport:
     """Run the checks on `env` (already constructed); raise EnvCheckError on any problem."""
     problems: list[str] = []
     report = CheckReport()
@@ -113,6 +113,6 @@ async def check_env_async(env: BaseEnv, items: int = 2) -> CheckReport:
     return report
 
 
-def check_env(env: BaseEnv, items: int = 2) -> CheckReport:
+def check_env(env: BaseEnv[Any], items: int = 2) -> CheckReport:
     """Check `env` (blocking); see the module docstring."""
     return asyncio.run(check_env_async(env, items))

@@ -1,7 +1,11 @@
 """Environment registry: names mapped to lazily imported `"module:Class"` targets.
 
 Third-party packages register through the `atropos.environments` entry-point group:
-`[project.entry-points."atropos.environments"] my-env-v1 = "my_pkg.env:MyEnv"`.
+`[project.entry-points."atropos.environments"] my-env-v1 = "my_pkg.env:MyEnv"`
+(`atropos env new NAME` writes such a package). Each environment's `origin` says where it comes
+from: `built in` (ours), `DIST VERSION` (another installed package), or `registered`. A broken
+plugin never breaks the listing: `describe` reports its error in one line, and a distribution
+whose entry points cannot be read at all is skipped and named by `unreadable_plugins()`.
 
 `get` also takes what a user points at directly: `package.module:Class` (found from the current
 directory too), `path/to/env.py:Class`, or `path/to/env.py` alone when the file defines one
@@ -39,6 +43,7 @@ __all__ = [
     "requirements",
     "register",
     "specs",
+    "unreadable_plugins",
 ]
 
 ENTRY_POINT_GROUP = "atropos.environments"
@@ -48,8 +53,10 @@ _PIP_NAMES = {  # importable module -> the package pip installs it from, where t
     "PIL": "pillow",
     "sentence_transformers": "sentence-transformers",
 }
+BUILT_IN = "built in"  # the origin of our own environments
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_EXTRAS = re.compile(r"\s*\[[^\]]*\]\s*$")  # an entry point's trailing `[extra, ...]`
 
 
 class EnvNotFound(LookupError):
@@ -63,7 +70,7 @@ class EnvSpec:
     name: str
     target: str | type  # "module:Class", or the class itself
     description: str | None = None
-    origin: str = "registered"  # or "entry point (DIST)"
+    origin: str = "registered"  # or BUILT_IN, "DIST VERSION", "entry point" (no distribution)
 
 
 _registered: dict[str, EnvSpec] = {}
@@ -91,7 +98,7 @@ def register(name: str, entry_point: str | type, *, description: str | None = No
         raise ValueError(f"environment names are letters, digits, '.', '_', '-'; got {name!r}")
     if isinstance(entry_point, str) and not _TARGET.fullmatch(entry_point):
         raise ValueError(f"expected an entry point 'package.module:Class', got {entry_point!r}")
-    spec = EnvSpec(name, entry_point, description)
+    spec = EnvSpec(name, entry_point, description, _registered_origin(entry_point))
     old = _registered.get(name)
     if old is not None and old.target != entry_point:
         raise ValueError(f"environment {name!r} is already registered as {_show(old.target)}")
@@ -99,13 +106,77 @@ def register(name: str, entry_point: str | type, *, description: str | None = No
 
 
 def specs() -> dict[str, EnvSpec]:
-    """Every known environment by name: registered ones, then installed entry points."""
+    """Every known environment by name: registered ones, then installed entry points.
+
+    An entry point's value is its target (less any `[extras]`), malformed or not: looking it
+    up then says what is wrong with it.
+    """
     found: dict[str, EnvSpec] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(getattr(ep, "dist", None), "name", None)
-        origin = f"entry point ({dist})" if dist else "entry point"
-        found.setdefault(ep.name, EnvSpec(ep.name, ep.value.split()[0], None, origin))
+    for ep in _entry_points()[0]:
+        target = _EXTRAS.sub("", ep.value).strip()
+        found.setdefault(ep.name, EnvSpec(ep.name, target, None, _entry_point_origin(ep)))
     return {**found, **_registered}  # an explicit registration wins
+
+
+def unreadable_plugins() -> list[str]:
+    """One line for each installed distribution that declares environments but whose entry
+    points cannot be read (a malformed `entry_points.txt`); they are left out of `specs()`."""
+    return _entry_points()[1]
+
+
+def _entry_points() -> tuple[list[importlib.metadata.EntryPoint], list[str]]:
+    """The entry points of our group, and a line for each distribution whose entry points
+    cannot be read. One unreadable distribution makes `importlib.metadata.entry_points()`
+    raise; then the distributions are read one by one (the first of a name wins, as there)."""
+    try:
+        return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)), []
+    except Exception:
+        pass
+    found: list[importlib.metadata.EntryPoint] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        label = _dist_label(dist)
+        if label is None or _canonical(label) in seen:
+            continue
+        seen.add(_canonical(label))
+        try:
+            found += dist.entry_points.select(group=ENTRY_POINT_GROUP)
+        except Exception as e:
+            if f"[{ENTRY_POINT_GROUP}]" in (dist.read_text("entry_points.txt") or ""):
+                problems.append(f"{label} {dist.version}: its entry points cannot be read: {e}")
+    return found, problems
+
+
+def _dist_label(dist: importlib.metadata.Distribution) -> str | None:
+    """The distribution's name; None when its metadata has none or cannot be read."""
+    try:
+        name = dist.metadata["Name"]
+    except Exception:  # e.g. a .dist-info folder without METADATA
+        return None
+    return str(name) if name else None
+
+
+def _canonical(name: str) -> str:
+    """A distribution name in its normal form (PEP 503): `Atropos_RL` -> `atropos-rl`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _entry_point_origin(ep: importlib.metadata.EntryPoint) -> str:
+    """`built in` for our own distribution's, `DIST VERSION` for another's."""
+    dist = getattr(ep, "dist", None)
+    label = _dist_label(dist) if dist is not None else None
+    if dist is None or label is None:
+        return "entry point"
+    if _canonical(label) == DISTRIBUTION:
+        return BUILT_IN
+    return f"{label} {dist.version}"
+
+
+def _registered_origin(target: str | type) -> str:
+    """`built in` for a target in atropos' own package, else `registered`."""
+    module = target.partition(":")[0] if isinstance(target, str) else target.__module__
+    return BUILT_IN if module.split(".")[0] == "atropos" else "registered"
 
 
 def names() -> list[str]:
@@ -155,18 +226,31 @@ def _member(family: str, cls: type, member: str) -> type:
     return made
 
 
-def describe(name: str) -> str:
-    """One line about `name`: its registered description, else its class docstring's first
-    line; an import failure is described rather than raised."""
-    spec = specs().get(name)
+def describe(name: str, spec: EnvSpec | None = None) -> str:
+    """One line about `name` (found again unless its `spec` is given): its registered
+    description, else its class docstring's first line; a failure to import it is described,
+    in one line, rather than raised."""
+    spec = spec or specs().get(name)
     if spec is not None and spec.description:
         return spec.description
     try:
-        cls = get(name)
-    except Exception as e:  # `env list` must list broken plugins too
-        return f"(unavailable: {e})"
+        if spec is None:
+            cls = get(name)
+        else:
+            cls = spec.target if isinstance(spec.target, type) else _load(name, spec.target)
+    except (Exception, SystemExit) as e:  # `env list` must list broken plugins too
+        return " ".join(f"(unavailable: {_failure(name, spec, e)})".split())
     doc = (cls.__doc__ or "").strip()
     return doc.splitlines()[0] if doc else ""
+
+
+def _failure(name: str, spec: EnvSpec | None, error: BaseException) -> str:
+    """Why `name` cannot be loaded: our loader's message (it names the environment), or the
+    error its module raised on import."""
+    if isinstance(error, (ImportError, LookupError, TypeError)) and str(error):
+        return str(error)
+    target = spec.target if spec is not None and isinstance(spec.target, str) else name
+    return f"environment {name!r}: importing {target.partition(':')[0]} raised {error!r}"
 
 
 def requirements(env_cls: type) -> dict[str, str]:
