@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from atropos.envs.config import UPSTREAM_TOKENIZER, BaseEnvConfig, ResolvedConfig
+from atropos.envs.config import UPSTREAM_TOKENIZER, BaseEnvConfig, ResolvedConfig, TeacherConfig
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 
@@ -50,6 +50,7 @@ ADDITIONS = {
     "spool_dir": None,
     "register_timeout": 600,
     "eval_temperature": 0.0,  # the default `Env.evaluate`'s sampling temperature
+    "teacher": TeacherConfig(),  # --teacher.*: off without a base_url
 }
 
 

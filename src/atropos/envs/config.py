@@ -32,6 +32,7 @@ __all__ = [
     "Mode",
     "Namespace",
     "ResolvedConfig",
+    "TeacherConfig",
     "UPSTREAM_TOKENIZER",
     "namespaces",
 ]
@@ -56,6 +57,58 @@ class Namespace(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class TeacherConfig(Namespace):
+    """`--teacher.*`: the teacher of on-policy distillation (`atropos.envs.teacher`), on when
+    `base_url` names a server. Every environment has it: each group it makes then carries the
+    teacher's top-k logprobs (`distill_token_ids`, `distill_logprobs`) before it is sent."""
+
+    base_url: list[str] = Field(
+        default_factory=list,
+        description="teacher server(s), e.g. http://127.0.0.1:9002/v1; several comma-separated"
+        " (none: no teacher)",
+    )
+    model_name: str = Field("default", description="the teacher's model name on its servers")
+    api_key: SecretStr = Field(SecretStr(""), description="bearer key for the teacher servers")
+    server_type: Literal["vllm", "sglang"] = Field(
+        "vllm",
+        description="vllm (also `atropos local serve`) | sglang: they return prompt logprobs",
+    )
+    tokenizer_name: str = Field(
+        "", description="the teacher's tokenizer ('': its model's); must be the env's tokenizer"
+    )
+    top_k: int = Field(8, ge=1, le=1024, description="teacher logprobs kept per position")
+    timeout: float = Field(600, gt=0, description="seconds one teacher request may take")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        """A string is one URL or several, comma-separated (`a/v1,b/v1`)."""
+        if isinstance(value, str):
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a teacher is configured (`base_url` names a server)."""
+        return bool(self.base_url)
+
+    def servers(self) -> list[APIServerConfig]:
+        """One server configuration per teacher URL."""
+        return [
+            APIServerConfig.model_validate(
+                {
+                    "base_url": url,
+                    "model_name": self.model_name,
+                    "api_key": self.api_key,
+                    "server_type": self.server_type,
+                    "timeout": self.timeout,
+                    "tokenizer_name": self.tokenizer_name or "none",
+                }
+            )
+            for url in self.base_url
+        ]
 
 
 def namespaces(model: type[BaseModel]) -> dict[str, type[Namespace]]:
@@ -178,6 +231,10 @@ class BaseEnvConfig(BaseModel):
     )
     register_timeout: float = Field(
         default=600, ge=0, description="seconds to wait for the trainer at registration"
+    )
+    teacher: TeacherConfig = Field(
+        default_factory=TeacherConfig,
+        description="on-policy distillation's teacher: the --teacher.* settings",
     )
 
     @field_validator("max_num_workers", "batch_size")

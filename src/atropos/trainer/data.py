@@ -12,6 +12,13 @@ carries per-token `advantages` (then those are used, shifted like the targets), 
 to 0 where `overrides[i].set_advantage_to_zero` is set. A sequence without inference logprobs (an
 environment that only retokenised text) is trained on-policy: its old logprobs are the trainer's
 own, detached (ratio 1), and the step's metrics count it.
+
+With teacher logprobs asked for (`--loss opd`, `samples_from_groups(..., teacher=True)`), every
+group must carry `distill_token_ids` / `distill_logprobs` (one entry per token, as
+`atropos.envs.teacher` writes them; else `MissingTeacher`), and the micro-batch holds them
+shifted like the targets, as `distill.TeacherTopK`::
+
+    teacher.ids[j, k] = distill_token_ids[j + 1][k]      the teacher's top-k for targets[j]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 
 from atropos.inference.base import MISSING_LOGPROB
 from atropos.rewards.group import group_advantages
+from atropos.trainer.distill import TeacherTopK
 from atropos.trainer.loss import IGNORE
 from atropos.wire import Group
 
@@ -40,6 +48,12 @@ class Sample:
     score: float
     policy_version: int | None
     env_id: int | None
+    teacher_ids: list[list[int]] | None = None  # per token: the teacher's top-k ids
+    teacher_logprobs: list[list[float]] | None = None  # ... and their logprobs
+
+
+class MissingTeacher(ValueError):
+    """`--loss opd` got a group without teacher logprobs, or with rows that do not line up."""
 
 
 @dataclass
@@ -52,21 +66,29 @@ class MicroBatch:
     has_old: torch.Tensor  # bool [B, L]: the server gave a logprob for this target
     advantages: torch.Tensor
     policy_versions: list[int | None]
+    teacher: TeacherTopK | None = None  # with teacher logprobs asked for
 
     @property
     def mask(self) -> torch.Tensor:
         return self.targets != IGNORE
 
 
-def samples_from_groups(groups: Iterable[Group], max_len: int) -> list[Sample]:
+def samples_from_groups(
+    groups: Iterable[Group], max_len: int, teacher: bool = False
+) -> list[Sample]:
     """Flatten groups (as `atropos.wire` decodes them) into samples, computing each sequence's
-    advantages.
+    advantages; with `teacher`, keep each sequence's teacher logprobs (`MissingTeacher` when a
+    group has none).
 
     Sequences longer than ``max_len + 1`` tokens are cut to that length (the API should have
     refused them; this keeps one bad row from breaking a step).
     """
     out: list[Sample] = []
     for group in groups:
+        top_ids = top_lps = None
+        if teacher:
+            check_teacher_rows(group)
+            top_ids, top_lps = group.distill_token_ids, group.distill_logprobs
         tokens, masks, scores = group.tokens, group.masks, group.scores
         per_token = group.advantages
         inference = group.inference_logprobs
@@ -90,9 +112,37 @@ def samples_from_groups(groups: Iterable[Group], max_len: int) -> list[Sample]:
                     score=float(scores[i]),
                     policy_version=group.policy_version,
                     env_id=group.env_id,
+                    teacher_ids=None if top_ids is None else top_ids[i][:keep],
+                    teacher_logprobs=None if top_lps is None else top_lps[i][:keep],
                 )
             )
     return out
+
+
+def check_teacher_rows(group: Group) -> None:
+    """Raise `MissingTeacher` unless `group` has teacher logprobs lined up with its tokens: one
+    row per sequence, one entry per token, as many ids as logprobs at every position."""
+    ids, lps = group.distill_token_ids, group.distill_logprobs
+    origin = f"a group from env {group.env_id}" if group.env_id is not None else "a group"
+    if ids is None or lps is None:
+        raise MissingTeacher(
+            f"--loss opd: {origin} has no teacher logprobs (distill_token_ids,"
+            " distill_logprobs); run its environment with a teacher (--teacher.base_url URL,"
+            " docs/environments.md) or train with --loss grpo"
+        )
+    for i, seq in enumerate(group.tokens):
+        row_ids, row_lps = ids[i], lps[i]
+        if len(row_ids) != len(seq) or len(row_lps) != len(seq):
+            raise MissingTeacher(
+                f"--loss opd: {origin}: sequence {i} has {len(seq)} tokens but"
+                f" {len(row_ids)} distill_token_ids and {len(row_lps)} distill_logprobs"
+                " positions (one per token expected)"
+            )
+        if any(len(a) != len(b) for a, b in zip(row_ids, row_lps, strict=True)):
+            raise MissingTeacher(
+                f"--loss opd: {origin}: sequence {i} has positions whose distill_token_ids and"
+                " distill_logprobs differ in length"
+            )
 
 
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
@@ -124,7 +174,34 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         has_old=has_old,
         advantages=adv,
         policy_versions=[s.policy_version for s in samples],
+        teacher=collate_teacher(samples, targets),
     )
+
+
+def collate_teacher(samples: Sequence[Sample], targets: torch.Tensor) -> TeacherTopK | None:
+    """The samples' teacher top-k as ``[B, T, K]`` tensors aligned with `targets` (None when
+    the samples carry none). K is the most entries any trained position has; an entry is
+    valid where it exists, its target is trained and its logprob is a real one (above the
+    "no logprob" marker)."""
+    if not samples or any(s.teacher_ids is None or s.teacher_logprobs is None for s in samples):
+        return None
+    b, width = targets.shape
+    trained = targets != IGNORE
+    positions = [trained[row].nonzero().flatten().tolist() for row in range(b)]
+    rows = [
+        ([s.teacher_ids[j + 1] for j in at], [s.teacher_logprobs[j + 1] for j in at])
+        for s, at in zip(samples, positions, strict=True)
+        if s.teacher_ids is not None and s.teacher_logprobs is not None
+    ]
+    k = max((len(top) for top_ids, _ in rows for top in top_ids), default=1) or 1
+    ids = torch.zeros((b, width, k), dtype=torch.long)
+    lps = torch.full((b, width, k), MISSING, dtype=torch.float32)
+    for row, (at, (top_ids, top_lps)) in enumerate(zip(positions, rows, strict=True)):
+        if at:  # one tensor per row: the trained positions' entries, padded to k
+            ids[row, at] = torch.tensor([t + [0] * (k - len(t)) for t in top_ids])
+            lps[row, at] = torch.tensor([p + [MISSING] * (k - len(p)) for p in top_lps])
+    valid = (lps > MISSING) & trained.unsqueeze(-1)
+    return TeacherTopK(ids=ids, logprobs=lps, valid=valid)
 
 
 def micro_batches(samples: Sequence[Sample], size: int, pad_id: int = 0) -> Iterator[MicroBatch]:

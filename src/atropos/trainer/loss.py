@@ -1,4 +1,5 @@
-"""The GRPO loss as pure functions: advantages, token log-probabilities, clipped policy loss.
+"""The GRPO loss as pure functions: token log-probabilities, clipped policy loss, the
+per-sequence mean. (On-policy distillation's loss, built on these: `distill.py`.)
 
 Nothing here talks to the network or the file system, so each function is tested against numbers
 worked out by hand (tests/trainer/test_loss.py).
@@ -6,7 +7,7 @@ worked out by hand (tests/trainer/test_loss.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,19 @@ class LossStats:
     clip_fraction: float
     kl: float
     tokens: int
+    extra: dict[str, float] = field(default_factory=dict)  # a loss's own, per trained token
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mean_i( sum_t(mask * x) / sum_t(mask) )``: each sequence's mean over its trained
+    tokens, then the mean over sequences; a sequence with no trained token contributes 0.
+
+    >>> sequence_mean(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [0, 1]]))
+    tensor(4.5000)
+    """
+    weights = mask.to(per_token.dtype)
+    counts = weights.sum(dim=1)
+    return ((per_token * weights).sum(dim=1) / counts.clamp(min=1.0)).mean()
 
 
 def policy_loss(
@@ -76,9 +90,7 @@ def policy_loss(
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + kl_coef * kl
-    counts = mask.sum(dim=1)
-    per_seq = (per_token * mask).sum(dim=1) / counts.clamp(min=1.0)
-    loss = per_seq.mean()
+    loss = sequence_mean(per_token, mask)
     with torch.no_grad():
         n = float(mask.sum())
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).to(mask.dtype)

@@ -11,6 +11,8 @@ The variant, exactly:
   `--batch-size` sequences, accumulated over micro-batches of `--micro-batch-size`.
 - Logits at temperature 1: the servers return raw (temperature-1) logprobs, so ratios compare
   like with like.
+- `--loss opd`: on-policy distillation toward the teacher logprobs the environments attach
+  (`distill.py`: a reverse-KL advantage in the same clipped loss, or a top-k forward KL).
 
 Data flow: lease a batch from the API, train on it, publish the weights (`sync.py`), write a
 checkpoint every `--checkpoint-every` steps and only then acknowledge the batches it covers, so a
@@ -79,6 +81,21 @@ class TrainConfig(BaseSettings):
     warmup_steps: int = Field(0, ge=0, description="steps of linear warmup to --lr")
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range: ratios outside 1 +- eps")
     kl_coef: float = Field(0.0, ge=0, description="weight of a KL penalty to the starting model")
+    loss: Literal["grpo", "opd"] = Field(
+        "grpo",
+        description="grpo: the environments' rewards; opd: on-policy distillation toward the"
+        " teacher logprobs the environments attach (--teacher.*; docs/trainer.md)",
+    )
+    opd_mode: Literal["reverse", "topk_forward"] = Field(
+        "reverse",
+        description="opd: reverse (per-token reverse-KL advantage, clipped policy gradient) or"
+        " topk_forward (forward KL over the teacher's top-k)",
+    )
+    opd_reward_coef: float = Field(
+        0.0,
+        ge=0,
+        description="opd: weight of the environments' GRPO advantage (0: pure distillation)",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
     lease_seconds: float = Field(600.0, gt=0, description="how long a leased batch is held")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints; 0: at the end")
@@ -152,6 +169,9 @@ WANDB_NAMES = {
     "mean_ratio": "grpo/mean_ratio",
     "clip_fraction": "grpo/clipped_fraction",
     "kl": "train/kl",
+    "reverse_kl": "opd/reverse_kl",
+    "forward_kl": "opd/forward_kl",
+    "teacher_topk_share": "opd/teacher_topk_share",
     "reward_mean": "train/reward_mean",
     "logprob_mismatch": "alignment/logprob_mismatch",
     "logprob_mismatch_all": "alignment/logprob_mismatch_all",
@@ -202,6 +222,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from atropos.local.weights import load_fp32
     from atropos.trainer.client import TrainerClient
     from atropos.trainer.data import micro_batches, samples_from_groups
+    from atropos.trainer.distill import opd_loss
     from atropos.trainer.lora import apply_lora
     from atropos.trainer.loss import policy_loss, token_logprobs
     from atropos.trainer.sync import WeightSync
@@ -282,7 +303,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if batch is None:
                 break
             t_data = time.perf_counter() - t0
-            samples = samples_from_groups(batch.groups, cfg.seq_len)
+            samples = samples_from_groups(batch.groups, cfg.seq_len, teacher=cfg.loss == "opd")
             lr = step_lr(cfg, step)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -290,10 +311,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             # ---- one optimizer step over micro-batches -----------------------------------
             model.train()
             acc: dict[str, float] = {k: 0.0 for k in ("loss", "ratio", "clip", "kl", "tokens")}
+            extra: dict[str, float] = {}  # the loss's own metrics (opd), per trained token
             diffs: dict[str, list[float]] = {"on": [], "all": []}
             for mb in micro_batches(samples, cfg.micro_batch_size, pad_id):
                 mb_ids, targets = mb.input_ids.to(device), mb.targets.to(device)
-                logp = token_logprobs(model(input_ids=mb_ids).logits, targets)
+                logits = model(input_ids=mb_ids).logits
+                logp = token_logprobs(logits, targets)
                 mask = mb.mask.to(device)
                 has_old = mb.has_old.to(device)
                 old = torch.where(has_old, mb.old_logp.to(device), logp.detach())
@@ -301,9 +324,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 if reference is not None:
                     with torch.no_grad():
                         ref = token_logprobs(reference(input_ids=mb_ids).logits, targets)
-                loss, stats = policy_loss(
-                    logp, old, mb.advantages.to(device), mask, cfg.clip_eps, ref, cfg.kl_coef
-                )
+                if cfg.loss == "opd" and mb.teacher is not None:
+                    loss, stats = opd_loss(
+                        cfg.opd_mode, logits=logits, logp=logp, old_logp=old,
+                        env_advantages=mb.advantages.to(device), targets=targets, mask=mask,
+                        teacher=mb.teacher.to(device), reward_coef=cfg.opd_reward_coef,
+                        clip_eps=cfg.clip_eps, ref_logp=ref, kl_coef=cfg.kl_coef,
+                    )  # fmt: skip
+                else:
+                    loss, stats = policy_loss(
+                        logp, old, mb.advantages.to(device), mask, cfg.clip_eps, ref, cfg.kl_coef
+                    )
+                del logits  # not kept alive through backward ([B, T, vocab] floats)
                 share = len(mb.policy_versions) / len(samples)  # mean over the whole batch
                 scaled: torch.Tensor = loss * share
                 scaled.backward()  # type: ignore[no-untyped-call]
@@ -314,6 +346,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 acc["clip"] += stats.clip_fraction * n
                 acc["kl"] += stats.kl * n
                 acc["tokens"] += n
+                for key, value in stats.extra.items():
+                    extra[key] = extra.get(key, 0.0) + value * n
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -347,6 +381,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 "trained_tokens": int(acc["tokens"]), "sequences": len(samples),
                 "served_policy_version": sync.served_version,
                 "data_wait_s": t_data, "sync_s": t_sync, "step_s": time.perf_counter() - t0,
+                **{key: value / tokens for key, value in extra.items()},
             }  # fmt: skip
             sink.log({k: v for k, v in last.items() if k != "step"}, step=step)
             log.info(

@@ -5,6 +5,9 @@ dropped, as is one whose scores are all equal when `ensure_scores_are_not_same` 
 holding a sequence at least the trainer's `max_token_len` long. Each drop is counted by reason.
 New: every group gets a `group_id` (the API's idempotency key) and the `policy_version` it was
 generated under, and the JSONL file is flushed after every group (upstream never flushed it).
+With a teacher (`--teacher.*`, `atropos.envs.teacher`), the groups that pass the checks get
+its logprobs next, so no teacher call is spent on a group that is dropped anyway (upstream
+asked the teacher first).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from atropos.envs.types import DROP_REASONS
 
 if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
     from atropos.envs.base import BaseEnv
+    from atropos.envs.teacher import Teacher
 
 
 class _GroupIds:
@@ -91,7 +95,7 @@ def prepare(
     return out
 
 
-def ready_groups(
+async def ready_groups(
     env: BaseEnv,
     result: Any,
     dropped: EnvDrops,
@@ -100,10 +104,14 @@ def ready_groups(
     max_token_len: int,
     policy_version: int | None,
     env_id: int | None,
+    teacher: Teacher | None = None,
 ) -> list[dict[str, Any]]:
-    """The groups of one item's `result`, checked and stamped by `prepare` under the env's config.
+    """The groups of one item's `result`, checked and stamped by `prepare` under the env's
+    config, then given the teacher's logprobs (with a `teacher`): every group a runner sends or
+    writes comes out of here.
 
-    Every drop is counted in `drops`: the env's own (`dropped`) and the checks'.
+    Every drop is counted in `drops`: the env's own (`dropped`), the checks' and the teacher's.
+    A teacher failure that will repeat for every group raises (`teacher.TeacherError`).
     """
     cfg = env.config
     groups = as_groups(result)
@@ -122,7 +130,10 @@ def ready_groups(
         )
         for group in groups
     ]
-    return [group for group in ready if group is not None]
+    kept = [group for group in ready if group is not None]
+    if teacher is not None and kept:
+        kept = await teacher.annotate(kept, drops)
+    return kept
 
 
 def plural(n: int, noun: str) -> str:

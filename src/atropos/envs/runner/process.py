@@ -11,7 +11,9 @@ inference server never reached within `--server_wait` seconds: `errors.fatal_rea
 run at the first one, with one message naming the fix and status 1. While most groups are
 dropped, a line says so every 30 s (`watch.DropReport`).
 
-Each group is written and flushed as soon as it is scored, so a killed run keeps what it made;
+With `--teacher.*`, each group gets the teacher's logprobs before it is written
+(`atropos.envs.teacher`). Each group is written and flushed as soon as it is scored (and
+annotated), so a killed run keeps what it made;
 the JSONL file is created with the first group (a run that makes none leaves none). SIGINT or
 SIGTERM, in any state (setup, waiting for a server, mid-rollout), stops the run: in-flight items
 get `grace` seconds to finish and are then cancelled, what was made is kept, the summary is
@@ -42,6 +44,7 @@ from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.html import write_html
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog
+from atropos.envs.teacher import Teacher
 from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
 from atropos.metrics import MetricsError, open_env_sink
@@ -77,6 +80,7 @@ class ProcessRunner:
         self.lengths: list[int] = []  # trained tokens per sequence written
         self.heap = FrozenHeap()
         self.backlog: deque[Any] = deque()  # items an env asked to run next (judge, retries)
+        self.teacher: Teacher | None = None  # --teacher.*: started after the env's setup
 
     async def run(self, show_progress: bool = True) -> int:
         with self.stopper.install("stopping: in-flight items get a moment, then the summary"):
@@ -100,6 +104,7 @@ class ProcessRunner:
         try:
             try:
                 await self.stopper.race(env.setup())
+                self.teacher = await self.stopper.race(Teacher.start(env))
             except Stopped:
                 await env.aclose()
                 log.warning("stopped by %s during setup; wrote no groups", self.stopper.name)
@@ -239,22 +244,24 @@ class ProcessRunner:
                 result, more = await env.collect_trajectories(item)
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
+            # policy_version: none without a trainer, unless a server says (the teacher's
+            # answers, outside the block, say nothing about the policy's)
+            ready = await ready_groups(
+                env,
+                result,
+                dropped,
+                self.drops,
+                max_token_len=-1,
+                policy_version=seen.lowest,
+                env_id=None,
+                teacher=self.teacher,
+            )
         except Exception as err:  # one bad item never ends the run, unless all will fail alike
             if self.errors.record(err):
                 self.stopper.event.set()
             return 0
         self.durations.append(time.monotonic() - t0)
         self.heap.settle()
-        # policy_version: none without a trainer, unless a server says
-        ready = ready_groups(
-            env,
-            result,
-            dropped,
-            self.drops,
-            max_token_len=-1,
-            policy_version=seen.lowest,
-            env_id=None,
-        )
         for group in ready:
             self.sink.write(group)
             self.scores.extend(float(s) for s in group["scores"])

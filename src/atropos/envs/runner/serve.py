@@ -10,10 +10,12 @@ running finish and are sent (upstream cancelled them and threw the work away).
 
 Every group is stamped with a `group_id` and its policy version: the lowest weight version the
 inference servers reported (`policy_version` in their answers) for the calls its rollout made,
-or, when they report none, the trainer step when its rollout started. It goes through `Sender`
-(batching, idempotent retries, disk spool). Status is polled every `status_interval` seconds
-with one session, and a failed poll is logged and retried rather than fatal (upstream opened a
-session per poll, and three failed polls killed the env). Step changes trigger evaluations and
+or, when they report none, the trainer step when its rollout started. With `--teacher.*`, it
+gets the teacher's logprobs first (`atropos.envs.teacher`, started after `setup()`, before
+registering). It goes through `Sender` (batching, idempotent retries, disk spool). Status is
+polled every `status_interval` seconds with one session, and a failed poll is logged and
+retried rather than fatal (upstream opened a session per poll, and three failed polls killed
+the env). Step changes trigger evaluations and
 checkpoints by crossing multiples of their period, so a jump of several periods still triggers
 once (upstream's modulo test missed any jump of a whole period). Each step change also logs one
 metrics record through the env's `wandb_log` to `{run_dir}/metrics.jsonl`, and to W&B when on
@@ -54,6 +56,7 @@ from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog
+from atropos.envs.teacher import Teacher
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
@@ -129,6 +132,7 @@ class ServeRunner:
         self.scores: list[float] = []
         self.durations: dict[str, list[float]] = {"succeeded": [], "failed": []}
         self.heap = FrozenHeap()
+        self.teacher: Teacher | None = None  # --teacher.*: started after the env's setup
         spool = Path(self.config.spool_dir or run_dir / "spool")
         self.sender = Sender(
             self.config.rollout_server_url,
@@ -156,6 +160,7 @@ class ServeRunner:
             self.api = api
             try:
                 await stopper.race(self.env.setup())
+                self.teacher = await stopper.race(Teacher.start(self.env))
                 await self._register()
             except Stopped:
                 await self.env.aclose()
@@ -329,6 +334,17 @@ class ServeRunner:
                 result, more = await _within(timeout, env.collect_trajectories(item))
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
+            # outside the block: the teacher's answers say nothing about the policy's version
+            ready = await ready_groups(
+                env,
+                result,
+                dropped,
+                self.drops,
+                max_token_len=env.max_token_len,
+                policy_version=version if seen.lowest is None else seen.lowest,
+                env_id=env.env_id,
+                teacher=self.teacher,
+            )
         except asyncio.TimeoutError:
             self.failures["timeout"] += 1
             self.durations["failed"].append(time.monotonic() - started)
@@ -340,21 +356,13 @@ class ServeRunner:
                 self._stop()
             return
         self.durations["succeeded"].append(time.monotonic() - started)
-        for ready in ready_groups(
-            env,
-            result,
-            dropped,
-            self.drops,
-            max_token_len=env.max_token_len,
-            policy_version=version if seen.lowest is None else seen.lowest,
-            env_id=env.env_id,
-        ):
+        for group in ready:
             if self.sink is not None:
-                self.sink.write(ready)
+                self.sink.write(group)
             if len(self.lengths) < self.window_limit:
-                self.lengths.extend(trained_tokens(ready["masks"]))
-                self.scores.extend(ready["scores"])
-            self.sender.submit(ready)
+                self.lengths.extend(trained_tokens(group["masks"]))
+                self.scores.extend(group["scores"])
+            self.sender.submit(group)
             self.submitted += 1
             env.items_sent_this_step += 1
         self.heap.settle()
