@@ -169,9 +169,6 @@ WANDB_NAMES = {
     "mean_ratio": "grpo/mean_ratio",
     "clip_fraction": "grpo/clipped_fraction",
     "kl": "train/kl",
-    "reverse_kl": "opd/reverse_kl",
-    "forward_kl": "opd/forward_kl",
-    "teacher_topk_share": "opd/teacher_topk_share",
     "reward_mean": "train/reward_mean",
     "logprob_mismatch": "alignment/logprob_mismatch",
     "logprob_mismatch_all": "alignment/logprob_mismatch_all",
@@ -182,6 +179,11 @@ WANDB_NAMES = {
     "data_wait_s": "train/data_fetch_time",
     "sync_s": "train/sync_time",
     "step_s": "train/step_time",
+}
+OPD_WANDB_NAMES = {  # the metrics `--loss opd` adds (distill.opd_loss)
+    "reverse_kl": "opd/reverse_kl",
+    "forward_kl": "opd/forward_kl",
+    "teacher_topk_share": "opd/teacher_topk_share",
 }
 
 
@@ -198,7 +200,7 @@ def open_metrics(cfg: TrainConfig) -> tuple[MetricsSink, str, str]:
         name=name,
         config=cfg.model_dump(mode="json", exclude={"api_key", "server_api_key"}),
         dir=os.environ.get("WANDB_DIR") or cfg.out_dir,
-        names=WANDB_NAMES,
+        names={**WANDB_NAMES, **OPD_WANDB_NAMES},
         off_hint="leave out --wandb",
     )
     return MetricsSink(cfg.out_dir / "metrics.jsonl", "trainer", run), group, cfg.wandb_project
