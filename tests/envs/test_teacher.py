@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from atropos.api import ApiConfig, create_app
 from atropos.envs.cli import main, parse
 from atropos.envs.config import ConfigError, TeacherConfig
 from atropos.envs.runner.process import ProcessRunner
+from atropos.envs.runner.serve import ServeRunner
 from atropos.envs.teacher import (
     BAD_ANSWER,
     FAILED,
@@ -28,7 +31,7 @@ from atropos.envs.teacher import (
 from atropos.inference.config import ServerManagerConfig
 from atropos.inference.manager import ServerManager
 from atropos.inference.tokenizer import load_tokenizer
-from atropos.testing import FakeInferenceServer, tiny_tokenizer_path
+from atropos.testing import FakeInferenceServer, serve_in_thread, tiny_tokenizer_path
 
 from .arith import Addition
 from .synth import SynthEnv, resolved
@@ -277,3 +280,42 @@ def test_a_teacher_that_does_not_serve_the_model_stops_the_run(tmp_path, caplog)
         assert asyncio.run(runner.run(show_progress=False)) == 1
     assert "teacher: HTTP 404" in caplog.text and "--teacher.model_name" in caplog.text
     assert not out.exists()
+
+
+def test_serve_sends_groups_with_teacher_logprobs(tmp_path):
+    registration = {
+        "wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 64,
+        "checkpoint_dir": "", "save_checkpoint_interval": 0, "starting_step": 0,
+        "num_steps": 1000,
+    }  # fmt: skip
+    with serve_in_thread(create_app(ApiConfig())) as url, FakeInferenceServer() as teacher:
+        with httpx.Client(base_url=url) as c:
+            c.post("/register", json=registration)
+            c.get("/batch")  # started, but nothing drains the queue
+        cfg = resolved(rollout_server_url=url, register_timeout=30)
+        cfg.env.teacher = teacher_config(teacher.base_url)
+        env = SynthEnv(cfg.env, cfg.servers, manager=cfg.manager)
+        runner = ServeRunner(env, cfg, tmp_path)
+        runner.status_interval = 0.05
+
+        async def main() -> int:
+            task = asyncio.create_task(runner.run())
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and queued(url) < 4:
+                await asyncio.sleep(0.05)
+            runner.stopping.set()  # the run ends (as when the trainer is done)
+            return await task
+
+        assert asyncio.run(main()) == 0
+        batch = httpx.get(f"{url}/batch").json()["batch"]
+    assert batch and teacher.requests["/v1/completions"] >= 2 * len(batch)
+    for g in batch:
+        for seq, ids, lps in zip(
+            g["tokens"], g["distill_token_ids"], g["distill_logprobs"], strict=True
+        ):
+            assert len(ids) == len(lps) == len(seq) and ids[0] == []
+            assert all(len(top) == 3 for top in ids[1:])
+
+
+def queued(url: str) -> int:
+    return int(httpx.get(f"{url}/status").json()["queue_size"])
