@@ -37,7 +37,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from atropos.envs.config import ConfigError, TeacherConfig
-from atropos.inference.base import MISSING_LOGPROB, PromptLogprobs
+from atropos.inference.base import MISSING_LOGPROB, PromptLogprobs, gather_or_cancel
 from atropos.inference.errors import FatalError, InferenceError, fatal_reason
 
 if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
@@ -180,7 +180,7 @@ class Teacher:
         manager = ServerManager(config.servers(), env.manager_config)
         made = cls(config, manager)
         env.on_close(made.aclose)
-        log.info("teacher: top-%d logprobs from %s", config.top_k, ", ".join(config.base_url))
+        log.warning("teacher: top-%d logprobs from %s", config.top_k, ", ".join(config.base_url))
         return made
 
     async def annotate(
@@ -188,7 +188,7 @@ class Teacher:
     ) -> list[dict[str, Any]]:
         """`groups` with their teacher fields filled; a group whose teacher call failed is left
         out and counted in `drops` by reason. Raises `TeacherError` on a fatal failure."""
-        reasons = await asyncio.gather(*(self._fill(group) for group in groups))
+        reasons = await gather_or_cancel(self._fill(group) for group in groups)
         kept = []
         for group, reason in zip(groups, reasons, strict=True):
             if reason is None:
@@ -203,7 +203,7 @@ class Teacher:
             return None
         tokens: list[list[int]] = group["tokens"]
         try:
-            answers = await asyncio.gather(*(self._ask(seq) for seq in tokens))
+            answers = await gather_or_cancel(self._ask(seq) for seq in tokens)
         except InferenceError as err:
             if fatal_reason(err) is not None:
                 raise TeacherError(f"teacher: {err}".replace("--openai.", "--teacher.")) from err
