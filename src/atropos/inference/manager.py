@@ -281,8 +281,9 @@ class ServerManager:
             candidates = healthy or [s for s in slots if s.index in only]
             slot = min(candidates, key=lambda s: (s.load("train"), s.index))
         pinned = PinnedServer(self, slot)
-        if self.reasoning is not None and "reasoning" not in kwargs:
-            kwargs["reasoning"] = self.template_plan(tokenizer or pinned.tokenizer)
+        renders_with = tokenizer if tokenizer is not None else pinned.tokenizer
+        if self.reasoning is not None and renders_with is not None and "reasoning" not in kwargs:
+            kwargs["reasoning"] = self.template_plan(renders_with)
         return _Session(ManagedServer(pinned, tokenizer, **kwargs))
 
     def template_plan(self, tokenizer: Any) -> TemplatePlan:
