@@ -133,13 +133,22 @@ class BaseEnv(ABC, Generic[ConfigT]):
 
     @property
     def server(self) -> ServerManager:
-        """The inference servers (a `ServerManager`), created on first use."""
+        """The inference servers (a `ServerManager`), created on first use.
+
+        The env's `thinking_mode`, `reasoning_effort` and `max_reasoning_tokens` go with it
+        (`Reasoning.of`): every chat request and `managed_server` session applies them the way
+        its server takes them (docs/inference.md, "Reasoning controls").
+        """
         if self._server is None:
             from atropos.inference.manager import ServerManager
+            from atropos.inference.reasoning import Reasoning
 
             # backends that need a tokenizer (TRL, text prompts) share the env's when loaded
             self._server = ServerManager(
-                self.server_configs, self.manager_config, tokenizer=self._tokenizer
+                self.server_configs,
+                self.manager_config,
+                tokenizer=self._tokenizer,
+                reasoning=Reasoning.of(self.config),
             )
         return self._server
 

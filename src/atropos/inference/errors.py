@@ -51,6 +51,32 @@ FATAL_STATUS: dict[int, str] = {
 """4xx statuses that will be the same for every request (the configuration is wrong), and the
 fix to name. A 400 is left out on purpose: it is usually about one request (a prompt too long)."""
 
+FATAL_BODIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("thinking_token_budget", "reasoning_config"),
+        "this vLLM takes --env.max_reasoning_tokens (sent as thinking_token_budget) only when"
+        " started with --reasoning-parser or --reasoning-config: start it so, or unset"
+        " max_reasoning_tokens",
+    ),
+)
+"""Error answers (any status) that name a server configuration every request runs into: the
+words that identify one, and the fix to name."""
+
+
+def _fatal_body(text: str) -> str | None:
+    """The fix for an error body of `FATAL_BODIES`, else None.
+
+    >>> _fatal_body("ValueError: thinking_token_budget is set but reasoning_config is not set")
+    ... # doctest: +ELLIPSIS
+    'this vLLM takes --env.max_reasoning_tokens ...'
+    >>> _fatal_body("maximum context length exceeded") is None
+    True
+    """
+    for words, fix in FATAL_BODIES:
+        if all(word in text for word in words):
+            return fix
+    return None
+
 
 class FatalError(Exception):
     """An error that will be the same for every item (a missing package, a tokenizer that
@@ -123,7 +149,8 @@ class InferenceError(Exception):
         retry_after: float | None = None,
     ) -> InferenceError:
         """The error for an HTTP answer with status >= 400 (5xx, 408 and 429 are retryable;
-        the statuses of `FATAL_STATUS` are fatal, with the fix in the message)."""
+        the statuses of `FATAL_STATUS` and the bodies of `FATAL_BODIES` are fatal, with the fix
+        in the message)."""
         if status >= 500:
             kind: ErrorKind = "http_5xx"
         elif status in RETRYABLE_STATUS:
@@ -132,11 +159,12 @@ class InferenceError(Exception):
             kind = "http_4xx"
         text = " ".join(body.split())[:500]
         message = f"HTTP {status}: {text}" if text else f"HTTP {status}"
-        fix = FATAL_STATUS.get(status)
+        configured = _fatal_body(text)
+        fix = FATAL_STATUS.get(status) or configured
         return cls(
             f"{message} ({fix})" if fix else message,
             status_code=status,
-            retryable=kind != "http_4xx",
+            retryable=kind != "http_4xx" and configured is None,
             kind=kind,
             server=server,
             retry_after=retry_after,

@@ -9,6 +9,12 @@ re-rendered template and the held ids are classified (`DriftKind`) and counted (
 reasons and nodes): what `atropos.envs.simple.Env` uses on its hot path. Text goes through
 `tokenizer.TokenCodec` (the Rust tokenizer directly where that is exact). A node records the
 lowest `policy_version` the server reported for the calls that generated it (`SequenceNode`).
+
+Reasoning settings (`reasoning.TemplatePlan`, handed over by `ServerManager.managed_server`)
+reach the template as kwargs at render time (`enable_thinking`, `thinking`, `reasoning_effort`,
+those the template reads), and a reasoning budget is enforced here by ending the block at the
+budget (`thinking_budget.py`); `skip_reasoning=True` on a call renders and samples without them,
+and a call's own `chat_template_kwargs` are rendered over them.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
-from atropos.inference.base import PolicyVersions
+from atropos.inference.base import PolicyVersions, normalize_max_tokens
+from atropos.inference.reasoning import Reasoning, TemplatePlan
 from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
+from atropos.inference.thinking_budget import sample_within_budget
 from atropos.inference.tokenize import as_token_ids, end_of_turn_ids, trailing_end_of_turn
 from atropos.inference.tokenizer import TokenCodec
 
@@ -35,6 +43,10 @@ _CHAT_FINISH = {"stop", "length", "tool_calls", "content_filter", "function_call
 _TEXT_FINISH = {"stop", "length", "content_filter"}
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _NO_DRIFT: dict[DriftKind, int] = dict.fromkeys(DriftKind, 0)
+_NO_REASONING = TemplatePlan()
+Forced = list["tuple[int, int] | None"] | None
+"""Per choice, `(start, count)` of the ids we inserted into its output (None: no budget ran)."""
+Generated = tuple[list[int], list[list[int]], list[list[float]], list[str], "int | None", Forced]
 
 
 def _as_message(message: Any) -> dict[str, Any]:
@@ -109,6 +121,8 @@ class ManagedServer:
             [finish_reasons])`, e.g. a backend or `ServerManager`'s pinned server.
         tokenizer: the model's tokenizer (default: `server.tokenizer`); it renders the chat
             template, so it must be the one the server's model was trained with.
+        reasoning: the reasoning settings of every call: a `Reasoning`, or the
+            `TemplatePlan` made from it for this tokenizer (what `ServerManager` passes).
 
     Example:
         >>> import asyncio
@@ -124,13 +138,23 @@ class ManagedServer:
         ('ok', [-100, 82, 78, 2])
     """
 
-    def __init__(self, server: Any, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any = None,
+        *,
+        reasoning: Reasoning | TemplatePlan | None = None,
+    ) -> None:
         """Bind the server and tokenizer; no sequences are held yet."""
         tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("ManagedServer needs a tokenizer: pass one, or a server that has one")
         self.server = server
         self.tokenizer = tokenizer
+        if isinstance(reasoning, Reasoning):
+            reasoning = TemplatePlan.for_tokenizer(reasoning, tokenizer)
+        #: The chat-template kwargs and reasoning budget every call uses.
+        self.reasoning: TemplatePlan = reasoning or _NO_REASONING
         self.nodes: list[SequenceNode] = []
         self._turn_end: frozenset[int] | None = None
         self._token_codec: TokenCodec | None = None
@@ -197,24 +221,23 @@ class ManagedServer:
         if not msgs:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
-        extra = {"tools": tools} if tools else {}
-        add_generation_prompt = msgs[-1].get("role") != "assistant"
-        text = str(
-            self.tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
-            )
-        )
+        text = self._render(msgs, tools, sampling)
         prompt_ids = self._encode(text)
         parent, exact = self._chat_parent(msgs)
         parent, drift, input_ids = self._extend(parent, exact, prompt_ids, text)
-        prompt, outs, lps, finishes, version = await self._generate(
+        prompt, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
         decode = self._codec().decode
         contents = [decode(out) for out in outs]
         nodes = []
-        for out, lp, finish, content in zip(outs, lps, finishes, contents, strict=True):
-            node = self._node(prompt, out, lp, finish, parent, text + content, drift, version)
+        for i, (out, lp, finish, content) in enumerate(
+            zip(outs, lps, finishes, contents, strict=True)
+        ):
+            spliced = forced[i] if forced is not None else None
+            node = self._node(
+                prompt, out, lp, finish, parent, text + content, drift, version, spliced
+            )
             node.messages = [*msgs, {"role": "assistant", "content": content}]
             nodes.append(node)
         self._store(parent, nodes)
@@ -240,13 +263,15 @@ class ManagedServer:
         prompt_ids = as_token_ids(self.tokenizer.encode(prompt, add_special_tokens=True))
         parent = self._text_parent(prompt)
         parent, drift, input_ids = self._extend(parent, True, prompt_ids, prompt)
-        tokens, outs, lps, finishes, version = await self._generate(
+        tokens, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
         nodes, choices = [], []
         for i, (out, lp, finish) in enumerate(zip(outs, lps, finishes, strict=True)):
             text = self._decode(out)
-            nodes.append(self._node(tokens, out, lp, finish, parent, prompt + text, drift, version))
+            spliced = forced[i] if forced is not None else None
+            full = prompt + text
+            nodes.append(self._node(tokens, out, lp, finish, parent, full, drift, version, spliced))
             reason = finish if finish in _TEXT_FINISH else "stop"
             choices.append(CompletionChoice(index=i, text=text, finish_reason=reason))
         self._store(parent, nodes)
@@ -270,11 +295,8 @@ class ManagedServer:
         """The server's `get_logprobs` for messages (rendered here), a prompt or token ids."""
         if messages is not None:
             msgs = [_as_message(m) for m in messages]
-            add = bool(msgs) and msgs[-1].get("role") != "assistant"
-            text = self.tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=add
-            )
-            input_ids = self._encode(str(text))
+            text = self._render(msgs, None, kwargs) if msgs else ""
+            input_ids = self._encode(text)
         if input_ids is not None:
             return await self.server.get_logprobs(input_ids=input_ids, **kwargs)
         return await self.server.get_logprobs(prompt=prompt, **kwargs)
@@ -342,6 +364,7 @@ class ManagedServer:
         full_text: str,
         drift: DriftKind | None,
         policy_version: int | None = None,
+        forced: tuple[int, int] | None = None,
     ) -> SequenceNode:
         eot = 0
         if finish == "length" and out and out[-1] in self._turn_end_ids():
@@ -356,6 +379,7 @@ class ManagedServer:
             full_text=full_text,
             drift=drift,
             policy_version=policy_version,
+            unlearned=forced,
         )
 
     def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
@@ -368,21 +392,82 @@ class ManagedServer:
 
     # --- plumbing -------------------------------------------------------------------------
 
+    def _render(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> str:
+        """The chat template over `msgs`, with the reasoning kwargs (unless `kw` says
+        `skip_reasoning`) under the call's own `chat_template_kwargs` (popped from `kw`)."""
+        extra = dict(kw.pop("chat_template_kwargs", None) or {})
+        if self.reasoning.kwargs and not kw.get("skip_reasoning"):
+            extra = {**self.reasoning.kwargs, **extra}
+        if tools:
+            extra["tools"] = tools
+        add_generation_prompt = msgs[-1].get("role") != "assistant"
+        return str(
+            self.tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            )
+        )
+
     async def _generate(
         self, input_ids: list[int], n: int, max_tokens: int | None, sampling: dict[str, Any]
-    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str], int | None]:
-        """The server's answer, rows as plain lists of ints and floats, and the lowest policy
-        version it reported (None: none)."""
+    ) -> Generated:
+        """The server's answer, rows as plain lists of ints and floats, the lowest policy
+        version it reported (None: none), and where ids were inserted (None: no budget ran)."""
         kwargs = dict(sampling)
+        budget = None if kwargs.pop("skip_reasoning", False) else self.reasoning.budget
         if "max_completion_tokens" in kwargs:
             limit = kwargs.pop("max_completion_tokens")
             max_tokens = max_tokens if max_tokens is not None else limit
+        if budget is not None:
+            return await self._generate_within_budget(input_ids, n, max_tokens, kwargs, budget)
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
         with PolicyVersions() as seen:
             prompt, outs, lps, finishes = await self.server.tokens_and_logprobs_completion(
                 input_ids=input_ids, n=n, **kwargs
             )
+        return self._rows(n, prompt, outs, lps, finishes, seen.lowest, None)
+
+    async def _generate_within_budget(
+        self,
+        input_ids: list[int],
+        n: int,
+        max_tokens: int | None,
+        kwargs: dict[str, Any],
+        budget: int,
+    ) -> Generated:
+        """`_generate` with the reasoning block ended at `budget` (`thinking_budget.py`)."""
+        limit = max_tokens if max_tokens is not None else normalize_max_tokens(kwargs)
+        markers = self.reasoning.markers
+        if markers is None:  # a plan always has markers when it has a budget
+            raise ValueError("a reasoning budget needs the tokenizer's <think> markers")
+
+        async def sample(ids: list[int], k: int, most: int | None) -> Any:
+            call = kwargs if most is None else {**kwargs, "max_tokens": most}
+            return await self.server.tokens_and_logprobs_completion(input_ids=ids, n=k, **call)
+
+        with PolicyVersions() as seen:
+            prompt, choices = await sample_within_budget(
+                sample, input_ids, n, limit, budget, markers
+            )
+        forced = [(c.forced_at, c.forced) if c.forced_at is not None else None for c in choices]
+        outs = [c.output for c in choices]
+        lps = [c.logprobs for c in choices]
+        finishes = [c.finish_reason for c in choices]
+        return self._rows(n, prompt, outs, lps, finishes, seen.lowest, forced)
+
+    @staticmethod
+    def _rows(
+        n: int,
+        prompt: Any,
+        outs: Any,
+        lps: Any,
+        finishes: Any,
+        version: int | None,
+        forced: Forced,
+    ) -> Generated:
+        """The server's rows as plain lists of ints, floats and strings, checked: `n` each."""
         if not len(outs) == len(lps) == len(finishes) == n:
             raise ValueError(
                 f"asked for {n} completions, the server returned {len(outs)} outputs, "
@@ -393,7 +478,8 @@ class ManagedServer:
             [_ints(out) for out in outs],
             [_floats(lp) for lp in lps],
             [f if type(f) is str else _finish(f) for f in finishes],
-            seen.lowest,
+            version,
+            forced,
         )
 
     def _codec(self) -> TokenCodec:

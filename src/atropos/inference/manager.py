@@ -39,6 +39,7 @@ from atropos.inference.config import APIServerConfig, ServerBaseline, ServerMana
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
 from atropos.inference.openai import merge_completions
 from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
+from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnOnce
 from atropos.inference.retry import RetryPolicy
 from atropos.inference.slurm import resolve_server_configs
 
@@ -158,6 +159,10 @@ class ServerManager:
         manager: routing, retry and health settings.
         tokenizer: handed to every backend (used where a backend needs one: TRL, text prompts).
         environ: the environment for Slurm discovery (default: `os.environ`).
+        reasoning: the environment's reasoning settings (`Reasoning.of(env_config)`), applied
+            to every chat request and every `managed_server` session the way each server
+            takes them (`atropos.inference.reasoning`); what a server cannot take is logged
+            once, here.
     """
 
     def __init__(
@@ -167,12 +172,21 @@ class ServerManager:
         *,
         tokenizer: Any = None,
         environ: Mapping[str, str] | None = None,
+        reasoning: Reasoning | None = None,
     ) -> None:
         self.config = manager or ServerManagerConfig()
         server_configs = resolve_server_configs(configs, self.config, environ)
         self.servers: list[InferenceServer] = [
             create_backend(c, tokenizer=tokenizer) for c in server_configs
         ]
+        self.reasoning = reasoning
+        self._warn = WarnOnce()
+        self._chat_plans: list[ChatPlan] | None = None
+        if reasoning is not None:
+            self._chat_plans = [
+                ChatPlan.for_server(reasoning, c, self._warn) for c in server_configs
+            ]
+        self._templates: dict[int, tuple[Any, TemplatePlan]] = {}
         self.retry = RetryPolicy(
             self.config.max_attempts, self.config.retry_backoff, self.config.retry_backoff_max
         )
@@ -247,7 +261,8 @@ class ServerManager:
 
         Use as `async with manager.managed_server(tokenizer) as managed:`. `base_url` picks a
         specific server; extra kwargs go to `ManagedServer`. Its `reset()` runs on exit, so read
-        its state inside the block.
+        its state inside the block. The session renders with this manager's reasoning settings
+        (`template_plan`).
         """
         from atropos.inference.managed import ManagedServer
 
@@ -265,7 +280,21 @@ class ServerManager:
             healthy = [s for s in slots if s.index in only and s.healthy]
             candidates = healthy or [s for s in slots if s.index in only]
             slot = min(candidates, key=lambda s: (s.load("train"), s.index))
-        return _Session(ManagedServer(PinnedServer(self, slot), tokenizer, **kwargs))
+        pinned = PinnedServer(self, slot)
+        renders_with = tokenizer if tokenizer is not None else pinned.tokenizer
+        if self.reasoning is not None and renders_with is not None and "reasoning" not in kwargs:
+            kwargs["reasoning"] = self.template_plan(renders_with)
+        return _Session(ManagedServer(pinned, tokenizer, **kwargs))
+
+    def template_plan(self, tokenizer: Any) -> TemplatePlan:
+        """The chat-template kwargs and reasoning budget of token-level generation with
+        `tokenizer`, made once per tokenizer (what it cannot carry is logged then)."""
+        held = self._templates.get(id(tokenizer))
+        if held is not None and held[0] is tokenizer:
+            return held[1]
+        plan = TemplatePlan.for_tokenizer(self.reasoning, tokenizer, self._warn)
+        self._templates[id(tokenizer)] = (tokenizer, plan)
+        return plan
 
     @contextlib.asynccontextmanager
     async def dedicated_server(self, split: str = "train") -> AsyncIterator[PinnedServer]:
@@ -353,6 +382,13 @@ class ServerManager:
             )
         return merge_completions(parts)
 
+    def _invoke(self, slot: ServerSlot, method: str, kwargs: dict[str, Any]) -> Awaitable[Any]:
+        """The backend's call on `slot`; a chat request gets that server's reasoning fields."""
+        if self._chat_plans is not None and method == "chat_completion":
+            kwargs = self._chat_plans[slot.index].apply(kwargs)
+        result: Awaitable[Any] = getattr(slot.backend, method)(**kwargs)
+        return result
+
     async def _call(
         self, method: str, split: Split, kwargs: dict[str, Any], pin: PinnedServer | None
     ) -> Any:
@@ -382,7 +418,7 @@ class ServerManager:
             tried.add(slot.index)
             started = loop.time()
             try:
-                call = getattr(slot.backend, method)(**kwargs)
+                call = self._invoke(slot, method, kwargs)
                 result = await within(deadline, call)
             except InferenceError as error:
                 slot.stats.errors[error.kind] += 1

@@ -166,14 +166,17 @@ def build_node(
     messages: list[dict[str, Any]] | None = None,
     drift: DriftKind | None = None,
     policy_version: int | None = None,
+    unlearned: tuple[int, int] | None = None,
 ) -> SequenceNode:
     """The node of one choice: prompt masked, completion trainable, logprobs aligned 1:1.
 
     When `parent` is given and the server's prompt starts with its tokens, the parent's masks and
     logprobs are kept (earlier completions stay trainable) and only the new prompt tokens are
     masked. `end_of_turn` trailing output tokens are kept but masked (a "length" completion that
-    ended in an end-of-turn token must not teach the model to stop). The node's
-    `policy_version` is the lowest of `policy_version` and the parent's (when kept).
+    ended in an end-of-turn token must not teach the model to stop). `unlearned` is
+    `(start, count)`: output ids we inserted ourselves (a reasoning block closed at its budget,
+    `thinking_budget.py`), kept but masked like prompt ids. The node's `policy_version` is the
+    lowest of `policy_version` and the parent's (when kept).
 
     Raises:
         ValueError: the server's logprobs do not match its output ids one to one.
@@ -208,6 +211,10 @@ def build_node(
     else:
         masked += output
         logprobs += lps
+    if unlearned is not None:
+        start = len(prompt) + unlearned[0]
+        for i in range(start, start + unlearned[1]):
+            masked[i], logprobs[i] = MASKED, PROMPT_LOGPROB
     return SequenceNode(
         tokens=prompt + output,
         masked_tokens=masked,

@@ -17,9 +17,11 @@ Wire contract (TRL `trl/scripts/vllm_serve.py`, the `/generate/` route and its d
   tokenizer's EOS (when a tokenizer is at hand) or is shorter than `max_tokens` (TRL's default
   is 16), and "length" otherwise.
 - Health: `GET {root}/health/` (returns `{"status": "ok"}`; no tokens).
-- `chat_completion` renders the chat template locally (`tokenizer.apply_chat_template`) and
-  decodes the completions with the tokenizer (given, or loaded from `tokenizer_name` /
-  `model_name`). `get_logprobs` is not available: TRL returns no prompt logprobs.
+- `chat_completion` renders the chat template locally (`tokenizer.apply_chat_template`, with
+  the request's `chat_template_kwargs`, as vLLM's chat route would: reasoning switches such as
+  `enable_thinking` go there) and decodes the completions with the tokenizer (given, or loaded
+  from `tokenizer_name` / `model_name`). `get_logprobs` is not available: TRL returns no prompt
+  logprobs.
 """
 
 from __future__ import annotations
@@ -46,6 +48,24 @@ REQUEST_FIELDS = frozenset(
     {"repetition_penalty", "temperature", "top_p", "top_k", "min_p", "truncate_prompt_tokens"}
 )
 """Top-level fields of TRL's `GenerateRequest`; other sampling kwargs go in `generation_kwargs`."""
+
+
+def _pop_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take `chat_template_kwargs` out of a request's kwargs (and its `extra_body`): they are
+    for rendering here, not sampling fields for the server.
+
+    >>> kw = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}, "seed": 1}}
+    >>> _pop_template_kwargs(kw), kw
+    ({'enable_thinking': False}, {'extra_body': {'seed': 1}})
+    """
+    found: dict[str, Any] = {}
+    extra = kwargs.get("extra_body")
+    if isinstance(extra, dict) and "chat_template_kwargs" in extra:
+        extra = dict(extra)
+        found.update(extra.pop("chat_template_kwargs") or {})
+        kwargs["extra_body"] = extra
+    found.update(kwargs.pop("chat_template_kwargs", None) or {})
+    return found
 
 
 class TRLBackend(HTTPBackend):
@@ -134,8 +154,11 @@ class TRLBackend(HTTPBackend):
         """A chat completion: the chat template is rendered locally, then `/generate/`."""
         messages = kwargs.pop("messages")
         n = int(kwargs.pop("n", None) or 1)
+        template_kwargs = _pop_template_kwargs(kwargs)
         tokenizer = await self._get_tokenizer()
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
         data, limit = await self._generate(str(text), n, kwargs)
         choices = [
             {

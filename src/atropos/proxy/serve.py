@@ -39,6 +39,7 @@ def build_proxy(resolved: ResolvedConfig, settings: ProxySettings) -> Proxy:
     the first server's model name."""
     from atropos.inference.config import APIServerConfig
     from atropos.inference.manager import ServerManager
+    from atropos.inference.reasoning import Reasoning
     from atropos.inference.tokenizer import load_tokenizer
 
     servers = resolved.servers
@@ -50,7 +51,8 @@ def build_proxy(resolved: ResolvedConfig, settings: ProxySettings) -> Proxy:
         isinstance(c, APIServerConfig) and c.server_type == "openai" for c in configs
     )
     tokenizer = load_tokenizer(resolved.env.tokenizer_name)
-    manager = ServerManager(servers, resolved.manager, tokenizer=tokenizer)
+    reasoning = Reasoning.of(resolved.env)  # --env.thinking_mode, reasoning_effort, ...
+    manager = ServerManager(servers, resolved.manager, tokenizer=tokenizer, reasoning=reasoning)
     return Proxy(manager, tokenizer, settings, text_only=text_only, server_configs=configs)
 
 
