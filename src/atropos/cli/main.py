@@ -55,6 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.add_argument("--seed", type=int, default=0)
     demo_p.add_argument("--smoke", action="store_true", help="API-only smoke run (seconds)")
     demo_p.add_argument("--port", type=int, default=0, help="API port of --smoke")
+    demo_p.add_argument(
+        "--distill",
+        action="store_true",
+        help="on-policy distillation of the warm start toward an RL-trained teacher (no reward)",
+    )
+    demo_p.add_argument(
+        "--teacher", default="", help="--distill's teacher checkpoint (default: trained first)"
+    )
+    demo_p.add_argument(
+        "--teacher-steps", type=int, default=100, help="RL steps of that teacher (default 100)"
+    )
     demo_p.set_defaults(run=_demo)
     return p
 
@@ -195,7 +206,13 @@ def _demo(args: argparse.Namespace) -> int:
     from atropos.demo.procs import ServiceError
     from atropos.demo.run import DemoConfig, run
 
-    cfg = DemoConfig(out=Path(args.out), seed=args.seed)
+    cfg = DemoConfig(out=Path(args.out), seed=args.seed, distill=args.distill)
+    cfg.teacher, cfg.teacher_steps = args.teacher, args.teacher_steps
+    if args.teacher and not Path(args.teacher, "config.json").is_file():
+        print(
+            f"atropos demo: error: --teacher {args.teacher}: no checkpoint there", file=sys.stderr
+        )
+        return 2
     if args.steps is not None:
         cfg.steps = args.steps
     try:

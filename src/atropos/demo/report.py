@@ -134,11 +134,26 @@ def mismatch_chart(metrics: list[dict[str, Any]]) -> str:
     )
 
 
+def kl_chart(metrics: list[dict[str, Any]]) -> str:
+    """The distillation's reverse KL to the teacher per step ("" when the run had none)."""
+    pts = [
+        (float(m["step"]), float(m["reverse_kl"]))
+        for m in metrics
+        if m.get("reverse_kl") is not None and math.isfinite(m["reverse_kl"])
+    ]
+    if not pts:
+        return ""
+    return line_chart(
+        {"KL(student || teacher), sampled tokens": pts}, "Reverse KL to the teacher", "nats/token"
+    )
+
+
 def write_report(
     path: Path,
     summary: dict[str, Any],
     metrics: list[dict[str, Any]],
     samples: list[dict[str, Any]],
+    title: str = "Atropos demo: a tiny model learning by RL on CPU",
 ) -> Path:
     """Write the page; every string from the model or the config is escaped."""
     e = html.escape
@@ -160,7 +175,7 @@ def write_report(
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
-<title>Atropos demo report</title>
+<title>{e(title)}</title>
 <style>
 body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 980px; color: #222 }}
 table {{ border-collapse: collapse; margin: 1em 0 }}
@@ -168,8 +183,9 @@ th, td {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-a
 pre {{ margin: 0; white-space: pre-wrap; font-size: 12px }}
 td.ok {{ background: #ecfdf3 }} td.bad {{ background: #fef2f2 }}
 </style></head><body>
-<h1>Atropos demo: a tiny model learning by RL on CPU</h1>
+<h1>{e(title)}</h1>
 <table>{rows}</table>
+{kl_chart(metrics)}
 {reward_chart(metrics)}
 {mismatch_chart(metrics)}
 <h2>Held-out samples, greedy decoding</h2>

@@ -29,6 +29,7 @@ from atropos.demo.report import write_report
 from atropos.net import free_port
 
 SERVED_NAME = "atropos-tiny"
+TEACHER_NAME = "atropos-tiny-teacher"  # the teacher's server in `--distill`
 
 
 @dataclass
@@ -48,6 +49,9 @@ class DemoConfig:
     max_workers: int = 16
     startup_timeout: float = 120.0
     extra_trainer_flags: list[str] = field(default_factory=list)
+    distill: bool = False  # `--distill`: on-policy distillation toward a teacher (distill.py)
+    teacher: str = ""  # the teacher checkpoint (default: trained by the RL demo first)
+    teacher_steps: int = 100  # RL steps of that teacher
 
 
 def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dict[str, list[str]]:
@@ -95,11 +99,26 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, Any]]:
-    """Steps 2 and 3: the four processes until the trainer is done; its metrics rows."""
+def run_loop(
+    cfg: DemoConfig, policy: str, console: Console, teacher: str | None = None
+) -> list[dict[str, Any]]:
+    """Steps 2 and 3: the four processes until the trainer is done; its metrics rows. With a
+    `teacher` checkpoint, a fifth: a local server holding it, which the environment asks for
+    the teacher's logprobs while the trainer distills (`atropos.demo.distill`).
+
+    Long because it is the demo's whole supervision: start, wait, watch, stop in order."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     ports = {"api": free_port(), "server": free_port()}
     argv = service_commands(cfg, policy, ports)
+    if teacher is not None:
+        from atropos.demo.distill import teacher_flags
+
+        ports["teacher"] = free_port()
+        argv["teacher"] = _teacher_server(cfg, teacher, ports["teacher"])
+        env_flags, trainer_flags = teacher_flags(f"http://127.0.0.1:{ports['teacher']}/v1")
+        argv["env"] += env_flags
+        argv["trainer"] += trainer_flags
+    servers: list[str] = [name for name in ("api", "server", "teacher") if name in argv]
     logs = cfg.out / "logs"
     services = {
         name: Service.atropos(name, args, logs / f"{name}.log") for name, args in argv.items()
@@ -108,17 +127,14 @@ def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, A
     metrics_path = cfg.out / "trainer" / "metrics.jsonl"
     started: list[Service] = []
     try:
-        for name in ("api", "server"):
+        for name in servers:
             started.append(services[name].start())
-        wait_until_up(
-            f"http://127.0.0.1:{ports['api']}/health", cfg.startup_timeout, services["api"]
-        )
-        wait_until_up(
-            f"http://127.0.0.1:{ports['server']}/health", cfg.startup_timeout, services["server"]
-        )
+        for name in servers:
+            url = f"http://127.0.0.1:{ports[name]}/health"
+            wait_until_up(url, cfg.startup_timeout, services[name])
         for name in ("trainer", "env"):
             started.append(services[name].start())
-        console.print(f"[dim]logs: {logs}/{{api,server,env,trainer}}.log[/dim]")
+        console.print(f"[dim]logs: {logs}/{{{','.join(argv)}}}.log[/dim]")
         with Progress(
             TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
@@ -126,7 +142,7 @@ def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, A
             task = bar.add_task("train", total=cfg.steps, info="starting")
             trainer = services["trainer"]
             while trainer.alive():
-                for svc in (services["api"], services["server"], services["env"]):
+                for svc in [*(services[n] for n in servers), services["env"]]:
                     if not svc.alive() and (svc.name != "env" or svc.returncode != 0):
                         raise ServiceError(f"{svc.name} exited with {svc.returncode}{svc.tail()}")
                 rows = read_metrics(metrics_path)
@@ -149,6 +165,13 @@ def run_loop(cfg: DemoConfig, policy: str, console: Console) -> list[dict[str, A
     return read_metrics(metrics_path)
 
 
+def _teacher_server(cfg: DemoConfig, teacher: str, port: int) -> list[str]:
+    return [
+        "local", "serve", teacher, "--port", str(port),
+        "--served-model-name", TEACHER_NAME, "--seed", str(cfg.seed),
+    ]  # fmt: skip
+
+
 def held_out(model: str, cfg: DemoConfig) -> tuple[float, list[dict[str, Any]]]:
     """Greedy held-out accuracy and the first `samples_shown` (prompt, completion) rows."""
     from atropos.tiny.warmstart import evaluate_samples
@@ -168,6 +191,10 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops the children too
         signal.signal(signal.SIGTERM, _exit_on_signal)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.distill:
+        from atropos.demo.distill import run_distill
+
+        return run_distill(cfg, console)
     policy = str(Path(cfg.policy or policy_path()).resolve())
     t0 = time.monotonic()
     console.print(f"[bold]Atropos demo[/bold]: RL on held-out-checked arithmetic -> {cfg.out}")
@@ -184,29 +211,35 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
         "held-out items": len(after_rows),
         "steps": len(metrics),
         "sequences per step": cfg.batch_size,
-        "reward, first 10 steps": _mean([m["reward_mean"] for m in metrics[:10]]),
-        "reward, last 10 steps": _mean([m["reward_mean"] for m in metrics[-10:]]),
-        "logprob mismatch, mean (on-policy tokens)": _mean(on_policy),
+        "reward, first 10 steps": mean([m["reward_mean"] for m in metrics[:10]]),
+        "reward, last 10 steps": mean([m["reward_mean"] for m in metrics[-10:]]),
+        "logprob mismatch, mean (on-policy tokens)": mean(on_policy),
         "logprob mismatch, max step": max(on_policy) if on_policy else None,
-        "on-policy share of sequences": _mean([m["on_policy_fraction"] for m in metrics]),
+        "on-policy share of sequences": mean([m["on_policy_fraction"] for m in metrics]),
         "seed": cfg.seed,
         "wall time (s)": round(time.monotonic() - t0, 1),
     }
-    shown = cfg.samples_shown
-    samples = [
-        {
-            "prompt": b["question"], "answer": b["answer"],
-            "before": b["completion"], "before_correct": b["correct"],
-            "after": a["completion"], "after_correct": a["correct"],
-        }
-        for b, a in zip(before_rows[:shown], after_rows[:shown], strict=True)
-    ]  # fmt: skip
+    samples = sample_rows(before_rows, after_rows, cfg.samples_shown)
     report = write_report(cfg.out / "report.html", summary, metrics, samples)
     (cfg.out / "summary.json").write_text(
         json.dumps({"summary": summary, "config": asdict(cfg)}, indent=2, default=str)
     )
     console.print(f"report: {report}")
     return summary
+
+
+def sample_rows(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], n: int
+) -> list[dict[str, Any]]:
+    """The first `n` held-out items with their answers before and after training."""
+    return [
+        {
+            "prompt": b["question"], "answer": b["answer"],
+            "before": b["completion"], "before_correct": b["correct"],
+            "after": a["completion"], "after_correct": a["correct"],
+        }
+        for b, a in zip(before[:n], after[:n], strict=True)
+    ]  # fmt: skip
 
 
 def _queue_info(port: int) -> str:
@@ -221,5 +254,5 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through run_loop's `finally`, which stops everything
 
 
-def _mean(values: list[float]) -> float | None:
+def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
