@@ -18,10 +18,8 @@ from atropos.environments.answer_format import (
     read_answer,
     same_answer,
 )
-from atropos.envs import registry
 
 from .helpers import (
-    check_against,
     env_defaults,
     evaluate_against,
     make_env,
@@ -231,11 +229,6 @@ def test_metrics_per_format():
 # ----- against a fake inference server --------------------------------------------------------
 
 
-def test_check_env_passes_with_the_demo_responder():
-    report = check_against(make, answer_format.demo_responder, items=4)
-    assert report.groups == 4 and report.token_sources == {"server"}
-
-
 def test_process_end_to_end(tmp_path):
     run = process_through_cli(AnswerFormat, answer_format.demo_responder, tmp_path / "af.jsonl")
     assert len(run.groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in run.groups)
@@ -257,10 +250,6 @@ def test_evaluate_reports_compliance_per_format(tmp_path):
     assert len(run.samples) == 24 and run.temperature == 0.0
 
 
-def test_defaults_and_registration():
-    config, [server] = env_defaults(AnswerFormat)
-    assert isinstance(config, AnswerFormatConfig)
-    assert (config.group_size, config.thinking_mode, config.answer_weight) == (8, True, 0.0)
-    assert server.base_url == "http://127.0.0.1:9001/v1"
-    assert "answer_format" in registry.names(), "run `pip install -e .` to install entry points"
-    assert registry.get("answer_format") is AnswerFormat
+def test_defaults():
+    config, _ = env_defaults(AnswerFormat)
+    assert (config.formats, config.format_weight, config.answer_weight) == (list(FORMATS), 1, 0)

@@ -24,10 +24,8 @@ from atropos.environments.json_schema import (
 )
 from atropos.environments.json_schema.checks import Verdict, json_text, judge, kept_share
 from atropos.environments.json_schema.corrupt import KINDS, corrupt, related
-from atropos.envs import registry
 
 from .helpers import (
-    check_against,
     env_defaults,
     evaluate_against,
     make_env,
@@ -288,11 +286,6 @@ def test_metrics():
 # ----- against a fake inference server --------------------------------------------------------
 
 
-def test_check_env_passes_with_the_demo_responder():
-    report = check_against(make, json_schema.demo_responder, items=4)
-    assert report.groups == 4 and report.token_sources == {"server"}
-
-
 def test_process_end_to_end(tmp_path):
     run = process_through_cli(JsonSchema, json_schema.demo_responder, tmp_path / "js.jsonl")
     assert len(run.groups) == 3 and all(sorted(g["scores"]) == [0.0, 1.0] for g in run.groups)
@@ -309,10 +302,6 @@ def test_evaluate_reports_valid_rates(tmp_path):
     assert len(run.samples) == 16 and run.temperature == 0.0
 
 
-def test_defaults_and_registration():
-    config, [server] = env_defaults(JsonSchema)
-    assert isinstance(config, JsonSchemaConfig)
-    assert (config.task, config.partial_credit, config.thinking_mode) == ("mixed", 0.0, True)
-    assert server.base_url == "http://127.0.0.1:9001/v1"
-    assert "json_schema" in registry.names(), "run `pip install -e .` to install entry points"
-    assert registry.get("json_schema") is JsonSchema
+def test_defaults():
+    config, _ = env_defaults(JsonSchema)
+    assert (config.task, config.partial_credit, config.max_errors) == ("mixed", 0.0, 2)

@@ -12,7 +12,7 @@ import pytest
 
 from atropos.environments import swe_patch
 from atropos.environments.common.data_loading import data_path, read_jsonl
-from atropos.environments.swe_patch import SwePatch, SwePatchConfig
+from atropos.environments.swe_patch import SwePatch
 from atropos.environments.swe_patch.edits import (
     Edit,
     apply_edits,
@@ -21,11 +21,8 @@ from atropos.environments.swe_patch.edits import (
     read_edits,
     similarity,
 )
-from atropos.envs import registry
 
 from .helpers import (
-    check_against,
-    env_defaults,
     evaluate_against,
     make_env,
     process_through_cli,
@@ -210,11 +207,6 @@ def test_a_dataset_of_the_same_fields(tmp_path):
 # ----- against a fake inference server --------------------------------------------------------
 
 
-def test_check_env_passes_with_the_demo_responder():
-    report = check_against(make, swe_patch.demo_responder, items=4)
-    assert report.groups == 4 and report.token_sources == {"server"}
-
-
 def test_process_end_to_end(tmp_path):
     run = process_through_cli(SwePatch, swe_patch.demo_responder, tmp_path / "swe.jsonl")
     assert len(run.groups) == 3
@@ -231,12 +223,3 @@ def test_evaluate(tmp_path):
     assert metrics["eval/applied_rate"] == 1.0 and 0 < metrics["eval/exact_rate"] < 1
     assert {s["status"] for s in run.samples} == {"exact", "applied"}
     assert len(run.samples) == 3 and run.temperature == 0.0
-
-
-def test_defaults_and_registration():
-    config, [server] = env_defaults(SwePatch)
-    assert isinstance(config, SwePatchConfig)
-    assert (config.group_size, config.thinking_mode) == (8, True)
-    assert server.base_url == "http://127.0.0.1:9001/v1"
-    assert "swe_patch" in registry.names(), "run `pip install -e .` to install entry points"
-    assert registry.get("swe_patch") is SwePatch

@@ -16,7 +16,6 @@ docs/formats.md.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import random
 import re
@@ -26,8 +25,9 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from atropos.environments.answer_format.formats import FORMATS, Format
-from atropos.environments.common.completions import answer_part, system_turn
-from atropos.environments.common.data_loading import data_path, in_prompt, read_jsonl
+from atropos.environments.common.completions import THINKING_DEFAULTS, answer_part, conversation
+from atropos.environments.common.data_loading import in_prompt
+from atropos.environments.common.demo import Alternating, shipped_rows, with_thinking
 from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
 from atropos.environments.common.selection import named_subset
 from atropos.envs.simple import Rollout
@@ -101,9 +101,7 @@ class AnswerFormat(HeldOutEnv[AnswerFormatConfig]):
     """Short questions, each to be answered in a format drawn from twelve."""
 
     name = "answer_format"
-    config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 8, "use_wandb": False, "thinking_mode": True
-    }  # fmt: skip
+    config_defaults: ClassVar[dict[str, Any]] = {**THINKING_DEFAULTS}
 
     def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         s = self.config
@@ -127,10 +125,8 @@ class AnswerFormat(HeldOutEnv[AnswerFormatConfig]):
         return {**self._passes.next(), "format": self._rng.choice(self.config.formats)}
 
     def prompt(self, item: Any) -> list[Message]:
-        s = self.config
         ask = FORMATS[item["format"]].ask(item["id"])
-        user: Message = {"role": "user", "content": f"{item['question']}\n\n{ask}"}
-        return [*system_turn(s.thinking_mode, s.custom_thinking_prompt), user]
+        return conversation(self.config, f"{item['question']}\n\n{ask}")
 
     def judge(self, item: dict[str, Any], completion: str) -> tuple[bool, bool]:
         """(compliant, right) for one completion."""
@@ -175,13 +171,7 @@ def _rates(samples: list[dict[str, Any]], suffix: str) -> dict[str, float]:
     }
 
 
-_demo_turns = itertools.count()
-
-
-@functools.cache
-def _shipped_questions() -> dict[str, dict[str, Any]]:
-    rows = [read_jsonl(data_path("answer_format", f"{split}.jsonl")) for split in ("train", "test")]
-    return {row["question"]: row for row in itertools.chain(*rows)}
+_turns = Alternating()
 
 
 def demo_responder(prompt_text: str) -> str | None:
@@ -189,10 +179,9 @@ def demo_responder(prompt_text: str) -> str | None:
     in the asked format, on the others the bare answer (no format); None (random text) for
     prompts about no shipped question. `python -m atropos.testing.fake_server --port 9001
     --responder atropos.environments.answer_format:demo_responder`."""
-    row = in_prompt(_shipped_questions(), prompt_text)
+    row = in_prompt(shipped_rows("answer_format", "question"), prompt_text)
     asked = [f for f in FORMATS.values() if f.ask(row["id"]) in prompt_text] if row else []
     if row is None or len(asked) != 1:
         return None
-    body = asked[0].write(row["answer"], row["id"]) if next(_demo_turns) % 2 == 0 else row["answer"]
-    thinking = "<think>I recall the answer, then write it as asked.</think>\n"
-    return (thinking if "<think>" in prompt_text else "") + body
+    body = asked[0].write(row["answer"], row["id"]) if _turns.right() else row["answer"]
+    return with_thinking(prompt_text, "I recall the answer, then write it as asked.", body)

@@ -1,6 +1,7 @@
 """Reading a completion's answer: the part after its think block, and what `\\boxed{}` holds;
-with the system turn that asks for the think block. Shared by the format environments
-(`answer_format`, `json_schema`, `infinimath`, `swe_patch`).
+with the conversation that asks for the think block. Shared by the format environments
+(`answer_format`, `json_schema`, `infinimath`, `swe_patch`), whose defaults are
+`THINKING_DEFAULTS`.
 
 With `--env.thinking_mode` on, a completion must hold exactly one well-ordered
 `<think>...</think>` block and only what follows it is read (`rewards.text.split_think`);
@@ -17,25 +18,29 @@ without it the whole completion is.
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Message
 from atropos.rewards.text import split_think
 
-__all__ = ["THINKING_PROMPT", "answer_part", "boxed_contents", "system_turn"]
+__all__ = ["THINKING_DEFAULTS", "THINKING_PROMPT", "answer_part", "boxed_contents", "conversation"]
 
 THINKING_PROMPT = (
     "You are a careful thinker. Reason for as long as you need inside <think> </think> tags,"
     " then give your final answer after the closing </think> tag."
 )
+THINKING_DEFAULTS: dict[str, Any] = {"group_size": 8, "use_wandb": False, "thinking_mode": True}
 _BOX = re.compile(r"\\boxed\s*\{")
 
 
-def system_turn(thinking: bool, custom_thinking: str | None = None) -> list[Message]:
-    """The system message asking for a think block (`custom_thinking` replaces the default
-    prompt), or none when `thinking` is off."""
-    if not thinking:
-        return []
-    return [{"role": "system", "content": custom_thinking or THINKING_PROMPT}]
+def conversation(config: BaseEnvConfig, question: str) -> list[Message]:
+    """`question` as the user turn, after a system turn asking for a think block when
+    `thinking_mode` is on (`custom_thinking_prompt` replaces the default prompt)."""
+    user: Message = {"role": "user", "content": question}
+    if not config.thinking_mode:
+        return [user]
+    return [{"role": "system", "content": config.custom_thinking_prompt or THINKING_PROMPT}, user]
 
 
 def answer_part(completion: str, thinking: bool) -> str | None:

@@ -17,7 +17,6 @@ and the item counter are kept in checkpoints. Metrics: `train/accuracy` and per 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import re
@@ -25,8 +24,14 @@ from typing import Any, ClassVar, cast
 
 from pydantic import Field, model_validator
 
-from atropos.environments.common.completions import answer_part, boxed_contents, system_turn
+from atropos.environments.common.completions import (
+    THINKING_DEFAULTS,
+    answer_part,
+    boxed_contents,
+    conversation,
+)
 from atropos.environments.common.curriculum import Curriculum
+from atropos.environments.common.demo import Alternating, with_thinking
 from atropos.environments.infinimath.problems import (
     LEVELS,
     answer_text,
@@ -84,9 +89,7 @@ class InfiniMath(Env[InfiniMathConfig]):
     """Generated arithmetic; the level follows the policy's accuracy."""
 
     name = "infinimath"
-    config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 8, "use_wandb": False, "thinking_mode": True
-    }  # fmt: skip
+    config_defaults: ClassVar[dict[str, Any]] = {**THINKING_DEFAULTS}
 
     @property
     def curriculum(self) -> Curriculum:
@@ -130,12 +133,7 @@ class InfiniMath(Env[InfiniMathConfig]):
         return self.make_item(self.curriculum.level, f"{self.config.seed}:{self.drawn}")
 
     def prompt(self, item: Any) -> list[Message]:
-        s = self.config
-        text = f"{QUESTION}\n\n{item['expression']}\n\n{INSTRUCTION}"
-        return [
-            *system_turn(s.thinking_mode, s.custom_thinking_prompt),
-            {"role": "user", "content": text},
-        ]
+        return conversation(self.config, f"{QUESTION}\n\n{item['expression']}\n\n{INSTRUCTION}")
 
     def score(self, item: Any, completion: str) -> float:
         stated = stated_answer(completion, self.config.thinking_mode)
@@ -187,7 +185,7 @@ class InfiniMath(Env[InfiniMathConfig]):
         return found
 
 
-_demo_turns = itertools.count()
+_turns = Alternating()
 _EXPRESSION = re.compile(re.escape(QUESTION) + r"\s*\n\n(.+?)\n")
 
 
@@ -199,6 +197,6 @@ def demo_responder(prompt_text: str) -> str | None:
     found = _EXPRESSION.search(prompt_text)
     if found is None:
         return None
-    answer = answer_text(value_of(found.group(1)) + next(_demo_turns) % 2)
-    thinking = "<think>I work from the innermost parentheses outwards.</think>\n"
-    return (thinking if "<think>" in prompt_text else "") + f"The value is \\boxed{{{answer}}}."
+    answer = answer_text(value_of(found.group(1)) + (0 if _turns.right() else 1))
+    thinking = "I work from the innermost parentheses outwards."
+    return with_thinking(prompt_text, thinking, f"The value is \\boxed{{{answer}}}.")

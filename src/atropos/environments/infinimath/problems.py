@@ -241,4 +241,4 @@ def same_value(stated: str, gold: str, tolerance: float = 1e-6) -> bool:
     if found == want:
         return True
     decimal = "." in stated or "e" in stated.lower()
-    return decimal and abs(found - want) <= tolerance * max(1, abs(want))
+    return decimal and abs(found - want) <= tolerance * max(Fraction(1), abs(want))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from atropos.environments.common.completions import answer_part, system_turn
-from atropos.environments.common.data_loading import data_path, in_prompt, read_jsonl
+from atropos.environments.common.completions import THINKING_DEFAULTS, answer_part, conversation
+from atropos.environments.common.data_loading import in_prompt
+from atropos.environments.common.demo import Alternating, shipped_rows, with_thinking
 from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
 from atropos.environments.common.selection import named_subset
 from atropos.environments.json_schema.checks import json_text, judge, kept_share
@@ -129,9 +129,7 @@ class JsonSchema(HeldOutEnv[JsonSchemaConfig]):
     """JSON that validates against a pydantic model: written new, or fixed."""
 
     name = "json_schema"
-    config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 8, "use_wandb": False, "thinking_mode": True
-    }  # fmt: skip
+    config_defaults: ClassVar[dict[str, Any]] = {**THINKING_DEFAULTS}
 
     @functools.cached_property
     def models(self) -> dict[str, type[BaseModel]]:
@@ -184,7 +182,7 @@ class JsonSchema(HeldOutEnv[JsonSchemaConfig]):
         return {**row, "task": task, "broken": broken.data, "mistakes": mistakes}
 
     def prompt(self, item: Any) -> list[Message]:
-        s, name = self.config, item["schema"]
+        name = item["schema"]
         schema = f"```json\n{schema_text(self.models[name])}\n```"
         if item["task"] == "generate":
             parts = [
@@ -203,8 +201,7 @@ class JsonSchema(HeldOutEnv[JsonSchemaConfig]):
                 f"JSON to fix:\n```json\n{broken}\n```",
                 "Put the corrected JSON object inside <json_output></json_output> tags.",
             ]
-        user: Message = {"role": "user", "content": "\n\n".join(parts)}
-        return [*system_turn(s.thinking_mode, s.custom_thinking_prompt), user]
+        return conversation(self.config, "\n\n".join(parts))
 
     def assess(self, item: dict[str, Any], completion: str) -> Assessment:
         """Judge one completion of `item`."""
@@ -256,13 +253,7 @@ class JsonSchema(HeldOutEnv[JsonSchemaConfig]):
         return found
 
 
-_demo_turns = itertools.count()
-
-
-@functools.cache
-def _shipped_requests() -> dict[str, dict[str, Any]]:
-    rows = [read_jsonl(data_path("json_schema", f"{split}.jsonl")) for split in ("train", "test")]
-    return {row["request"]: row for row in itertools.chain(*rows)}
+_turns = Alternating()
 
 
 def demo_responder(prompt_text: str) -> str | None:
@@ -270,12 +261,11 @@ def demo_responder(prompt_text: str) -> str | None:
     example (valid, and a perfect fix), on the others the example without its first key
     (invalid); None (random text) for other prompts. `python -m atropos.testing.fake_server
     --port 9001 --responder atropos.environments.json_schema:demo_responder`."""
-    row = in_prompt(_shipped_requests(), prompt_text)
+    row = in_prompt(shipped_rows("json_schema", "request"), prompt_text)
     if row is None:
         return None
     example = dict(row["example"])
-    if next(_demo_turns) % 2:
+    if not _turns.right():
         example.pop(next(iter(example)))
-    thinking = "<think>I check each field against the schema.</think>\n"
     body = f"<json_output>\n{json.dumps(example, indent=2)}\n</json_output>"
-    return (thinking if "<think>" in prompt_text else "") + body
+    return with_thinking(prompt_text, "I check each field against the schema.", body)

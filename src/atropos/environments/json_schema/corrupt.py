@@ -136,7 +136,8 @@ def _string_outside(schema: dict[str, Any], value: str) -> str | None:
     if schema.get("minLength", 0) > 0:
         return ""
     if "maxLength" in schema:
-        return (value + " ") * (schema["maxLength"] // max(1, len(value)) + 2)
+        longest: int = schema["maxLength"]
+        return (value + " ") * (longest // max(1, len(value)) + 2)
     if "pattern" in schema:
         for candidate in (f"{value} !", value.lower().replace("-", " "), "?"):
             if re.search(schema["pattern"], candidate) is None:

@@ -16,15 +16,14 @@ docs/formats.md.
 
 from __future__ import annotations
 
-import functools
-import itertools
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.common.completions import answer_part, system_turn
-from atropos.environments.common.data_loading import data_path, in_prompt, read_jsonl
+from atropos.environments.common.completions import THINKING_DEFAULTS, answer_part, conversation
+from atropos.environments.common.data_loading import in_prompt
+from atropos.environments.common.demo import Alternating, shipped_rows, with_thinking
 from atropos.environments.common.held_out import HeldOutConfig, HeldOutEnv
 from atropos.environments.swe_patch.edits import (
     DIVIDER,
@@ -64,9 +63,7 @@ class SwePatch(HeldOutEnv[SwePatchConfig]):
     """Fix an issue in a small file with SEARCH/REPLACE blocks; similarity to the oracle fix."""
 
     name = "swe_patch"
-    config_defaults: ClassVar[dict[str, Any]] = {
-        "group_size": 8, "use_wandb": False, "thinking_mode": True
-    }  # fmt: skip
+    config_defaults: ClassVar[dict[str, Any]] = {**THINKING_DEFAULTS}
 
     def check_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         missing = [k for k in ("path", "code", "issue") if not str(row.get(k) or "").strip()]
@@ -81,16 +78,13 @@ class SwePatch(HeldOutEnv[SwePatchConfig]):
         return {**row, "id": str(row.get("id") or where), "fixed": fixed}
 
     def prompt(self, item: Any) -> list[Message]:
-        s, path = self.config, item["path"]
+        path = item["path"]
         language = _LANGUAGES.get(PurePosixPath(path).suffix, "")
         text = (
             f"Here is the file `{path}`:\n\n```{language}\n{item['code']}```\n\n"
             f"Issue:\n{item['issue']}\n\n{instructions(path)}"
         )
-        return [
-            *system_turn(s.thinking_mode, s.custom_thinking_prompt),
-            {"role": "user", "content": text},
-        ]
+        return conversation(self.config, text)
 
     def judge(self, item: dict[str, Any], completion: str) -> Outcome:
         """The outcome of one completion's edits."""
@@ -131,13 +125,7 @@ _RATES = {  # metric -> the outcomes it counts
     "no_edit_rate": {"no_edits", "malformed"},
 }
 _ERRORS = {"unappliable_rate", "no_edit_rate"}  # logged under errors/ in training
-_demo_turns = itertools.count()
-
-
-@functools.cache
-def _shipped_tasks() -> dict[str, dict[str, Any]]:
-    rows = [read_jsonl(data_path("swe_patch", f"{split}.jsonl")) for split in ("train", "test")]
-    return {row["issue"]: row for row in itertools.chain(*rows)}
+_turns = Alternating()
 
 
 def demo_responder(prompt_text: str) -> str | None:
@@ -145,13 +133,12 @@ def demo_responder(prompt_text: str) -> str | None:
     blocks, on the others a block that applies but only adds a comment to the file's first
     line; None (random text) for other prompts. `python -m atropos.testing.fake_server --port
     9001 --responder atropos.environments.swe_patch:demo_responder`."""
-    row = in_prompt(_shipped_tasks(), prompt_text)
+    row = in_prompt(shipped_rows("swe_patch", "issue"), prompt_text)
     if row is None:
         return None
-    if next(_demo_turns) % 2 == 0:
-        body = row["oracle"]
+    if _turns.right():
+        body = str(row["oracle"])
     else:
         first = row["code"].splitlines(keepends=True)[0]
         body = f"{row['path']}\n{SEARCH}\n{first}{DIVIDER}\n{first.rstrip()}  # fixed\n{REPLACE}\n"
-    thinking = "<think>I find the lines the issue is about and change only those.</think>\n"
-    return (thinking if "<think>" in prompt_text else "") + body
+    return with_thinking(prompt_text, "I change only the lines the issue is about.", body)
