@@ -1,8 +1,8 @@
 """What the four format environments (`answer_format`, `json_schema`, `infinimath`,
 `swe_patch`) share: `check_env` against the fake inference server with each one's demo
 responder, registration and defaults (the think block on), and `process` against the CPU
-server (`atropos local serve`: the shipped tiny policy, whose answers are noise here, so the
-run keeps equal-score groups)."""
+server (`atropos local serve`: the shipped tiny policy, whose answers are noise here; `process`
+keeps equal-score groups)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,6 @@ def test_process_against_the_cpu_server(name: str, local_url: str, tmp_path: Pat
     argv += ["--openai.model_name", "atropos-tiny", "--env.tokenizer_name", "tiny"]
     argv += ["--env.max_token_length", "96", "--env.total_steps", "2"]  # completions: noise
     argv += ["--env.group_size", "2", "--env.data_path_to_save_groups", str(out)]
-    argv += ["--env.ensure_scores_are_not_same", "false"]
     assert main(registry.get(name), argv) == 0
     groups = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(groups) == 2 and out.with_suffix(".html").exists()
