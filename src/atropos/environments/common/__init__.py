@@ -7,6 +7,11 @@
 - `tool_calls`: parsing `<tool_call>` blocks and scoring calls against the expected ones.
 - `choices`: the answers a completion states to a multiple-choice question (`extract_answers`).
 - `ifeval`: the IFEval instruction checks (`instruction_following`, `eval_ifeval`).
+- `curriculum`: a level moved by the rolling success rate (`letter_counting`, `infinimath`).
+- `completions`: the answer part after the think block, `\\boxed{}` contents, the conversation
+  asking for a think block (the format environments).
+- `selection`: settings that name some of a fixed set, with "did you mean".
+- `demo`: the parts of the offline demo responders (shipped rows, right and wrong in turn).
 
 Importing this package imports none of them.
 """

@@ -1,4 +1,5 @@
-"""Letter-counting tasks: the ten tiers, item generation, strict answer parsing, the curriculum.
+"""Letter-counting tasks: the ten tiers, item generation, strict answer parsing; the curriculum
+(`Curriculum`) is the shared one of `common/curriculum.py`.
 
 Used by `atropos.environments.letter_counting`; plain functions and dataclasses, no I/O
 beyond reading the word list.
@@ -24,9 +25,10 @@ import random
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
+from atropos.environments.common.curriculum import Curriculum
 from atropos.environments.common.data_loading import data_path
 from atropos.rewards.text import split_think, tagged
 
@@ -191,52 +193,3 @@ def score_answer(completion: str, expected: Expected) -> float:
     """1.0 when the completion's answer equals `expected` (same letters, same counts)."""
     answer = parse_answer(completion, multiple=isinstance(expected, Mapping))
     return 1.0 if answer is not None and answer == expected else 0.0
-
-
-@dataclass
-class Curriculum:
-    """The tier, moved by the mean scores of groups generated at the current tier.
-
-    >>> c = Curriculum(level=3, window=20)
-    >>> [c.record(0.9, level=3) for _ in range(10)][-1], c.level, c.scores
-    (1, 4, [])
-    """
-
-    level: int = 3
-    window: int = 150
-    raise_above: float = 0.8
-    lower_below: float = 0.2
-    lowest: int = 1
-    highest: int = 10
-    scores: list[float] = field(default_factory=list)
-
-    @property
-    def min_samples(self) -> int:
-        """Group means needed at a tier before it may change: half the window, at least 10."""
-        return max(10, self.window // 2)
-
-    @property
-    def success_rate(self) -> float | None:
-        """The mean of the window (None when empty)."""
-        return sum(self.scores) / len(self.scores) if self.scores else None
-
-    def record(self, mean: float, level: int) -> int:
-        """Count a group's mean score; returns the tier change (-1, 0 or +1).
-
-        A group generated at another tier is ignored; the window restarts on every change."""
-        if level != self.level:
-            return 0
-        self.scores.append(mean)
-        del self.scores[: -self.window]
-        rate = self.success_rate
-        if rate is None or len(self.scores) < self.min_samples:
-            return 0
-        step = 0
-        if rate > self.raise_above and self.level < self.highest:
-            step = 1
-        elif rate < self.lower_below and self.level > self.lowest:
-            step = -1
-        if step:
-            self.level += step
-            self.scores = []
-        return step
