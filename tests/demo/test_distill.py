@@ -18,7 +18,8 @@ pytest.importorskip("torch")
 
 from rich.console import Console  # noqa: E402
 
-from atropos.demo.run import DemoConfig, run  # noqa: E402
+from atropos.demo.distill import run_distill  # noqa: E402
+from atropos.demo.run import DemoConfig  # noqa: E402
 
 STEPS = 4
 
@@ -27,9 +28,9 @@ STEPS = 4
 def test_the_distillation_demo_runs_end_to_end(tmp_path: Path) -> None:
     cfg = DemoConfig(
         out=tmp_path / "distill", steps=STEPS, batch_size=16, max_workers=4, eval_items=40,
-        distill=True, teacher_steps=3,
+        teacher_steps=3,
     )  # fmt: skip
-    summary = run(cfg, Console(stderr=True, quiet=True))
+    summary = run_distill(cfg, Console(stderr=True, quiet=True))
     teacher = cfg.out / "teacher-run" / "trainer" / "checkpoints" / "step_3"
     assert summary["teacher"] == str(teacher.resolve())
     for key in ("student before", "teacher", "student after"):

@@ -206,7 +206,7 @@ def _demo(args: argparse.Namespace) -> int:
     from atropos.demo.procs import ServiceError
     from atropos.demo.run import DemoConfig, run
 
-    cfg = DemoConfig(out=Path(args.out), seed=args.seed, distill=args.distill)
+    cfg = DemoConfig(out=Path(args.out), seed=args.seed)
     cfg.teacher, cfg.teacher_steps = args.teacher, args.teacher_steps
     if args.teacher and not Path(args.teacher, "config.json").is_file():
         print(
@@ -216,7 +216,12 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps is not None:
         cfg.steps = args.steps
     try:
-        run(cfg)
+        if args.distill:
+            from atropos.demo.distill import run_distill
+
+            run_distill(cfg)
+        else:
+            run(cfg)
     except (ServiceError, TimeoutError) as err:
         print(f"atropos demo: error: {err}", file=sys.stderr)
         return 1

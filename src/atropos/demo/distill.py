@@ -23,33 +23,27 @@ from typing import Any
 from rich.console import Console
 
 from atropos.demo.report import write_report
-from atropos.demo.run import TEACHER_NAME, DemoConfig, held_out, mean, run_loop, sample_rows
-
-
-def teacher_flags(teacher_url: str, top_k: int = 8) -> tuple[list[str], list[str]]:
-    """(env flags, trainer flags) that turn the demo's RL loop into distillation."""
-    env = [
-        "--teacher.base_url", teacher_url, "--teacher.model_name", TEACHER_NAME,
-        "--teacher.server_type", "vllm", "--teacher.tokenizer_name", "tiny",
-        "--teacher.top_k", str(top_k), "--env.ensure_scores_are_not_same", "false",
-    ]  # fmt: skip
-    return env, ["--loss", "opd", "--opd-mode", "reverse", "--opd-reward-coef", "0"]
+from atropos.demo.run import DemoConfig, catch_signals, held_out, mean, run_loop, sample_rows
 
 
 def train_teacher(cfg: DemoConfig, steps: int, console: Console) -> Path:
     """The RL demo's loop, `steps` steps into `{out}/teacher-run`; its final checkpoint."""
     from atropos.tiny.warmstart import policy_path
 
-    run_cfg = replace(cfg, out=cfg.out / "teacher-run", steps=steps, distill=False)
+    run_cfg = replace(cfg, out=cfg.out / "teacher-run", steps=steps)
     console.print(f"no --teacher given: training one by RL first ({steps} steps)")
     run_loop(run_cfg, str(Path(policy_path()).resolve()), console)
     return run_cfg.out / "trainer" / "checkpoints" / f"step_{steps}"
 
 
-def run_distill(cfg: DemoConfig, console: Console) -> dict[str, Any]:
+def run_distill(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[str, Any]:
     """Steps 1 to 4 (see the module docstring); the summary (also in `{out}/summary.json`)."""
     from atropos.tiny.warmstart import policy_path
 
+    cfg = cfg or DemoConfig()
+    console = console or Console(stderr=True)
+    catch_signals()
+    cfg.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     student = str(Path(cfg.policy or policy_path()).resolve())
     teacher = Path(cfg.teacher) if cfg.teacher else train_teacher(cfg, cfg.teacher_steps, console)

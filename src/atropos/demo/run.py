@@ -49,8 +49,7 @@ class DemoConfig:
     max_workers: int = 16
     startup_timeout: float = 120.0
     extra_trainer_flags: list[str] = field(default_factory=list)
-    distill: bool = False  # `--distill`: on-policy distillation toward a teacher (distill.py)
-    teacher: str = ""  # the teacher checkpoint (default: trained by the RL demo first)
+    teacher: str = ""  # `--distill`'s teacher checkpoint (default: trained by the RL demo first)
     teacher_steps: int = 100  # RL steps of that teacher
 
 
@@ -111,8 +110,6 @@ def run_loop(
     ports = {"api": free_port(), "server": free_port()}
     argv = service_commands(cfg, policy, ports)
     if teacher is not None:
-        from atropos.demo.distill import teacher_flags
-
         ports["teacher"] = free_port()
         argv["teacher"] = _teacher_server(cfg, teacher, ports["teacher"])
         env_flags, trainer_flags = teacher_flags(f"http://127.0.0.1:{ports['teacher']}/v1")
@@ -165,6 +162,18 @@ def run_loop(
     return read_metrics(metrics_path)
 
 
+def teacher_flags(teacher_url: str, top_k: int = 8) -> tuple[list[str], list[str]]:
+    """(env flags, trainer flags) that turn the demo's RL loop into distillation toward the
+    teacher served at `teacher_url`: its top-k logprobs on every group (`--teacher.*`), groups
+    with all-equal rewards kept (they teach as much), and `--loss opd` with no reward."""
+    env = [
+        "--teacher.base_url", teacher_url, "--teacher.model_name", TEACHER_NAME,
+        "--teacher.server_type", "vllm", "--teacher.tokenizer_name", "tiny",
+        "--teacher.top_k", str(top_k), "--env.ensure_scores_are_not_same", "false",
+    ]  # fmt: skip
+    return env, ["--loss", "opd", "--opd-mode", "reverse", "--opd-reward-coef", "0"]
+
+
 def _teacher_server(cfg: DemoConfig, teacher: str, port: int) -> list[str]:
     return [
         "local", "serve", teacher, "--port", str(port),
@@ -188,13 +197,8 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
 
     cfg = cfg or DemoConfig()
     console = console or Console(stderr=True)
-    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the children too
-        signal.signal(signal.SIGTERM, _exit_on_signal)
+    catch_signals()
     cfg.out.mkdir(parents=True, exist_ok=True)
-    if cfg.distill:
-        from atropos.demo.distill import run_distill
-
-        return run_distill(cfg, console)
     policy = str(Path(cfg.policy or policy_path()).resolve())
     t0 = time.monotonic()
     console.print(f"[bold]Atropos demo[/bold]: RL on held-out-checked arithmetic -> {cfg.out}")
@@ -248,6 +252,12 @@ def _queue_info(port: int) -> str:
     except (httpx.HTTPError, ValueError):
         return "waiting for the API"
     return f"waiting for the first batch: {status.get('queue_size', '?')} groups queued"
+
+
+def catch_signals() -> None:
+    """On the main thread, SIGTERM unwinds the demo (so its `finally` stops the children)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
