@@ -11,6 +11,9 @@ Endpoints (docs/local.md has every field):
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` and
   `POST /v1/unload_lora_adapter {"lora_name"}` (vLLM's): 200 with vLLM's plain-text
   "Success: ..." line, or vLLM's 400 / 404 JSON error.
+- in-flight weight updates over a process group, by vLLM's and SGLang's routes (`/pause`,
+  `/init_weight_transfer_engine`, `/update_weights`, ...: `atropos.local.transfer`); a request
+  failed by a pause in mode abort gets 503 with `Retry-After`.
 
 Errors are `{"error": {"message", "type", "param", "code"}}`. With an API key every endpoint but
 `/health` needs `Authorization: Bearer KEY`. Nothing here imports torch: the engine is built by
@@ -33,6 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from atropos.local.protocol import (
+    Aborted,
     RequestError,
     Result,
     Sampling,
@@ -41,6 +45,7 @@ from atropos.local.protocol import (
     parse_completion,
 )
 from atropos.local.responses import Shaper, models_body
+from atropos.local.transfer import TransferRoutes
 
 if TYPE_CHECKING:
     import socket
@@ -51,8 +56,8 @@ log = logging.getLogger("atropos.local")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -91,6 +96,7 @@ class LocalServer:
         self.api_key = api_key
         self.shaper = Shaper(engine.codec)
         self.created = int(time.time())
+        transfer = TransferRoutes(engine)
         routes = [
             Route("/health", self._wrap(self.health, public=True), methods=["GET"]),
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
@@ -99,6 +105,7 @@ class LocalServer:
             Route("/update_weights_from_disk", self._wrap(self.update_weights), methods=["POST"]),
             Route("/v1/load_lora_adapter", self._wrap(self.load_lora), methods=["POST"]),
             Route("/v1/unload_lora_adapter", self._wrap(self.unload_lora), methods=["POST"]),
+            *(Route(path, self._wrap(fn), methods=how) for path, fn, how in transfer.routes()),
         ]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
@@ -110,6 +117,9 @@ class LocalServer:
                 return await handler(request)
             except RequestError as exc:
                 return _error(exc)
+            except Aborted as exc:  # a pause in mode abort: the client retries
+                gone = RequestError(str(exc), status=503, kind="ServiceUnavailableError")
+                return _error(gone, {"Retry-After": "1"})
             except Exception as exc:  # a server bug: say so, never hang the client
                 log.exception("%s %s failed", request.method, request.url.path)
                 message = f"internal error: {type(exc).__name__}: {exc}"
