@@ -141,6 +141,7 @@ class Engine:
         self._paused: str | None = None  # the pause mode, None when generating
         self._abort_batch = False  # fail the running batch at its next step
         self._parked = False  # the running batch waits between two steps
+        self._batch_requests = 0  # requests in the running batch
         self._swapping = False  # swap_weights runs
         self._batch_adapter: lora.LoraAdapter | None = None
         self._closing = False
@@ -200,19 +201,21 @@ class Engine:
                 self._held -= 1
                 self._cond.notify_all()
 
-    def pause(self, mode: str, timeout: float = 600.0) -> None:
+    def pause(self, mode: str, timeout: float = 600.0) -> int:
         """Stop generating (`PAUSE_MODES`, see the module docstring) and return once the model
         is untouched: no batch running (`abort`, `wait`) or the running one parked (`keep`).
+        Returns how many requests the running batch held (aborted, waited for or kept).
         TimeoutError after `timeout` seconds (the pause stays: `resume()` lifts it)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {mode!r}: expected one of {', '.join(PAUSE_MODES)}")
         deadline = time.monotonic() + timeout
         with self._cond:
+            held = self._batch_requests if self._busy else 0
             self._paused = mode
             if mode == "abort" and self._busy:
                 self._abort_batch = True
             self._cond.notify_all()
-            while self._commanding or (self._busy and not self._parked):
+            while self._commanding or (self._busy and not (mode == "keep" and self._parked)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
@@ -220,6 +223,7 @@ class Engine:
                         f" {timeout:g} s of a pause in mode {mode!r}"
                     )
                 self._cond.wait(left)
+            return held
 
     def resume(self) -> None:
         """Lift a pause: a parked batch decodes on, waiting requests start (RuntimeError while
@@ -381,6 +385,7 @@ class Engine:
                 self._commands.clear()
                 jobs = [] if commands else self._take_jobs()
                 self._commanding, self._busy = bool(commands), bool(jobs)
+                self._batch_requests = len(jobs)
             try:
                 for fn, future in commands:
                     try:

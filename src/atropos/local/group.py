@@ -25,6 +25,12 @@ BACKENDS = ("gloo", "nccl")
 DEFAULT_GROUP = "weight_update_group"  # SGLang's default name
 
 
+def group_name_for(master_port: int) -> str:
+    """The group's name when the protocol carries none (vLLM's): one per rendezvous port, so a
+    process can open a new group while an old one is still being torn down."""
+    return f"{DEFAULT_GROUP}_{master_port}"
+
+
 class GroupError(RuntimeError):
     """The process group could not be formed or used; the message says what and where."""
 
@@ -100,11 +106,12 @@ def join_group(
     world_size: int,
     *,
     backend: str = "gloo",
-    group_name: str = DEFAULT_GROUP,
+    group_name: str | None = None,
     timeout: float = 300.0,
 ) -> WeightGroup:
-    """Join (rank 0: open) the group; blocks until all `world_size` members are in, or raises
-    `GroupError` after `timeout` seconds (which also bounds every later broadcast)."""
+    """Join (rank 0: open) the group named `group_name` (default: `group_name_for(port)`);
+    blocks until all `world_size` members are in, or raises `GroupError` after `timeout`
+    seconds (which also bounds every later broadcast)."""
     from torch.distributed import distributed_c10d
     from torch.distributed.rendezvous import rendezvous
 
@@ -114,6 +121,7 @@ def join_group(
         raise GroupError("backend nccl needs a CUDA device; use gloo on CPU")
     if not 0 <= rank < world_size:
         raise GroupError(f"rank {rank} is outside a group of {world_size}")
+    group_name = group_name or group_name_for(master_port)
     if group_name in distributed_c10d._world.pg_names.values():
         raise GroupError(f"this process is already in a group named {group_name!r}: close it")
     limit = datetime.timedelta(seconds=timeout)

@@ -140,6 +140,7 @@ class TransferReceiver:
         self.group: WeightGroup | None = None
         self.updating = False  # between start and finish
         self.own_pause = False  # the update paused generation itself (mode wait)
+        self.written = False  # this update has begun to write tensors
         self.broken: str | None = None  # why the weights are mixed, after a failed broadcast
         self._lock = threading.Lock()
 
@@ -152,9 +153,10 @@ class TransferReceiver:
         finally:
             self._lock.release()
 
-    def init(self, info: dict[str, Any], backend: str | None, group_name: str) -> None:
-        """Join the trainer's group as rank `rank_offset` (leaving any older group)."""
-        from atropos.local.group import DEFAULT_GROUP, GroupError, join_group
+    def init(self, info: dict[str, Any], backend: str | None, group_name: str | None) -> None:
+        """Join the trainer's group as rank `rank_offset` (leaving any older group); no
+        `group_name`: `group.group_name_for(master_port)`."""
+        from atropos.local.group import GroupError, join_group
 
         address, port = _str(info, "master_address"), _int(info, "master_port", 1)
         rank, world = _int(info, "rank_offset", 1), _int(info, "world_size", 2)
@@ -168,7 +170,7 @@ class TransferReceiver:
             try:
                 self.group = join_group(
                     address, port, rank, world, backend=chosen,
-                    group_name=group_name or DEFAULT_GROUP, timeout=TRANSFER_TIMEOUT,
+                    group_name=group_name, timeout=TRANSFER_TIMEOUT,
                 )  # fmt: skip
             except GroupError as exc:
                 raise TransferError(str(exc)) from exc
@@ -185,20 +187,27 @@ class TransferReceiver:
                 self.own_pause = True
             self.updating = True
 
-    def receive(self, body: dict[str, Any], dtypes_key: str) -> int:
-        """Receive the tensors `body` names straight into the model; returns their number."""
+    def check(self, body: dict[str, Any], dtypes_key: str) -> list[tuple[str, torch.dtype]]:
+        """The tensors an update body names, checked against the served model (`parse_update`)
+        before anything is paused or received."""
+        if self.group is None:
+            raise TransferError("no weight-transfer group: call the init route first", 400)
+        return parse_update(body, dtypes_key, self.engine.model.state_dict())
+
+    def receive(self, wanted: list[tuple[str, torch.dtype]]) -> int:
+        """Receive the `check`ed tensors straight into the model; returns their number."""
         from atropos.local.group import GroupError
 
-        if self.group is None:
+        group = self.group
+        if group is None:
             raise TransferError("no weight-transfer group: call the init route first", 400)
         if not self.updating:
             raise TransferError("no update started: call /start_weight_update first", 400)
-        group = self.group
         with self._one_at_a_time():
-            wanted = parse_update(body, dtypes_key, self.engine.model.state_dict())
 
             def write(model: Any) -> int:
                 state = model.state_dict()
+                self.written = True
                 for name, dtype in wanted:
                     group.receive_into(state[name], dtype)
                 return len(wanted)
@@ -218,7 +227,7 @@ class TransferReceiver:
         if self.broken:
             raise TransferError(f"this update failed midway ({self.broken}): start again", 409)
         with self._one_at_a_time():
-            self.updating = False
+            self.updating = self.written = False
             new = self.engine.set_policy_version(version)
             if self.own_pause:
                 self.own_pause = False
@@ -226,16 +235,19 @@ class TransferReceiver:
             return new
 
     def resume(self) -> None:
-        """Lift a pause, unless an update is under way or failed midway."""
+        """Lift a pause, unless an update has written tensors and not finished (or failed
+        midway); an update started that wrote nothing is dropped."""
         if self.broken:
             raise TransferError(
                 f"the last weight update failed midway ({self.broken}): send a whole update"
                 " before resuming",
                 409,
             )
-        if self.updating:
+        if self.updating and self.written:
             raise TransferError("a weight update is under way: finish it, then resume", 409)
-        self.engine.resume()
+        with self._one_at_a_time():
+            self.updating = self.own_pause = False
+            self.engine.resume()
 
 
 class TransferRoutes:
@@ -279,7 +291,7 @@ class TransferRoutes:
         info = (await _body(request)).get("init_info")
         if not isinstance(info, dict):
             raise RequestError("init_info must be an object", "init_info")
-        await self._run(self.receiver.init, info, None, "")
+        await self._run(self.receiver.init, info, None, None)
         return _ok("Weight transfer initialized")
 
     async def init_sglang(self, request: Request) -> Response:
@@ -304,10 +316,11 @@ class TransferRoutes:
         info = (await _body(request)).get("update_info")
         if not isinstance(info, dict):
             raise RequestError("update_info must be an object", "update_info")
+        wanted = await self._run(self.receiver.check, info, "dtype_names")
         whole = not self.receiver.updating
         if whole:
             await self._run(self.receiver.start)
-        count = await self._run(self.receiver.receive, info, "dtype_names")
+        count = await self._run(self.receiver.receive, wanted)
         version = await self._run(self.receiver.finish, None) if whole else None
         return _ok(f"Weights updated ({count} tensors)", policy_version=version)
 
@@ -317,8 +330,9 @@ class TransferRoutes:
         policy version."""
         body = await _body(request)
         version = _version(body.get("weight_version"), "weight_version")
+        wanted = await self._run(self.receiver.check, body, "dtypes")
         await self._run(self.receiver.start, "abort" if body.get("abort_all_requests") else "wait")
-        count = await self._run(self.receiver.receive, body, "dtypes")
+        count = await self._run(self.receiver.receive, wanted)
         new = await self._run(self.receiver.finish, version)
         return _ok(f"Succeeded to update {count} parameters.", policy_version=new)
 
@@ -333,8 +347,9 @@ class TransferRoutes:
             raise RequestError(
                 f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}", "mode"
             )
-        await self._run(self.engine.pause, mode, TRANSFER_TIMEOUT)
-        return JSONResponse({"status": "paused", "success": True, "mode": mode})
+        held = await self._run(self.engine.pause, mode, TRANSFER_TIMEOUT)
+        body = {"status": "paused", "success": True, "mode": mode, "num_paused_requests": held}
+        return JSONResponse(body)
 
     async def pause_vllm(self, request: Request) -> Response:
         """vLLM's `POST /pause?mode=abort|wait|keep` (default abort, as vLLM's)."""

@@ -124,6 +124,7 @@ class TransferClient:
         self.backend, self.pause, self.timeout = backend, pause, timeout
         self.master_address, self.master_port = master_address, master_port
         self.group: Any = None
+        self.group_name = ""
         self.broken: str | None = None
 
     # ----- HTTP ----------------------------------------------------------------------------
@@ -190,7 +191,7 @@ class TransferClient:
         """Open the group as rank 0 while every server joins it (their init routes)."""
         import torch
 
-        from atropos.local.group import DEFAULT_GROUP, join_group
+        from atropos.local.group import group_name_for, join_group
         from atropos.net import free_port
 
         device = next(model.parameters()).device
@@ -203,6 +204,7 @@ class TransferClient:
         world = 1 + sum(sizes)
         address = self.master_address or local_address(self.roots[0])
         port = self.master_port or free_port()
+        self.group_name = group_name_for(port)
         calls = []
         for i, root in enumerate(self.roots):
             info: dict[str, Any] = {
@@ -216,13 +218,15 @@ class TransferClient:
                 path, body = "/init_weight_transfer_engine", {"init_info": info}
             else:
                 path = "/init_weights_update_group"
-                body = info | {"group_name": DEFAULT_GROUP, "backend": backend}
+                body = info | {"group_name": self.group_name, "backend": backend}
             calls.append(_in_thread(functools.partial(self._call, "POST", root, path, json=body)))
         log.info(
             "weight transfer: opening a %s group of %d at %s:%d", backend, world, address, port
         )
         joined = _in_thread(
-            lambda: join_group(address, port, 0, world, backend=backend, timeout=self.timeout)
+            functools.partial(
+                join_group, address, port, 0, world, backend=backend, timeout=self.timeout
+            )
         )
         self.group = self._wait_all([joined, *calls], "forming the weight-transfer group")[0]
 
@@ -269,7 +273,7 @@ class TransferClient:
     def _send(self, tensors: list[tuple[str, Any]], version: int) -> list[Any]:
         """The update routes and the broadcast at once (their answers); a failure breaks the
         group."""
-        from atropos.local.group import DEFAULT_GROUP, dtype_name
+        from atropos.local.group import dtype_name
 
         names = [name for name, _ in tensors]
         dtypes = [dtype_name(t.dtype) for _, t in tensors]
@@ -284,7 +288,7 @@ class TransferClient:
         else:
             path = "/update_weights_from_distributed"
             body = {
-                "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": DEFAULT_GROUP,
+                "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": self.group_name,
                 "flush_cache": True, "weight_version": str(version),
             }  # fmt: skip
         group = self.group
