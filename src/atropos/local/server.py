@@ -85,10 +85,17 @@ class LocalServer:
         served_model_name: the base model's name in requests and answers (default: the model
             directory as given).
         api_key: when set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
+        transfer_backend: the weight-transfer group's backend when the init route names none
+            ("auto": nccl for a model on cuda, else gloo).
     """
 
     def __init__(
-        self, engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None
+        self,
+        engine: Engine,
+        *,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        transfer_backend: str = "auto",
     ) -> None:
         """Build the app; serving is uvicorn's job (`serve`, or `serve_in_thread` in tests)."""
         self.engine = engine
@@ -96,7 +103,7 @@ class LocalServer:
         self.api_key = api_key
         self.shaper = Shaper(engine.codec)
         self.created = int(time.time())
-        transfer = TransferRoutes(engine)
+        transfer = TransferRoutes(engine, transfer_backend)
         routes = [
             Route("/health", self._wrap(self.health, public=True), methods=["GET"]),
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
@@ -272,6 +279,7 @@ def run(
     served_model_name: str | None = None,
     api_key: str | None = None,
     log_level: str = "warning",
+    transfer_backend: str = "auto",
     **engine_options: Any,
 ) -> None:
     """Load the model, then serve on `sock` (bound by the caller, so a busy port fails before
@@ -286,7 +294,12 @@ def run(
         sock.close()
         raise
     try:
-        app = create_app(engine, served_model_name=served_model_name, api_key=api_key)
+        app = LocalServer(
+            engine,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            transfer_backend=transfer_backend,
+        ).app
         print(
             f"atropos local: {base_url(sock)}/v1 model={served_model_name or model_dir}"
             f" device={engine.device} policy_version={engine.policy_version}"

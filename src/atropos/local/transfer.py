@@ -132,11 +132,15 @@ class TransferReceiver:
     Every method blocks (run them in a thread); one call at a time (`TransferError` 409 for a
     second)."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Serve `engine`'s model; no group yet."""
+    def __init__(self, engine: Engine, backend: str = "auto") -> None:
+        """Serve `engine`'s model; groups whose init names no backend use `backend` ("auto":
+        nccl for a model on cuda, else gloo). No group yet."""
         import threading
 
         self.engine = engine
+        if backend == "auto":
+            backend = "nccl" if engine.device == "cuda" else "gloo"
+        self.backend = backend
         self.group: WeightGroup | None = None
         self.updating = False  # between start and finish
         self.own_pause = False  # the update paused generation itself (mode wait)
@@ -162,7 +166,7 @@ class TransferReceiver:
         rank, world = _int(info, "rank_offset", 1), _int(info, "world_size", 2)
         if rank >= world:
             raise RequestError(f"rank_offset {rank} must be below world_size {world}")
-        chosen = backend or ("nccl" if self.engine.device == "cuda" else "gloo")
+        chosen = backend or self.backend
         with self._one_at_a_time():
             if self.group is not None:
                 self.group.close()
@@ -253,10 +257,10 @@ class TransferReceiver:
 class TransferRoutes:
     """The HTTP face of one `TransferReceiver` (the server wraps each handler for its key)."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Answer for `engine`."""
+    def __init__(self, engine: Engine, backend: str = "auto") -> None:
+        """Answer for `engine` (`backend`: see `TransferReceiver`)."""
         self.engine = engine
-        self.receiver = TransferReceiver(engine)
+        self.receiver = TransferReceiver(engine, backend)
 
     def routes(self) -> list[tuple[str, Handler, list[str]]]:
         """(path, handler, methods) of every route in the module docstring."""
