@@ -197,3 +197,35 @@ def test_updates_need_a_group_first(start_server: Any, model_dir: Path) -> None:
         refused = live.post("/finish_weight_update", {})
         assert refused.status_code == 400 and "no update started" in refused.text
         assert live.get("/get_world_size").json() == {"world_size": 1}
+
+
+def test_the_engine_pauses_parks_and_resumes_in_process(model_dir: Path) -> None:
+    """The engine alone: a pause on an idle engine holds new requests until resume; a swap
+    needs a pause; closing the engine ends a parked batch at once."""
+    from atropos.local.engine import Engine
+    from atropos.local.protocol import Aborted, Sampling
+
+    engine = Engine(str(model_dir), device="cpu").start()
+    try:
+        with pytest.raises(RuntimeError, match="needs a paused engine"):
+            engine.swap_weights(lambda model: None)
+        assert engine.pause("keep") == 0
+        held = engine.submit([PROMPT], Sampling(max_tokens=2, temperature=0))
+        time.sleep(0.2)
+        assert not held.done()  # waits for resume
+        assert engine.swap_weights(lambda model: "written") == "written"
+        engine.resume()
+        assert held.result(30).policy_version == 0
+        long = engine.submit([PROMPT], Sampling(max_tokens=200, temperature=0, ignore_eos=True))
+        deadline = time.monotonic() + 30
+        while engine.pause("keep") != 1:
+            engine.resume()
+            if long.done():
+                long = engine.submit([PROMPT], Sampling(max_tokens=200, ignore_eos=True))
+            assert time.monotonic() < deadline
+    finally:
+        t0 = time.monotonic()
+        engine.close()
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(Aborted):
+        long.result(10)

@@ -415,10 +415,11 @@ class Engine:
                 while self._paused == "keep" and not self._abort_batch and not self._closing:
                     self._cond.wait()
                 self._parked = False
-            if self._abort_batch or self._closing:
+            if self._abort_batch:  # a pause in mode abort, or close() while parked
                 self._abort_batch = False
                 raise Aborted(
-                    "generation was aborted to update the weights (pause mode 'abort'); retry"
+                    "generation was aborted (a pause in mode 'abort' for a weight update, or a"
+                    " shutdown); retry"
                 )
         self._use_adapter(self._batch_adapter)  # a weight swap took it out
         return self.policy_version
