@@ -50,3 +50,32 @@ def test_transfer_mode_pushes_each_step_into_the_running_server(
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_real_vllm_server_is_refused_at_once_with_the_reason() -> None:
+    """vLLM's NCCL engine joins through its own process-group code, which a torch.distributed
+    group cannot meet: the trainer says so before any rendezvous instead of timing out."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from atropos.trainer.transfer import SyncError, TransferClient
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]})
+
+    app = Starlette(routes=[Route("/v1/models", models)])
+    with serve_in_thread(app) as url, httpx.Client() as http:
+        client = TransferClient([url], http, timeout=5)
+        with pytest.raises(SyncError, match="is a vLLM server: .* use --sync reload"):
+            client.connect(_Model())
+
+
+class _Model:
+    """Just enough of a model for `connect` to pick a backend."""
+
+    def parameters(self):  # type: ignore[no-untyped-def]
+        import torch
+
+        yield torch.zeros(1)

@@ -170,6 +170,22 @@ class TransferClient:
             raise SyncError(f"GET {root}/get_world_size: expected {{'world_size': N}}: {answer!r}")
         return size
 
+    def _refuse_real_vllm(self, root: str) -> None:
+        """A vLLM server (its model cards say ``owned_by: vllm``) joins the group through vLLM's
+        own StatelessProcessGroup and PyNccl, which a torch.distributed group cannot meet: say
+        so now rather than after the rendezvous deadline."""
+        try:
+            cards = self._call("GET", root, "/v1/models").get("data") or []
+        except (SyncError, AttributeError):
+            return  # no model list: let the init route answer for itself
+        if any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in cards):
+            raise SyncError(
+                f"{root} is a vLLM server: its weight-transfer engine forms its group with vLLM's"
+                " own StatelessProcessGroup and PyNccl, which this trainer's torch.distributed"
+                " group cannot join; use --sync reload, restart or lora with vLLM (transfer"
+                " works with atropos local serve and SGLang)"
+            )
+
     def _wait_all(self, futures: list[concurrent.futures.Future[Any]], what: str) -> list[Any]:
         """Wait for every future (the first failure ends the wait); their results."""
         done, pending = concurrent.futures.wait(
@@ -200,6 +216,9 @@ class TransferClient:
             backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and device.type == "cuda":
             torch.cuda.set_device(device)
+        if self.server_type == "vllm":
+            for root in self.roots:
+                self._refuse_real_vllm(root)
         sizes = [self._world_size(root) for root in self.roots]
         world = 1 + sum(sizes)
         address = self.master_address or local_address(self.roots[0])
