@@ -2,20 +2,23 @@
 
 Both ends join it the same way, whatever the backend (`gloo` on CPUs, `nccl` on GPUs): a
 `torch.distributed` TCP rendezvous at ``tcp://MASTER_ADDRESS:MASTER_PORT`` (the trainer, rank 0,
-holds the store), then a process group of its own named `group_name`, built as SGLang's
+holds the store, listening on that address only), then a process group of its own named
+`group_name`, built as SGLang's
 `init_custom_process_group` builds it (the store prefixed with the group's name), so it never
 needs or touches the default group (a trainer under torchrun keeps its own). Tensors then go by
 `broadcast` from rank 0.
 
 A tensor travels on the backend's device (`wire_device`): CPU for gloo, the current CUDA device
 for nccl; `send` and `receive_into` move or stage it when the model lives elsewhere or in
-another dtype. torch's TCP store listens on every interface of the trainer's host for as long
-as the group lives and is not authenticated: run transfers on a trusted network.
+another dtype. The store has no authentication and gloo's own connections listen where torch
+puts them (the address of the host's name, or `GLOO_SOCKET_IFNAME`): run transfers on a
+trusted network.
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Any
 
 import torch
@@ -99,6 +102,32 @@ class WeightGroup:
             pass
 
 
+def store_listener(master_address: str, master_port: int = 0) -> socket.socket:
+    """Rank 0's store socket, bound to `master_address` only (port 0: a free one, race-free);
+    `GroupError` when this host cannot bind that address."""
+    try:
+        return socket.create_server((master_address, master_port), backlog=128)
+    except OSError as exc:
+        raise GroupError(
+            f"cannot listen on {master_address}:{master_port} for the weight-transfer group:"
+            f" {exc} (give this host's address as the servers reach it, and a free port)"
+        ) from exc
+
+
+def _store(
+    address: str, port: int, rank: int, world_size: int, limit: datetime.timedelta, listener: Any
+) -> Any:
+    """The rendezvous store: rank 0 serves it on `listener`, the others connect (as SGLang's
+    ``tcp://`` rendezvous does)."""
+    tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]  # public, not re-exported
+    if rank == 0:
+        return tcp_store(
+            address, port, world_size, True, timeout=limit, wait_for_workers=False,
+            master_listen_fd=listener.detach(),
+        )  # fmt: skip
+    return tcp_store(address, port, world_size, False, timeout=limit)
+
+
 def join_group(
     master_address: str,
     master_port: int,
@@ -108,12 +137,12 @@ def join_group(
     backend: str = "gloo",
     group_name: str | None = None,
     timeout: float = 300.0,
+    listener: socket.socket | None = None,
 ) -> WeightGroup:
-    """Join (rank 0: open) the group named `group_name` (default: `group_name_for(port)`);
-    blocks until all `world_size` members are in, or raises `GroupError` after `timeout`
-    seconds (which also bounds every later broadcast)."""
+    """Join (rank 0: open, on `listener` or a new `store_listener`) the group named
+    `group_name` (default: `group_name_for(port)`); blocks until all `world_size` members are
+    in, or raises `GroupError` after `timeout` seconds (which also bounds every broadcast)."""
     from torch.distributed import distributed_c10d
-    from torch.distributed.rendezvous import rendezvous
 
     if backend not in BACKENDS:
         raise GroupError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
@@ -126,9 +155,10 @@ def join_group(
         raise GroupError(f"this process is already in a group named {group_name!r}: close it")
     limit = datetime.timedelta(seconds=timeout)
     where = f"tcp://{master_address}:{master_port}"
+    if rank == 0 and listener is None:
+        listener = store_listener(master_address, master_port)
     try:
-        store, _, _ = next(rendezvous(where, rank, world_size, timeout=limit))
-        store.set_timeout(limit)
+        store = _store(master_address, master_port, rank, world_size, limit, listener)
         new_group: Any = distributed_c10d._new_process_group_helper  # SGLang's recipe
         made = new_group(
             world_size,

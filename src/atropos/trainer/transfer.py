@@ -207,8 +207,7 @@ class TransferClient:
         """Open the group as rank 0 while every server joins it (their init routes)."""
         import torch
 
-        from atropos.local.group import group_name_for, join_group
-        from atropos.net import free_port
+        from atropos.local.group import GroupError, group_name_for, join_group, store_listener
 
         device = next(model.parameters()).device
         backend = self.backend
@@ -222,7 +221,11 @@ class TransferClient:
         sizes = [self._world_size(root) for root in self.roots]
         world = 1 + sum(sizes)
         address = self.master_address or local_address(self.roots[0])
-        port = self.master_port or free_port()
+        try:
+            listener = store_listener(address, self.master_port)
+        except GroupError as exc:
+            raise SyncError(str(exc)) from exc
+        port = listener.getsockname()[1]
         self.group_name = group_name_for(port)
         calls = []
         for i, root in enumerate(self.roots):
@@ -244,7 +247,14 @@ class TransferClient:
         )
         joined = _in_thread(
             functools.partial(
-                join_group, address, port, 0, world, backend=backend, timeout=self.timeout
+                join_group,
+                address,
+                port,
+                0,
+                world,
+                backend=backend,
+                timeout=self.timeout,
+                listener=listener,
             )
         )
         self.group = self._wait_all([joined, *calls], "forming the weight-transfer group")[0]
