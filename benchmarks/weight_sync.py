@@ -156,7 +156,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for name in dict.fromkeys(r["model"] for r in rows):
         by = {r["mode"]: r for r in rows if r["model"] == name}
         ratio = by["reload"]["median_s"] / by["transfer"]["median_s"]
-        print(f"{name}: transfer is {ratio:.1f}x faster than reload (median)")
+        print(f"{name}: median reload / median transfer = {ratio:.2f}")
 
 
 def main() -> int:
