@@ -57,6 +57,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="version of the weights loaded at start (default 0); each reload adds 1",
     )
+    p.add_argument(
+        "--transfer-backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="the process group weight transfers arrive over when the trainer's route names"
+        " none (vLLM's): 'auto' (default) is nccl for a model on cuda, else gloo",
+    )
     add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
@@ -105,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key or None,
             log_level=args.log_level,
+            transfer_backend=args.transfer_backend,
             device=args.device,
             max_batch_size=args.max_batch_size,
             max_model_len=args.max_model_len,

@@ -14,6 +14,10 @@ exactly what it would see alone. Each step:
   dropped from the batch and from the cache.
 
 Prompt logprobs (`Sampling.prompt_logprobs`) come from the prefill logits.
+
+Between two steps `between()` (the engine's) may park the batch while the weights change, or
+end it by raising; it returns the weight version of the next step, and every row keeps the
+versions of its first and last tokens (`first_version`, `last_version`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class Row:
     stop_reason: str | int | None = None
     text: str = ""
     prompt_logprobs: PromptLogprobs | None = None
+    first_version: int = 0  # the weight version of the first token
+    last_version: int = 0  # the weight version of the last token
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -207,8 +213,14 @@ def decode_rows(
     pad_id: int,
     decode: Callable[[list[int], bool], str],
     device: str,
+    version: int = 0,
+    between: Callable[[], int] | None = None,
 ) -> None:
-    """Generate every row to its end (see the module docstring)."""
+    """Generate every row to its end (see the module docstring).
+
+    Long because it is the decode loop read top to bottom: prefill, then sample, stop and
+    prune per step share the batch's tensors and the cache.
+    """
     width = max(len(row.prompt) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -228,6 +240,8 @@ def decode_rows(
     live = list(range(len(rows)))  # rows[live[j]] is batch row j
     prune = getattr(cache, "batch_select_indices", None)
     k = max((row.sampling.logprobs or 0) for row in rows)
+    for row in rows:
+        row.first_version = row.last_version = version
     while True:
         batch = [rows[i] for i in live]
         tokens, raw = _sample(logits, batch)
@@ -243,6 +257,7 @@ def decode_rows(
             if best_ids is not None and best_lps is not None and row.sampling.logprobs:
                 n = row.sampling.logprobs
                 top = list(zip(best_ids[j][:n], best_lps[j][:n], strict=True))
+            row.last_version = version
             if not row.add(token, chosen[j], top, stop_ids, decode):
                 keep.append(j)
         if not keep:
@@ -252,6 +267,8 @@ def decode_rows(
             prune(index)
             tokens, mask, pos = tokens[index], mask[index], pos[index]
             live = [live[j] for j in keep]
+        if between is not None:
+            version = between()
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = pos + 1
         logits, cache = _forward(model, tokens[:, None], mask, pos, cache, False)

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+PAUSE_MODES = ("abort", "wait", "keep")  # vLLM's modes of POST /pause (`Engine.pause`)
+
+
+class Aborted(RuntimeError):
+    """A request failed by a pause in mode abort (the server answers 503: retry it)."""
 
 
 class RequestError(Exception):
@@ -70,11 +75,14 @@ PromptLogprobs = list[list[tuple[int, float, int]] | None]
 
 @dataclass
 class Result:
-    """Everything one request generated, all with the same weights (`policy_version`)."""
+    """Everything one request generated: its first tokens under weight version
+    `policy_version`, its last under `policy_version_last` (the same unless the weights
+    changed under a kept request, see `atropos.local.engine`)."""
 
     outputs: list[list[Output]]  # [prompt][choice]
     prompt_logprobs: list[PromptLogprobs | None]  # [prompt], None unless asked
     policy_version: int
+    policy_version_last: int | None = None  # None: policy_version
 
 
 @dataclass

@@ -15,8 +15,10 @@ them and `atropos.testing.fake_shapes` serves them:
 - `prompt_logprobs`: None for the first prompt token, then `{"<id>": {"logprob", "rank",
   "decoded_token"}}`, the prompt's own token first.
 
-Every answer also carries `policy_version`, the weight version that generated all its tokens (an
-atropos extension). Logprobs below -9999 are written as -9999, as vLLM does, so the JSON stays
+Every answer also carries `policy_version`, the weight version that generated its first tokens,
+and `policy_version_last`, the version of its last ones (atropos extensions; they differ only
+when the weights were updated under a request kept in flight, and the first, the oldest, is what
+staleness counts). Logprobs below -9999 are written as -9999, as vLLM does, so the JSON stays
 valid.
 """
 
@@ -133,6 +135,11 @@ class Shaper:
             **extra,
             "kv_transfer_params": None,
             "policy_version": result.policy_version,
+            "policy_version_last": (
+                result.policy_version
+                if result.policy_version_last is None
+                else result.policy_version_last
+            ),
         }
 
     def _completion_logprobs(self, out: Output, as_ids: bool) -> dict[str, Any]:

@@ -11,6 +11,9 @@ Endpoints (docs/local.md has every field):
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` and
   `POST /v1/unload_lora_adapter {"lora_name"}` (vLLM's): 200 with vLLM's plain-text
   "Success: ..." line, or vLLM's 400 / 404 JSON error.
+- in-flight weight updates over a process group, by vLLM's and SGLang's routes (`/pause`,
+  `/init_weight_transfer_engine`, `/update_weights`, ...: `atropos.local.transfer`); a request
+  failed by a pause in mode abort gets 503 with `Retry-After`.
 
 Errors are `{"error": {"message", "type", "param", "code"}}`. With an API key every endpoint but
 `/health` needs `Authorization: Bearer KEY`. Nothing here imports torch: the engine is built by
@@ -33,6 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from atropos.local.protocol import (
+    Aborted,
     RequestError,
     Result,
     Sampling,
@@ -41,6 +45,7 @@ from atropos.local.protocol import (
     parse_completion,
 )
 from atropos.local.responses import Shaper, models_body
+from atropos.local.transfer import TransferRoutes
 
 if TYPE_CHECKING:
     import socket
@@ -51,8 +56,8 @@ log = logging.getLogger("atropos.local")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -80,10 +85,17 @@ class LocalServer:
         served_model_name: the base model's name in requests and answers (default: the model
             directory as given).
         api_key: when set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
+        transfer_backend: the weight-transfer group's backend when the init route names none
+            ("auto": nccl for a model on cuda, else gloo).
     """
 
     def __init__(
-        self, engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None
+        self,
+        engine: Engine,
+        *,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        transfer_backend: str = "auto",
     ) -> None:
         """Build the app; serving is uvicorn's job (`serve`, or `serve_in_thread` in tests)."""
         self.engine = engine
@@ -91,6 +103,7 @@ class LocalServer:
         self.api_key = api_key
         self.shaper = Shaper(engine.codec)
         self.created = int(time.time())
+        transfer = TransferRoutes(engine, transfer_backend)
         routes = [
             Route("/health", self._wrap(self.health, public=True), methods=["GET"]),
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
@@ -99,6 +112,7 @@ class LocalServer:
             Route("/update_weights_from_disk", self._wrap(self.update_weights), methods=["POST"]),
             Route("/v1/load_lora_adapter", self._wrap(self.load_lora), methods=["POST"]),
             Route("/v1/unload_lora_adapter", self._wrap(self.unload_lora), methods=["POST"]),
+            *(Route(path, self._wrap(fn), methods=how) for path, fn, how in transfer.routes()),
         ]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
@@ -110,6 +124,9 @@ class LocalServer:
                 return await handler(request)
             except RequestError as exc:
                 return _error(exc)
+            except Aborted as exc:  # a pause in mode abort: the client retries
+                gone = RequestError(str(exc), status=503, kind="ServiceUnavailableError")
+                return _error(gone, {"Retry-After": "1"})
             except Exception as exc:  # a server bug: say so, never hang the client
                 log.exception("%s %s failed", request.method, request.url.path)
                 message = f"internal error: {type(exc).__name__}: {exc}"
@@ -262,6 +279,7 @@ def run(
     served_model_name: str | None = None,
     api_key: str | None = None,
     log_level: str = "warning",
+    transfer_backend: str = "auto",
     **engine_options: Any,
 ) -> None:
     """Load the model, then serve on `sock` (bound by the caller, so a busy port fails before
@@ -276,7 +294,12 @@ def run(
         sock.close()
         raise
     try:
-        app = create_app(engine, served_model_name=served_model_name, api_key=api_key)
+        app = LocalServer(
+            engine,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            transfer_backend=transfer_backend,
+        ).app
         print(
             f"atropos local: {base_url(sock)}/v1 model={served_model_name or model_dir}"
             f" device={engine.device} policy_version={engine.policy_version}"

@@ -6,10 +6,13 @@ that on the chosen device for inference.
 listed in `model.safetensors.index.json`) and make sure it fits the served model (same tensor
 names and shapes; weights tied to another, which `save_pretrained` omits, may be absent) before
 the engine copies it in between batches.
+`weights_checksum` fingerprints a state dict, so two processes can tell their weights are equal
+bit for bit (the local server's `GET /weights_checksum`, the trainer's tests and benchmark).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -96,3 +99,14 @@ def check_checkpoint(model: Any, state: dict[str, torch.Tensor]) -> None:
     missing = sorted(n for n in set(expected) - set(state) if expected[n].data_ptr() not in given)
     if missing:
         raise WeightsError(f"the checkpoint lacks tensors the model needs: {missing[:5]}")
+
+
+def weights_checksum(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor of `state` in name order: name, dtype, shape, then its bytes
+    (equal checksums: the same names holding bit-identical values)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,4 +1,4 @@
-"""Getting new weights to the inference server: four ways, one small interface.
+"""Getting new weights to the inference server: five ways, one small interface.
 
 - `none`: the trainer only writes checkpoints.
 Several servers (``--server-url A,B``, e.g. replicas started by `atropos launch`) get the same
@@ -15,6 +15,9 @@ weights in `reload` and `lora` modes, one after the other.
 - `lora`: the trainer trains LoRA adapters; each sync saves the adapter and calls vLLM's
   ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}``, so requests
   for model `lora_name` use the new adapter without a restart.
+- `transfer`: no disk: the tensors go by broadcast over a process group the servers join, steered
+  by vLLM's weight-transfer routes or SGLang's (`atropos.trainer.transfer`); requests in flight
+  are kept (and finish under the new weights), waited for, or aborted (`--transfer-pause`).
 
 Every save goes to a fresh directory renamed into place, so a server never reads a half-written
 checkpoint; only the newest `keep` directories are kept.
@@ -37,9 +40,11 @@ from typing import Any
 import httpx
 
 from atropos.trainer.lora import adapter_weights
+from atropos.trainer.transfer import SyncError, TransferClient
 
 log = logging.getLogger("atropos.trainer")
-SYNC_MODES = ("none", "reload", "restart", "lora")
+SYNC_MODES = ("none", "reload", "restart", "lora", "transfer")
+__all__ = ["SYNC_MODES", "SyncError", "WeightSync", "prune", "save_lora", "save_model"]
 
 
 RETRY_STATUS = (502, 503, 504)  # a proxy or server saying "not now": retried until the deadline
@@ -48,10 +53,6 @@ RETRY_STATUS = (502, 503, 504)  # a proxy or server saying "not now": retried un
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-class SyncError(RuntimeError):
-    """The inference server did not take the new weights."""
 
 
 def save_model(model: Any, tokenizer: Any, path: Path) -> Path:
@@ -107,6 +108,7 @@ class WeightSync:
         keep: int = 2,
         health_timeout: float = 300.0,
         server_key: str | None = None,
+        transfer: dict[str, Any] | None = None,
     ) -> None:
         if mode not in SYNC_MODES:
             raise ValueError(f"sync mode {mode!r}: expected one of {', '.join(SYNC_MODES)}")
@@ -129,6 +131,11 @@ class WeightSync:
         self.served_version: int | None = None  # as the server confirmed it (reload mode)
         headers = {"Authorization": f"Bearer {server_key}"} if server_key else {}
         self.http = httpx.Client(timeout=600.0, headers=headers)
+        self.transfer = (
+            TransferClient(self.roots, self.http, **(transfer or {}))
+            if mode == "transfer"
+            else None
+        )
 
     # ----- restart mode: the trainer owns the server process ---------------------------------
 
@@ -185,6 +192,12 @@ class WeightSync:
             prune(path.parent, "v", self.keep)
             self.start_server(str(path.resolve()), version)
             self.served_version = version
+        elif self.transfer is not None:
+            if self.transfer.group is None:
+                with waiting("the inference servers to join") if waiting else _nothing():
+                    self.transfer.connect(model)
+            reported = self.transfer.push(model, version)
+            self.served_version = version if reported is None else reported
         elif self.mode == "lora":
             path = save_lora(model, self.out_dir / "adapters" / f"v{version}", **self.lora)
             body = {
@@ -237,4 +250,6 @@ class WeightSync:
     def close(self) -> None:
         if self.mode == "restart":
             self.stop_server()
+        if self.transfer is not None:
+            self.transfer.close()
         self.http.close()

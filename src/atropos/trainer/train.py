@@ -100,17 +100,38 @@ class TrainConfig(BaseSettings):
     lease_seconds: float = Field(600.0, gt=0, description="how long a leased batch is held")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints; 0: at the end")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
-    sync: Literal["none", "reload", "restart", "lora"] = Field(
+    sync: Literal["none", "reload", "restart", "lora", "transfer"] = Field(
         "reload", description="how new weights reach the inference server (docs/trainer.md)"
     )
     sync_every: int = Field(1, ge=1, description="steps between weight syncs")
     server_url: str = Field(
         "http://127.0.0.1:9001/v1",
         description="the inference server's OpenAI base URL; several, comma-separated, all get"
-        " the new weights (reload and lora modes)",
+        " the new weights (reload, lora and transfer modes)",
     )
     server_api_key: SecretStr | None = Field(
         None, description="the inference servers' key, sent when syncing weights into them"
+    )
+    server_type: Literal["vllm", "sglang"] = Field(
+        "vllm", description="transfer mode: whose weight-transfer routes the servers speak"
+    )
+    transfer_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto",
+        description="transfer mode: the process group's backend (auto: nccl when the"
+        " model is on CUDA, else gloo)",
+    )
+    transfer_pause: Literal["keep", "wait", "abort"] = Field(
+        "keep",
+        description="transfer mode: requests in flight during a sync continue under the"
+        " new weights (keep), finish first (wait) or fail and are retried (abort)",
+    )
+    transfer_master_address: str = Field(
+        "",
+        description="transfer mode: this host's address as the servers reach it (default:"
+        " found from the first --server-url)",
+    )
+    transfer_master_port: int = Field(
+        0, ge=0, le=65535, description="transfer mode: the group's TCP store port (0: a free one)"
     )
     server_command: str = Field(
         "", description="restart mode: the command that starts the server, with {model}, {port}"
@@ -262,6 +283,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         cfg.sync, out, cfg.server_url, server_command=cfg.server_command,
         lora_name=cfg.lora_name, lora=lora_args, keep=cfg.keep_checkpoints,
         server_key=cfg.server_api_key.get_secret_value() if cfg.server_api_key else None,
+        transfer=dict(
+            server_type=cfg.server_type, backend=cfg.transfer_backend, pause=cfg.transfer_pause,
+            master_address=cfg.transfer_master_address, master_port=cfg.transfer_master_port,
+        ),
     )  # fmt: skip
     api = TrainerClient(
         cfg.api_url, cfg.api_key.get_secret_value() if cfg.api_key else None, cfg.patience
@@ -278,7 +303,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         with waiting("the inference server"):
             if cfg.sync == "restart":
                 sync.start_server(str(resume.resolve()) if resume and not lora else cfg.model, step)
-            elif step > 0 or lora:  # the server may hold older weights than we resume from
+            elif step > 0 or lora or cfg.sync == "transfer":  # the server may hold other weights
                 sync.publish(model, tokenizer, step)
         with waiting("the API"):
             api.wait_ready()
