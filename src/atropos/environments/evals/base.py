@@ -327,10 +327,14 @@ class EvalEnv(BaseEnv[EvalConfigT]):
     async def sample(self, problem: Problem) -> list[Sample]:
         """The `eval_n` completions of `problem`: one chat request with `n = eval_n`. A
         multi-turn benchmark (MT-Bench) asks for each turn in turn."""
+        return await self.complete(self.messages(problem), self.config.eval_n)
+
+    async def complete(self, messages: list[Message], n: int) -> list[Sample]:
+        """`n` completions of `messages` at the evaluation's temperature and token limit."""
         s = self.config
         reply = await self.server.chat_completion(
-            messages=self.messages(problem),
-            n=s.eval_n,
+            messages=messages,
+            n=n,
             max_tokens=s.eval_max_tokens or s.max_token_length,
             temperature=s.eval_temperature,
             split="eval",

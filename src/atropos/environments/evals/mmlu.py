@@ -33,12 +33,16 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
-from atropos.environments.evals.answers import LETTERS, choice_block, grade_choice
+from atropos.environments.evals.answers import (
+    CHOICE_INSTRUCTION,
+    LETTERS,
+    choice_block,
+    grade_choice,
+)
 from atropos.environments.evals.base import EvalConfig, EvalEnv, Graded, Problem
+from atropos.environments.evals.suite import comma_list
 
-__all__ = ["INSTRUCTION", "MMLUConfig", "MMLUEval", "gold_letter"]
-
-INSTRUCTION = 'Answer with "The best answer is: X", where X is the letter of the right option.'
+__all__ = ["MMLUConfig", "MMLUEval", "gold_letter"]
 
 
 def gold_letter(answer: Any) -> str:
@@ -49,10 +53,6 @@ def gold_letter(answer: Any) -> str:
     """
     text = str(answer).strip()
     return LETTERS[int(text)] if text.isdigit() else text.upper()
-
-
-def _names(value: Any) -> Any:
-    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
 
 
 class MMLUConfig(EvalConfig):
@@ -66,7 +66,7 @@ class MMLUConfig(EvalConfig):
     @field_validator("subjects", mode="before")
     @classmethod
     def _subject_list(cls, value: Any) -> Any:
-        return _names(value)
+        return comma_list(value)
 
 
 class MMLUEval(EvalEnv[MMLUConfig]):
@@ -106,7 +106,7 @@ class MMLUEval(EvalEnv[MMLUConfig]):
             f" {gold_letter(ex['answer'])}"
             for ex in shots
         ]
-        parts += [f"{row['question']}\n\n{choice_block(choices)}", INSTRUCTION]
+        parts += [f"{row['question']}\n\n{choice_block(choices)}", CHOICE_INSTRUCTION]
         gold_text = choices[LETTERS.index(letter)] if letter in LETTERS[: len(choices)] else ""
         data = {"gold_text": gold_text, "few_shot": len(shots)}
         prompt = "\n\n".join(parts)
