@@ -132,7 +132,7 @@ class SuiteEval(EvalEnv[SuiteConfigT]):
             return [p for p in self.suite.parts if p.default]
         unknown = [w for w in wanted if w not in parts]
         if unknown:
-            hint = did_you_mean(unknown[0], parts)
+            hint = did_you_mean(unknown[0], parts, repr)
             raise ValueError(
                 f"{self.name}: no part {unknown[0]!r}{hint} (parts: {', '.join(parts)})"
             )
@@ -147,8 +147,19 @@ class SuiteEval(EvalEnv[SuiteConfigT]):
         if s.dataset_name and Path(s.dataset_name).expanduser().exists():
             return self._local_rows(s.dataset_name, parts)
         if s.dataset_name:
-            return [row for part in parts for row in _tagged(self._hub_rows(part), part)]
+            return [
+                row for part in self._hub_parts() for row in _tagged(self._hub_rows(part), part)
+            ]
         return self._fixture_rows(parts)
+
+    def _hub_parts(self) -> list[Part]:
+        """The parts to read from the hub: the selected ones, or, when the dataset named is the
+        repository of some parts only (one AGIEval subset), those."""
+        name, suite = self.config.dataset_name, self.suite
+        own = [p for p in suite.parts if p.dataset == name]
+        if name == suite.hub_dataset or not own or len(own) == len(suite.parts):
+            return self.selected()
+        return [p for p in own if not self.config.subsets or p.label in self.config.subsets]
 
     def _hub_rows(self, part: Part) -> list[dict[str, Any]]:
         s = self.config
