@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from atropos.environments.evals import ARCEval, MTBenchEval, OlympiadBenchEval, PubMedQAEval
+from atropos.environments.evals import (
+    ARCEval,
+    BBHEval,
+    MTBenchEval,
+    OlympiadBenchEval,
+    PubMedQAEval,
+)
 from atropos.environments.evals.formats import Format
 from atropos.environments.evals.judged import arena_points, majority_grade
 from atropos.environments.evals.rows import drop_golds, labelled_index, listed
@@ -255,3 +261,13 @@ def test_musr_choices_stored_as_python_text():
 def test_a_format_without_rules_says_so():
     with pytest.raises(NotImplementedError):
         Format().problem({}, "x")
+
+
+def test_bbh_reads_rows_with_separate_options_too():
+    env = make(BBHEval)
+    row = {"input": "Which colour is the sky?", "choices": ["green", "blue"], "target_idx": 1}
+    problem = env.problem(row, 0)  # lighteval/bbh's layout: the options apart, an index
+    assert problem.gold == "(B)" and "Options:\n(A) green\n(B) blue" in problem.prompt
+    assert env.grade(problem, "So the answer is (B).").correct
+    plain = env.problem({"input": "not True is", "target": "False"}, 1)  # lukaemon/bbh's
+    assert plain.gold == "False" and "Options" not in plain.prompt

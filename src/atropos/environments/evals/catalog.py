@@ -259,7 +259,7 @@ BBH = Suite(
         )
         for task in BBH_TASKS
     ),
-    Target(text("input"), text("target")),
+    Target(rows.bbh_input, rows.bbh_target),
     part_group="task",
 )
 DROP = Suite(

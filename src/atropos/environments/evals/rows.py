@@ -8,6 +8,13 @@ where a field needs more than a lookup; `catalog.py` names the rest inline.
 [['May 1990']]
 >>> agieval_options({"choices": ["(A)12", "(B) 14"]})
 ['12', '14']
+>>> print(bbh_input({"input": "Which?", "choices": ["red", "blue"], "target_idx": 1}))
+Which?
+Options:
+(A) red
+(B) blue
+>>> bbh_target({"input": "Which?", "choices": ["red", "blue"], "target_idx": 1})
+'(B)'
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from atropos.environments.evals.formats import Row
 __all__ = [
     "agieval_options",
     "agieval_query",
+    "bbh_input",
+    "bbh_target",
     "drop_golds",
     "listed",
     "labelled_index",
@@ -36,6 +45,22 @@ __all__ = [
 
 _AGIEVAL_CUE = re.compile(r"\s*A:\s*Among A through [A-J], the answer is\s*$")
 _OPTION_MARK = re.compile(r"^\s*\(?[A-J]\)\s*")
+
+
+def bbh_input(row: Row) -> str:
+    """BBH's question: `input` (lukaemon/bbh), with its options as "(A) text" lines when the
+    row lists them apart (lighteval/bbh's `choices`)."""
+    options = row.get("choices") or []
+    lines = [f"({letter}) {option}" for letter, option in zip(LETTERS * 3, options, strict=False)]
+    return "\n".join([str(row["input"]).strip(), *(["Options:", *lines] if lines else [])])
+
+
+def bbh_target(row: Row) -> str:
+    """BBH's target: `target`, or the right option's letter, "(B)", for a row giving
+    `target_idx` instead (lighteval/bbh)."""
+    if row.get("target") not in (None, ""):
+        return str(row["target"])
+    return f"({LETTERS[int(row['target_idx'])]})"
 
 
 def labelled_index(row: Row, key: str = "answerKey") -> int:
