@@ -81,36 +81,21 @@ def run_named(
     return written.doc["results"]["all"], written.samples
 
 
-def right_answer(env: SuiteEval[Any], problem: Problem) -> str:
-    """A completion that states `problem`'s gold answer the way its suite's format asks."""
-    fmt = env.suite.format
+def answer(env: SuiteEval[Any], problem: Problem, right: bool = True) -> str:
+    """A completion that states `problem`'s gold answer (`right`), or a wrong one, the way its
+    suite's format asks for answers."""
+    fmt, gold = env.suite.format, problem.gold
     if isinstance(fmt, MultipleChoice):
-        return f"The best answer is: {problem.gold}"
+        return f"The best answer is: {gold if right else ('B' if gold == 'A' else 'A')}"
     if isinstance(fmt, YesNo):
-        return f"Answer: {problem.gold}"
+        return f"Answer: {gold if right else ('no' if gold == 'yes' else 'yes')}"
     if isinstance(fmt, (BoxedMath, BoxedInteger)):
-        gold = ", ".join(problem.gold) if isinstance(problem.gold, list) else problem.gold
-        return f"So it is \\boxed{{{gold}}}."
+        boxed = (", ".join(gold) if isinstance(gold, list) else gold) if right else "123457"
+        return f"So it is \\boxed{{{boxed}}}."
     if isinstance(fmt, Target):
-        return f"Step by step it works out. So the answer is {problem.gold}."
+        return f"Step by step it works out. So the answer is {gold if right else '(Q) quux'}."
     if isinstance(fmt, Spans):
-        return "Reading the passage again.\nAnswer: " + "; ".join(problem.gold[0])
-    raise TypeError(f"{type(fmt).__name__} is graded by a judge")
-
-
-def wrong_answer(env: SuiteEval[Any], problem: Problem) -> str:
-    """A completion that states a wrong answer to `problem`."""
-    fmt = env.suite.format
-    if isinstance(fmt, MultipleChoice):
-        return f"The best answer is: {'B' if problem.gold == 'A' else 'A'}"
-    if isinstance(fmt, YesNo):
-        return f"Answer: {'no' if problem.gold == 'yes' else 'yes'}"
-    if isinstance(fmt, (BoxedMath, BoxedInteger)):
-        return "So it is \\boxed{123457}."
-    if isinstance(fmt, Target):
-        return "So the answer is (Q) quux."
-    if isinstance(fmt, Spans):
-        return "Answer: nobody"
+        return "Reading the passage again.\nAnswer: " + ("; ".join(gold[0]) if right else "nobody")
     raise TypeError(f"{type(fmt).__name__} is graded by a judge")
 
 

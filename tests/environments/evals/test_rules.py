@@ -34,25 +34,19 @@ ARC_ROW = {
 
 
 @pytest.mark.parametrize(
-    ("completion", "extracted", "correct"),
+    ("completion", "correct"),
     [
-        ("<think>Mars orbits the Sun.</think>The best answer is: B", "B", True),
-        ("The answer is (B).", "B", True),
-        ("**Answer:** B", "B", True),
-        ("B", "B", True),
-        ("The answer is Mars", "B", True),  # the right option's text
-        ("The answer is A. No, the answer is B.", "A,B", False),
-        ("The best answer is: C", "C", False),
-        ("Mars, I think.", None, False),
-        ("<think>it is B", None, False),  # an unclosed think block answers nothing
+        ("<think>Mars orbits the Sun.</think>The best answer is: B", True),
+        ("The answer is Mars", True),  # the right option's text
+        ("The best answer is: C", False),
+        ("<think>it is B", False),  # an unclosed think block answers nothing
     ],
 )
-def test_option_letters_are_read_like_mcqa(completion, extracted, correct):
-    problem = ARC.problem(ARC_ROW, 0)
+def test_option_letters_follow_the_label_of_the_right_option(completion, correct):
+    problem = ARC.problem(ARC_ROW, 0)  # the letter rules themselves: test_answers.py
     assert (problem.id, problem.gold) == ("arc-t1", "B")  # label "2" is the second option
     assert "B. Mars" in problem.prompt and "The best answer is: X" in problem.prompt
-    graded = ARC.grade_completion(problem, completion)
-    assert (graded.extracted, graded.correct) == (extracted, correct)
+    assert ARC.grade_completion(problem, completion).correct is correct
 
 
 def test_an_answer_key_that_names_no_option_is_an_error():

@@ -14,7 +14,7 @@ from atropos.environments.evals.base import subset_key
 from atropos.environments.evals.judged import ARENA_JUDGE, MT_BENCH_JUDGE, SIMPLEQA_JUDGE
 from atropos.testing import FakeInferenceServer
 
-from .helpers import GRADED, finder, make, right_answer, run_named, wrong_answer
+from .helpers import GRADED, answer, finder, make, run_named
 
 THINK = "<think>Let me work it out.</think> "
 
@@ -27,7 +27,7 @@ def test_each_graded_suite_runs_offline_with_atropos_env_evaluate(name, tmp_path
 
     def responder(text: str) -> str:
         i, problem = find(text)
-        return THINK + (right_answer(env, problem) if i % 2 == 0 else wrong_answer(env, problem))
+        return THINK + (answer(env, problem) if i % 2 == 0 else answer(env, problem, right=False))
 
     metrics, samples = run_named(name, responder, tmp_path)
     right = (len(found) + 1) // 2
@@ -58,7 +58,7 @@ def test_subsets_flag_on_the_command_line(tmp_path):
     find = finder(env.load_problems())
     metrics, samples = run_named(
         "eval_arc",
-        lambda t: right_answer(env, find(t)[1]),
+        lambda t: answer(env, find(t)[1]),
         tmp_path,
         "--env.subsets",
         "ARC-Challenge",

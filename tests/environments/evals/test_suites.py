@@ -26,7 +26,7 @@ from atropos.environments.evals import (
 from atropos.environments.evals.suite import Part
 from atropos.envs import registry
 
-from .helpers import GRADED, fake_hub, make, right_answer, wrong_answer
+from .helpers import GRADED, answer, fake_hub, make
 
 LAYOUTS = {  # the fields each dataset's rows have, as its hub card lists them
     "eval_arc": {"id", "question", "choices", "answerKey"},
@@ -95,11 +95,9 @@ def test_each_fixture_is_in_its_datasets_row_layout(name):
 def test_every_fixture_gold_grades_right_and_a_wrong_answer_wrong(name):
     env = make(ENVS[name])
     for problem in env.load_problems():
-        right = env.grade_completion(
-            problem, f"<think>Working.</think>{right_answer(env, problem)}"
-        )
+        right = env.grade_completion(problem, f"<think>Working.</think>{answer(env, problem)}")
         assert right.correct, (problem.id, right)
-        wrong = env.grade_completion(problem, wrong_answer(env, problem))
+        wrong = env.grade_completion(problem, answer(env, problem, right=False))
         assert not wrong.correct, (problem.id, wrong)
 
 

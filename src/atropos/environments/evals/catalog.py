@@ -36,36 +36,11 @@ from atropos.environments.evals.judged import (
     SimpleQAJudged,
     simpleqa_topic,
 )
-from atropos.environments.evals.suite import Part, Suite, SuiteEval, numbered, suite_env
+from atropos.environments.evals.suite import Part, Suite, SuiteEval, one, suite_env
 from atropos.rewards.math import gsm8k_gold
 
-__all__ = [
-    "ENVS",
-    "SUITES",
-    "AGIEvalEval",
-    "AIMEEval",
-    "ARCEval",
-    "ArenaHardEval",
-    "BBHEval",
-    "BoolQEval",
-    "DROPEval",
-    "GPQAEval",
-    "GSM8KEval",
-    "HellaSwagEval",
-    "MMLUProEval",
-    "MTBenchEval",
-    "Math500Eval",
-    "MuSREval",
-    "OlympiadBenchEval",
-    "OpenBookQAEval",
-    "PIQAEval",
-    "PubMedQAEval",
-    "SIQAEval",
-    "SimpleQAEval",
-    "WinoGrandeEval",
-]
+__all__ = ["ENVS", "SUITES"]
 
-MATH_VERIFY = {"math_verify": "envs"}
 BOXED_PROMPT = "Solve the problem, then give the final answer as \\boxed{answer}."
 
 
@@ -79,79 +54,59 @@ def fields(*keys: str) -> Callable[[Row], dict[str, str]]:
     return lambda row: {k: str(row[k]) for k in keys if row.get(k) not in (None, "")}
 
 
-def one(label: str, dataset: str, config: str | None, split: str, fixture: str) -> tuple[Part]:
-    """The single part of a suite held in one hub dataset."""
-    return (Part(label, dataset, config, split, fixture),)
-
-
 GSM8K = Suite(
     "eval_gsm8k",
-    "gsm8k",
     "GSM8K word problems; a \\boxed{} answer checked by math-verify (string fallback)",
-    "openai/gsm8k",
-    one("main", "openai/gsm8k", "main", "test", "gsm8k.jsonl"),
+    one("openai/gsm8k", "test", "gsm8k.jsonl", "main"),
     BoxedMath(text("question"), lambda row: gsm8k_gold(str(row["answer"]))),
     system_prompt="Solve the problem step by step, then give the final answer as \\boxed{answer}.",
-    requires=MATH_VERIFY,
 )
 MATH500 = Suite(
     "eval_math500",
-    "math500",
     "MATH-500 competition problems; a \\boxed{} answer checked by math-verify",
-    "HuggingFaceH4/MATH-500",
-    one("default", "HuggingFaceH4/MATH-500", None, "test", "math500.jsonl"),
+    one("HuggingFaceH4/MATH-500", "test", "math500.jsonl"),
     BoxedMath(text("problem"), lambda row: str(row["answer"]).strip()),
     ident=lambda row, i: str(row.get("unique_id") or f"math500-{i}"),
     subsets=fields("level", "subject"),
     system_prompt=BOXED_PROMPT,
-    requires=MATH_VERIFY,
 )
 AIME = Suite(
     "eval_aime",
-    "aime",
     "AIME problems; the \\boxed{} integer must equal the gold (0 to 999)",
-    "HuggingFaceH4/aime_2024",
-    one("default", "HuggingFaceH4/aime_2024", None, "train", "aime.jsonl"),
+    one("HuggingFaceH4/aime_2024", "train", "aime.jsonl"),
     BoxedInteger(text("problem"), lambda row: row["answer"]),
-    ident=numbered("aime", "id"),
+    ident="id",
     system_prompt="Solve the problem. The answer is an integer from 0 to 999; give it as"
     " \\boxed{answer}.",
-    requires=MATH_VERIFY,
 )
 GPQA = Suite(
     "eval_gpqa",
-    "gpqa",
     "GPQA graduate-level science questions, options shuffled per item; the right letter",
-    "Idavidrein/gpqa",
-    one("gpqa_diamond", "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa.jsonl"),
+    one("Idavidrein/gpqa", "train", "gpqa.jsonl", "gpqa_diamond"),
     MultipleChoice(
         text("Question"),
         lambda row: rows.shuffled(row)[0],
         lambda row: LETTERS.index(rows.shuffled(row)[1]),
     ),
-    ident=numbered("gpqa", "Record ID"),
+    ident="Record ID",
     subsets=lambda row: (
         {"domain": str(row["High-level domain"])} if row.get("High-level domain") else {}
     ),
 )
 ARC = Suite(
     "eval_arc",
-    "arc",
     "ARC grade-school science questions (Easy and Challenge sets); the right letter",
-    "allenai/ai2_arc",
     tuple(
         Part(label, "allenai/ai2_arc", label, "test", f"arc/{label}.jsonl")
         for label in ("ARC-Easy", "ARC-Challenge")
     ),
     MultipleChoice(text("question"), lambda row: row["choices"]["text"], rows.labelled_index),
-    ident=numbered("arc", "id"),
+    ident="id",
 )
 BOOLQ = Suite(
     "eval_boolq",
-    "boolq",
     "BoolQ yes/no questions about a Wikipedia passage",
-    "lighteval/boolq_helm",
-    one("default", "lighteval/boolq_helm", None, "validation", "boolq.jsonl"),
+    one("lighteval/boolq_helm", "validation", "boolq.jsonl"),
     YesNo(
         lambda row: f"{row['passage']}\n\nQuestion: {str(row['question']).replace('??', '?')}",
         lambda row: rows.yes_no(row["answer"]),
@@ -159,23 +114,19 @@ BOOLQ = Suite(
 )
 HELLASWAG = Suite(
     "eval_hellaswag",
-    "hellaswag",
     "HellaSwag: the most plausible ending of an everyday scene; the right letter",
-    "Rowan/hellaswag",
-    one("default", "Rowan/hellaswag", None, "validation", "hellaswag.jsonl"),
+    one("Rowan/hellaswag", "validation", "hellaswag.jsonl"),
     MultipleChoice(
         lambda row: f"How does this most plausibly go on?\n\n{row['activity_label']}: {row['ctx']}",
         lambda row: row["endings"],
         lambda row: int(row["label"]),
     ),
-    ident=numbered("hellaswag", "ind"),
+    ident="ind",
 )
 PIQA = Suite(
     "eval_piqa",
-    "piqa",
     "PIQA physical commonsense: which of two solutions reaches the goal; the right letter",
-    "ybisk/piqa",
-    one("default", "ybisk/piqa", None, "validation", "piqa.jsonl"),
+    one("ybisk/piqa", "validation", "piqa.jsonl"),
     MultipleChoice(
         lambda row: f"Goal: {row['goal']}\n\nWhich solution reaches the goal?",
         lambda row: [row["sol1"], row["sol2"]],
@@ -184,22 +135,18 @@ PIQA = Suite(
 )
 SIQA = Suite(
     "eval_siqa",
-    "siqa",
     "Social IQa: people's motives, reactions and what happens next; the right letter",
-    "allenai/social_i_qa",
-    one("default", "allenai/social_i_qa", None, "validation", "siqa.jsonl"),
+    one("allenai/social_i_qa", "validation", "siqa.jsonl"),
     MultipleChoice(
         lambda row: f"{row['context']}\n\n{row['question']}",
-        lambda row: [row["answerA"], row["answerB"], row["answerC"]],
+        lambda row: [row[f"answer{letter}"] for letter in "ABC"],
         lambda row: int(row["label"]) - 1,
     ),
 )
 WINOGRANDE = Suite(
     "eval_winogrande",
-    "winogrande",
     "WinoGrande: which of two names or things fills the blank; the right letter",
-    "allenai/winogrande",
-    one("winogrande_xl", "allenai/winogrande", "winogrande_xl", "validation", "winogrande.jsonl"),
+    one("allenai/winogrande", "validation", "winogrande.jsonl", "winogrande_xl"),
     MultipleChoice(
         lambda row: f"Which option fills the blank (_) best?\n\n{row['sentence']}",
         lambda row: [row["option1"], row["option2"]],
@@ -208,21 +155,17 @@ WINOGRANDE = Suite(
 )
 OPENBOOKQA = Suite(
     "eval_openbookqa",
-    "openbookqa",
     "OpenBookQA elementary science with common knowledge; the right letter",
-    "allenai/openbookqa",
-    one("main", "allenai/openbookqa", "main", "test", "openbookqa.jsonl"),
+    one("allenai/openbookqa", "test", "openbookqa.jsonl", "main"),
     MultipleChoice(text("question_stem"), lambda row: row["choices"]["text"], rows.labelled_index),
-    ident=numbered("openbookqa", "id"),
+    ident="id",
 )
 MMLU_PRO = Suite(
     "eval_mmlu_pro",
-    "mmlu_pro",
     "MMLU-Pro: up to ten options per question, by category; the right letter",
-    "TIGER-Lab/MMLU-Pro",
-    one("default", "TIGER-Lab/MMLU-Pro", None, "test", "mmlu_pro.jsonl"),
+    one("TIGER-Lab/MMLU-Pro", "test", "mmlu_pro.jsonl"),
     MultipleChoice(text("question"), lambda row: row["options"], lambda row: row["answer_index"]),
-    ident=numbered("mmlu_pro", "question_id"),
+    ident="question_id",
     subsets=fields("category"),
 )
 BBH_TASKS = (
@@ -235,20 +178,13 @@ BBH_TASKS = (
     " tracking_shuffled_objects_seven_objects tracking_shuffled_objects_three_objects web_of_lies"
     " word_sorting"
 ).split()
-BBH_FIXTURES = {
-    "boolean_expressions",
-    "date_understanding",
-    "dyck_languages",
-    "formal_fallacies",
-    "multistep_arithmetic_two",
-    "sports_understanding",
-    "word_sorting",
-}
+BBH_FIXTURES = (
+    "boolean_expressions date_understanding dyck_languages formal_fallacies"
+    " multistep_arithmetic_two sports_understanding word_sorting"
+).split()
 BBH = Suite(
     "eval_bbh",
-    "bbh",
     "BIG-Bench Hard: 27 reasoning tasks, the answer matched to the target per task",
-    "lukaemon/bbh",
     tuple(
         Part(
             task,
@@ -264,12 +200,10 @@ BBH = Suite(
 )
 DROP = Suite(
     "eval_drop",
-    "drop",
     "DROP reading comprehension with counting and arithmetic; exact match and F1 on spans",
-    "lighteval/drop_harness",
-    one("default", "lighteval/drop_harness", None, "validation", "drop.jsonl"),
+    one("lighteval/drop_harness", "validation", "drop.jsonl"),
     Spans(lambda row: f"Passage: {row['passage']}\n\nQuestion: {row['question']}", rows.drop_golds),
-    ident=numbered("drop", "query_id"),
+    ident="query_id",
 )
 AGIEVAL_ENGLISH = (
     "aqua-rat logiqa-en lsat-ar lsat-lr lsat-rc sat-en sat-en-without-passage sat-math"
@@ -278,12 +212,10 @@ AGIEVAL_CHINESE = (
     "gaokao-biology gaokao-chemistry gaokao-chinese gaokao-english gaokao-geography"
     " gaokao-history gaokao-mathqa gaokao-physics logiqa-zh"
 )
-AGIEVAL_FIXTURES = {"aqua-rat", "logiqa-en", "lsat-ar", "sat-math"}
+AGIEVAL_FIXTURES = ("aqua-rat", "logiqa-en", "lsat-ar", "sat-math")
 AGIEVAL = Suite(
     "eval_agieval",
-    "agieval",
     "AGIEval admission and qualification exam questions (English by default); the right letter",
-    "dmayhem93/agieval",
     tuple(
         Part(
             label,
@@ -296,13 +228,12 @@ AGIEVAL = Suite(
         for label in (AGIEVAL_ENGLISH + " " + AGIEVAL_CHINESE).split()
     ),
     MultipleChoice(rows.agieval_query, rows.agieval_options, lambda row: int(row["gold"][0])),
+    family="dmayhem93/agieval",
     keep=lambda row: len(row["gold"]) == 1,  # a question with several right options is left out
 )
 MUSR = Suite(
     "eval_musr",
-    "musr",
     "MuSR: murder mysteries, object placements and team allocations told as long stories",
-    "TAUR-Lab/MuSR",
     tuple(
         Part(task, "TAUR-Lab/MuSR", None, task, f"musr/{task}.jsonl")
         for task in ("murder_mysteries", "object_placements", "team_allocation")
@@ -316,54 +247,43 @@ MUSR = Suite(
 )
 PUBMEDQA = Suite(
     "eval_pubmedqa",
-    "pubmedqa",
     "PubMedQA: a research question answered yes, no or maybe from its abstract",
-    "qiaojin/PubMedQA",
-    one("pqa_labeled", "qiaojin/PubMedQA", "pqa_labeled", "train", "pubmedqa.jsonl"),
+    one("qiaojin/PubMedQA", "train", "pubmedqa.jsonl", "pqa_labeled"),
     YesNo(rows.pubmedqa_question, text("final_decision"), ("yes", "no", "maybe")),
-    ident=numbered("pubmedqa", "pubid"),
+    ident="pubid",
 )
 OLYMPIADBENCH = Suite(
     "eval_olympiadbench",
-    "olympiadbench",
     "OlympiadBench olympiad maths and physics (English, text only); \\boxed{} answers",
-    "Hothan/OlympiadBench",
     tuple(
         Part(config, "Hothan/OlympiadBench", config, "train", f"olympiadbench/{config}.jsonl")
         for config in ("OE_TO_maths_en_COMP", "OE_TO_physics_en_COMP")
     ),
     BoxedMath(rows.olympiad_question, rows.olympiad_golds),
-    ident=numbered("olympiadbench", "id"),
+    ident="id",
     system_prompt=BOXED_PROMPT,
-    requires=MATH_VERIFY,
 )
 SIMPLEQA = Suite(
     "eval_simpleqa",
-    "simpleqa",
     "SimpleQA short factual questions; the judge grades correct, incorrect or not attempted",
-    "lighteval/SimpleQA",
-    one("default", "lighteval/SimpleQA", None, "test", "simpleqa.jsonl"),
+    one("lighteval/SimpleQA", "test", "simpleqa.jsonl"),
     ShortAnswer(text("problem"), text("answer")),
     subsets=simpleqa_topic,
 )
 MT_BENCH = Suite(
     "eval_mt_bench",
-    "mt_bench",
     "MT-Bench two-turn conversations; the judge rates each answer from 1 to 10",
-    "lighteval/mt-bench",
-    one("default", "lighteval/mt-bench", None, "train", "mt_bench.jsonl"),
+    one("lighteval/mt-bench", "train", "mt_bench.jsonl"),
     Conversation(lambda row: list(row["turns"]), lambda row: list(row.get("reference") or [])),
-    ident=numbered("mt_bench", "question_id"),
+    ident="question_id",
     subsets=fields("category"),
 )
 ARENA_HARD = Suite(
     "eval_arena_hard",
-    "arena_hard",
     "Arena-Hard prompts; the judge compares each answer with a baseline answer (win rate)",
-    "NousResearch/arena-hard-v1-prompts",
-    one("default", "NousResearch/arena-hard-v1-prompts", None, "train", "arena_hard/prompts.jsonl"),
+    one("NousResearch/arena-hard-v1-prompts", "train", "arena_hard/prompts.jsonl"),
     ArenaPrompt(text("prompt")),
-    ident=numbered("arena_hard", "uid"),
+    ident="uid",
     subsets=fields("category"),
 )
 

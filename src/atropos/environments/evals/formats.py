@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from atropos.environments.evals.answers import (
     CHOICE_INSTRUCTION,
@@ -61,6 +61,8 @@ SPANS_INSTRUCTION = (
 
 class Format:
     """Turns a row into a `Problem` and grades an answer to it (think block removed)."""
+
+    requires: ClassVar[dict[str, str]] = {}  # modules its grading needs -> the extra with them
 
     def problem(self, row: Row, ident: str) -> Problem:
         """The row as a problem with id `ident` (subsets are the suite's to add)."""
@@ -125,6 +127,8 @@ class YesNo(Format):
 class BoxedMath(Format):
     """A `\\boxed{}` answer equal to the gold one (or, for several golds, to all of them)."""
 
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}
+
     question: Callable[[Row], str]
     answer: Callable[[Row], str | list[str]]
 
@@ -161,6 +165,8 @@ def integer_of(text: str) -> int | None:
 @dataclass(frozen=True)
 class BoxedInteger(Format):
     """A `\\boxed{}` integer equal to the gold one (else equal by math-verify: `\\frac{84}{2}`)."""
+
+    requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}
 
     question: Callable[[Row], str]
     answer: Callable[[Row], Any]

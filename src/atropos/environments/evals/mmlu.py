@@ -30,7 +30,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.environments.evals.answers import (
@@ -40,7 +40,7 @@ from atropos.environments.evals.answers import (
     grade_choice,
 )
 from atropos.environments.evals.base import EvalConfig, EvalEnv, Graded, Problem
-from atropos.environments.evals.suite import comma_list
+from atropos.environments.evals.suite import CommaList
 
 __all__ = ["MMLUConfig", "MMLUEval", "gold_letter"]
 
@@ -59,14 +59,9 @@ class MMLUConfig(EvalConfig):
     """`eval_mmlu`'s settings."""
 
     few_shot: int = Field(default=0, ge=0, le=5, description="dev examples per question (0-5)")
-    subjects: list[str] | None = Field(
+    subjects: CommaList = Field(
         default=None, description="only these subjects, e.g. astronomy,virology (unset: all)"
     )
-
-    @field_validator("subjects", mode="before")
-    @classmethod
-    def _subject_list(cls, value: Any) -> Any:
-        return comma_list(value)
 
 
 class MMLUEval(EvalEnv[MMLUConfig]):

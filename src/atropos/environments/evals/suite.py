@@ -15,18 +15,18 @@ config and split in place of the part's dataset. `--env.dataset_config` and
 `--env.subsets a,b` keeps those parts (default: the suite's default parts).
 
 >>> from atropos.environments.evals.catalog import ARC
->>> [part.label for part in ARC.parts], ARC.parts[0].fixture
-(['ARC-Easy', 'ARC-Challenge'], 'arc/ARC-Easy.jsonl')
+>>> [part.label for part in ARC.parts], ARC.parts[0].fixture, ARC.benchmark, ARC.hub_dataset
+(['ARC-Easy', 'ARC-Challenge'], 'arc/ARC-Easy.jsonl', 'arc', 'allenai/ai2_arc')
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field
 from typing_extensions import TypeVar
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
@@ -41,8 +41,9 @@ __all__ = [
     "Suite",
     "SuiteConfig",
     "SuiteEval",
+    "CommaList",
     "comma_list",
-    "numbered",
+    "one",
     "suite_env",
 ]
 
@@ -66,32 +67,46 @@ class Part:
 class Suite:
     """One benchmark: its names, data, row format and grading (see the module docstring)."""
 
-    name: str  # the environment's name, `eval_arc`
-    benchmark: str  # the task name in metrics.json and the problem ids' prefix
+    name: str  # the environment's name, `eval_arc`; less `eval_`, the benchmark's
     title: str  # one line: `atropos env list` and the class docstring
-    hub_dataset: str  # the dataset id users name (a family name for several repositories)
     parts: tuple[Part, ...]
     format: Format
-    ident: Callable[[Row, int], str] | None = None  # a problem's id (None: `benchmark-index`)
+    family: str = ""  # the name users give a suite kept in several repositories (AGIEval)
+    ident: str | Callable[[Row, int], str] | None = None  # the id field, or the id (see `id_of`)
     subsets: Callable[[Row], dict[str, str]] | None = None  # a row's own subsets
     keep: Callable[[Row], bool] | None = None  # which rows to evaluate (None: all)
     part_group: str = "subset"  # the subset name the part labels go under (several parts)
     system_prompt: str | None = None
-    requires: Mapping[str, str] = field(default_factory=dict)  # module -> extra, for a run
+
+    @property
+    def benchmark(self) -> str:
+        """The task name in metrics.json and the problem ids' prefix (`arc`)."""
+        return self.name.removeprefix("eval_")
+
+    @property
+    def hub_dataset(self) -> str:
+        """The dataset id users name: the family's, else the first part's."""
+        return self.family or self.parts[0].dataset
+
+    def id_of(self, row: Row, index: int) -> str:
+        """A problem's id: `ident(row, index)`, else `<benchmark>-<row[ident]>`, falling back
+        to `<benchmark>-<index>`.
+
+        >>> from atropos.environments.evals.catalog import AIME
+        >>> AIME.id_of({"id": 60}, 0), AIME.id_of({}, 3)
+        ('aime-60', 'aime-3')
+        """
+        if callable(self.ident):
+            return self.ident(row, index)
+        value = row.get(self.ident) if self.ident else None
+        return f"{self.benchmark}-{value if value not in (None, '') else index}"
 
 
-def numbered(prefix: str, key: str | None = None) -> Callable[[Row, int], str]:
-    """Problem ids `prefix-<row[key]>`, or `prefix-<index>` for a row without that field.
-
-    >>> numbered("aime", "id")({"id": 60}, 0), numbered("aime", "id")({}, 3)
-    ('aime-60', 'aime-3')
-    """
-
-    def ident(row: Row, index: int) -> str:
-        value = row.get(key) if key else None
-        return f"{prefix}-{value if value not in (None, '') else index}"
-
-    return ident
+def one(
+    dataset: str, split: str, fixture: str, config: str | None = None, label: str = ""
+) -> tuple[Part]:
+    """The single part of a suite held in one hub dataset (labelled by its config)."""
+    return (Part(label or config or "default", dataset, config, split, fixture),)
 
 
 def comma_list(value: Any) -> Any:
@@ -103,17 +118,16 @@ def comma_list(value: Any) -> Any:
     return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
 
 
+CommaList = Annotated[list[str] | None, BeforeValidator(comma_list)]
+"""A list flag that also takes `a,b` text (`--env.subsets ARC-Easy,ARC-Challenge`)."""
+
+
 class SuiteConfig(EvalConfig):
     """The settings of an evaluation suite (every field is a `--env.NAME` flag)."""
 
-    subsets: list[str] | None = Field(
+    subsets: CommaList = Field(
         default=None, description="only these parts, e.g. ARC-Easy (unset: the suite's default)"
     )
-
-    @field_validator("subsets", mode="before")
-    @classmethod
-    def _subset_list(cls, value: Any) -> Any:
-        return comma_list(value)
 
 
 SuiteConfigT = TypeVar("SuiteConfigT", bound=SuiteConfig, default=SuiteConfig)
@@ -200,8 +214,7 @@ class SuiteEval(EvalEnv[SuiteConfigT]):
 
     def problem(self, row: Mapping[str, Any], index: int) -> Problem:
         suite = self.suite
-        ident = suite.ident(row, index) if suite.ident else f"{suite.benchmark}-{index}"
-        found = suite.format.problem(row, ident)
+        found = suite.format.problem(row, suite.id_of(row, index))
         if len(suite.parts) > 1 and row.get(PART):
             found.subsets[suite.part_group] = str(row[PART])
         if suite.subsets is not None:
@@ -236,6 +249,6 @@ def suite_env(
         "hub_config": first.config,
         "hub_split": first.split,
         "system_prompt": suite.system_prompt,
-        "requires": dict(suite.requires),
+        "requires": dict(suite.format.requires),
     }
     return type(class_name, (base,), attributes)
