@@ -16,7 +16,7 @@ from atropos.environments.evals import (
     Problem,
 )
 from atropos.environments.evals.answers import grade_boxed, grade_choice, normalize
-from atropos.environments.evals.gpqa import shuffled
+from atropos.environments.evals.rows import shuffled
 
 from .helpers import make
 

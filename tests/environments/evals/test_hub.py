@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import types
 
 import pytest
 
@@ -21,7 +20,7 @@ from atropos.environments.evals import (
     MMLUEval,
 )
 
-from .helpers import make
+from .helpers import fake_hub, make
 
 HUB = [
     # env, the name a user gives, the config and split loaded by default
@@ -33,19 +32,6 @@ HUB = [
     (GPQAEval, "Idavidrein/gpqa", "gpqa_diamond", "train"),
     (IFEvalEval, "google/IFEval", None, "train"),
 ]
-
-
-def fake_hub(monkeypatch, rows_of) -> list[tuple]:
-    """Install a fake `datasets` whose `load_dataset` records its calls and returns
-    `rows_of(name, config, split)`."""
-    calls: list[tuple] = []
-
-    def load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        return rows_of(name, config, split)
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    return calls
 
 
 @pytest.mark.parametrize(("cls", "name", "config", "split"), HUB)

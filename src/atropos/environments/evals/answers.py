@@ -30,6 +30,7 @@ from atropos.environments.evals.base import Graded, boxed_contents
 from atropos.rewards.math import equivalent, parse_answer, parse_boxed, parse_gold
 
 __all__ = [
+    "CHOICE_INSTRUCTION",
     "LETTERS",
     "check_math",
     "choice_block",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 LETTERS = "ABCDEFGHIJ"
+CHOICE_INSTRUCTION = (
+    'Answer with "The best answer is: X", where X is the letter of the right option.'
+)
 _ANSWER_COLON = re.compile(r"(?i)\**\b(?:final\s+)?answer\b\**\s*:\**")
 _ONLY_LETTER = re.compile(r"^[\s*(]*([A-Ja-j])[\s*).]*$")
 _REMOVE = (

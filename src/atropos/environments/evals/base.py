@@ -58,8 +58,10 @@ __all__ = [
     "EvaluationOnly",
     "Graded",
     "Problem",
+    "Sample",
     "answer_text",
     "boxed_contents",
+    "sample_records",
     "stable_seed",
     "subset_key",
     "summarize",
@@ -143,6 +145,15 @@ class Problem:
     gold: Any
     subsets: dict[str, str] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # what grading needs beyond the gold
+
+
+@dataclass
+class Sample:
+    """One sampled completion: its text (for a multi-turn benchmark, the last turn's) and why
+    it ended ("stop", "length")."""
+
+    text: str
+    finish_reason: str
 
 
 @dataclass
@@ -313,17 +324,34 @@ class EvalEnv(BaseEnv[EvalConfigT]):
     async def collect_trajectories(self, item: Item) -> Any:
         raise self._refuse()
 
-    async def _sample(self, problem: Problem, gate: asyncio.Semaphore) -> list[tuple[str, str]]:
+    async def sample(self, problem: Problem) -> list[Sample]:
+        """The `eval_n` completions of `problem`: one chat request with `n = eval_n`. A
+        multi-turn benchmark (MT-Bench) asks for each turn in turn."""
+        return await self.complete(self.messages(problem), self.config.eval_n)
+
+    async def complete(self, messages: list[Message], n: int) -> list[Sample]:
+        """`n` completions of `messages` at the evaluation's temperature and token limit."""
         s = self.config
-        async with gate:
-            reply = await self.server.chat_completion(
-                messages=self.messages(problem),
-                n=s.eval_n,
-                max_tokens=s.eval_max_tokens or s.max_token_length,
-                temperature=s.eval_temperature,
-                split="eval",
-            )
-        return [(c.message.content or "", str(c.finish_reason)) for c in reply.choices]
+        reply = await self.server.chat_completion(
+            messages=messages,
+            n=n,
+            max_tokens=s.eval_max_tokens or s.max_token_length,
+            temperature=s.eval_temperature,
+            split="eval",
+        )
+        return [Sample(c.message.content or "", str(c.finish_reason)) for c in reply.choices]
+
+    async def grade_samples(self, problem: Problem, samples: list[Sample]) -> list[Graded]:
+        """Grade each of a problem's samples (`grade_completion`); a judged benchmark asks its
+        judge here."""
+        return [self.grade_completion(problem, sample.text) for sample in samples]
+
+    async def _run(
+        self, problem: Problem, gate: asyncio.Semaphore
+    ) -> tuple[list[Sample], list[Graded]]:
+        async with gate:  # at most max_eval_workers problems asking a server at once
+            samples = await self.sample(problem)
+            return samples, await self.grade_samples(problem, samples)
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Sample, grade and log every problem; returns the metrics.
@@ -334,13 +362,29 @@ class EvalEnv(BaseEnv[EvalConfigT]):
         problems = getattr(self, "problems", None) or self._problems()
         start = time.time()
         gate = asyncio.Semaphore(s.max_eval_workers)
-        replies = await asyncio.gather(*(self._sample(p, gate) for p in problems))
-        graded = [
-            [self.grade_completion(problem, text) for text, _ in reply]
-            for problem, reply in zip(problems, replies, strict=True)
-        ]
+        runs = await asyncio.gather(*(self._run(p, gate) for p in problems))
+        replies = [samples for samples, _ in runs]
+        graded = [row for _, row in runs]
+        metrics = self.eval_metrics(problems, replies, graded)
+        params = {
+            "temperature": s.eval_temperature,
+            "max_new_tokens": s.eval_max_tokens or s.max_token_length,
+            "n": s.eval_n,
+            "k": list(s.eval_k),
+            "thinking_mode": s.thinking_mode,
+            "dataset": s.data_file or s.dataset_name or f"fixture:{self.fixture}",
+        }
+        records = sample_records(problems, replies, graded)
+        self.evaluate_log(metrics, self.benchmark, None, start, time.time(), params, records)
+        return metrics
+
+    def eval_metrics(
+        self, problems: list[Problem], replies: list[list[Sample]], graded: list[list[Graded]]
+    ) -> dict[str, Any]:
+        """pass@k and accuracy, per subset too, the answered and truncated shares, the counts,
+        and the benchmark's own numbers (`extra_metrics`)."""
         correct = [[g.correct for g in row] for row in graded]
-        metrics: dict[str, Any] = summarize(correct, s.eval_k)
+        metrics: dict[str, Any] = summarize(correct, self.config.eval_k)
         groups: dict[tuple[str, str], list[bool]] = {}
         for problem, row in zip(problems, correct, strict=True):
             for group, value in problem.subsets.items():
@@ -348,7 +392,7 @@ class EvalEnv(BaseEnv[EvalConfigT]):
         for (group, value), oks in sorted(groups.items()):
             metrics[f"eval/{group}/{value}/accuracy"] = sum(oks) / len(oks)
         everything = [g for row in graded for g in row]
-        finishes = [reason for r in replies for _, reason in r]
+        finishes = [sample.finish_reason for reply in replies for sample in reply]
         metrics.update(
             {
                 "eval/answered": sum(g.extracted is not None for g in everything) / len(everything),
@@ -358,29 +402,26 @@ class EvalEnv(BaseEnv[EvalConfigT]):
                 **self.extra_metrics(problems, graded),
             }
         )
-        samples = [
-            {
-                "id": problem.id,
-                "sample": j,
-                **problem.subsets,
-                "prompt": problem.prompt,
-                "gold": problem.gold,
-                "completion": text,
-                "finish_reason": reason,
-                "extracted": g.extracted,
-                "correct": g.correct,
-                **g.details,
-            }
-            for problem, reply, row in zip(problems, replies, graded, strict=True)
-            for j, ((text, reason), g) in enumerate(zip(reply, row, strict=True))
-        ]
-        params = {
-            "temperature": s.eval_temperature,
-            "max_new_tokens": s.eval_max_tokens or s.max_token_length,
-            "n": s.eval_n,
-            "k": list(s.eval_k),
-            "thinking_mode": s.thinking_mode,
-            "dataset": s.data_file or s.dataset_name or f"fixture:{self.fixture}",
-        }
-        self.evaluate_log(metrics, self.benchmark, None, start, time.time(), params, samples)
         return metrics
+
+
+def sample_records(
+    problems: list[Problem], replies: list[list[Sample]], graded: list[list[Graded]]
+) -> list[dict[str, Any]]:
+    """The lines of samples.jsonl: one per completion, with its problem's subsets and gold."""
+    return [
+        {
+            "id": problem.id,
+            "sample": j,
+            **problem.subsets,
+            "prompt": problem.prompt,
+            "gold": problem.gold,
+            "completion": sample.text,
+            "finish_reason": sample.finish_reason,
+            "extracted": g.extracted,
+            "correct": g.correct,
+            **g.details,
+        }
+        for problem, reply, row in zip(problems, replies, graded, strict=True)
+        for j, (sample, g) in enumerate(zip(reply, row, strict=True))
+    ]

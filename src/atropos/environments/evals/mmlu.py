@@ -30,15 +30,19 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
-from atropos.environments.evals.answers import LETTERS, choice_block, grade_choice
+from atropos.environments.evals.answers import (
+    CHOICE_INSTRUCTION,
+    LETTERS,
+    choice_block,
+    grade_choice,
+)
 from atropos.environments.evals.base import EvalConfig, EvalEnv, Graded, Problem
+from atropos.environments.evals.suite import CommaList
 
-__all__ = ["INSTRUCTION", "MMLUConfig", "MMLUEval", "gold_letter"]
-
-INSTRUCTION = 'Answer with "The best answer is: X", where X is the letter of the right option.'
+__all__ = ["MMLUConfig", "MMLUEval", "gold_letter"]
 
 
 def gold_letter(answer: Any) -> str:
@@ -51,22 +55,13 @@ def gold_letter(answer: Any) -> str:
     return LETTERS[int(text)] if text.isdigit() else text.upper()
 
 
-def _names(value: Any) -> Any:
-    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-
-
 class MMLUConfig(EvalConfig):
     """`eval_mmlu`'s settings."""
 
     few_shot: int = Field(default=0, ge=0, le=5, description="dev examples per question (0-5)")
-    subjects: list[str] | None = Field(
+    subjects: CommaList = Field(
         default=None, description="only these subjects, e.g. astronomy,virology (unset: all)"
     )
-
-    @field_validator("subjects", mode="before")
-    @classmethod
-    def _subject_list(cls, value: Any) -> Any:
-        return _names(value)
 
 
 class MMLUEval(EvalEnv[MMLUConfig]):
@@ -106,7 +101,7 @@ class MMLUEval(EvalEnv[MMLUConfig]):
             f" {gold_letter(ex['answer'])}"
             for ex in shots
         ]
-        parts += [f"{row['question']}\n\n{choice_block(choices)}", INSTRUCTION]
+        parts += [f"{row['question']}\n\n{choice_block(choices)}", CHOICE_INSTRUCTION]
         gold_text = choices[LETTERS.index(letter)] if letter in LETTERS[: len(choices)] else ""
         data = {"gold_text": gold_text, "few_shot": len(shots)}
         prompt = "\n\n".join(parts)
