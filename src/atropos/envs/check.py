@@ -4,7 +4,9 @@ It runs the env's own hooks against whatever inference servers it is configured 
 `atropos.testing.FakeInferenceServer`) and checks what comes out: `setup()` works,
 `get_next_item()` gives items, `collect_trajectories()` returns groups of the configured size
 whose tokens, masks, scores and logprobs line up and that the trajectory API would accept, and
-say where their token ids came from. Problems are collected and raised together.
+say where their token ids came from. An evaluation-only environment (`evaluation_only`, which
+refuses training items) is checked through `evaluate()` instead: its metrics must be finite
+numbers named `eval/...`. Problems are collected and raised together.
 
     >>> from atropos.envs.check import EnvCheckError
     >>> str(EnvCheckError(["a", "b"]))
@@ -81,6 +83,8 @@ async def check_env_async(env: BaseEnv[Any], items: int = 2) -> CheckReport:
         raise EnvCheckError([f"{type(env).__name__} is not a subclass of atropos BaseEnv"])
     if not isinstance(env.config, BaseEnvConfig):
         problems.append("env.config must be a BaseEnvConfig (or a subclass)")
+    if getattr(env, "evaluation_only", False):
+        return await _check_evaluation(env, report, problems)
     try:
         await env.setup()
         for n in range(items):
@@ -108,6 +112,30 @@ async def check_env_async(env: BaseEnv[Any], items: int = 2) -> CheckReport:
         await env.aclose()
     if report.groups == 0 and not problems:
         problems.append("no group came out of collect_trajectories")
+    if problems:
+        raise EnvCheckError(problems)
+    return report
+
+
+async def _check_evaluation(
+    env: BaseEnv[Any], report: CheckReport, problems: list[str]
+) -> CheckReport:
+    """An evaluation-only environment (it refuses training items): `setup()` and `evaluate()`
+    run, and the metrics must be a non-empty mapping of finite numbers with `eval/` names."""
+    try:
+        await env.setup()
+        metrics = await env.evaluate()
+    finally:
+        await env.aclose()
+    if not isinstance(metrics, dict) or not metrics:
+        problems.append(f"evaluate() must return its metrics (a non-empty dict), got {metrics!r}")
+    else:
+        for key, value in metrics.items():
+            if not str(key).startswith("eval/"):
+                problems.append(f"evaluate(): metric {key!r} is not named eval/...")
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                problems.append(f"evaluate(): metric {key!r} is {value!r}, not a finite number")
+        report.warnings.append("evaluation only: checked evaluate(), not training groups")
     if problems:
         raise EnvCheckError(problems)
     return report
