@@ -1,0 +1,74 @@
+"""Trainer steps per second with in-flight weight transfers (`--sync transfer`, pause `keep`)
+against `--sync reload`, on the demo's loop (API, local server, `arithmetic` env, trainer).
+
+    .venv/bin/python benchmarks/sync_steps.py [--steps 30] [--rounds 1]
+
+Each mode runs `atropos.demo.run.run_loop` for `--steps` steps (the demo's batch of 64
+sequences), one after the other, same seed; from the trainer's metrics it reports the median
+step time, the median sync time, and steps per second over the run (steps after the first, over
+the time between the first and the last step's end, so start-up is left out). Writes
+benchmarks/results/sync_steps.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from rich.console import Console
+
+from atropos.demo.run import DemoConfig, run_loop
+from atropos.tiny.warmstart import policy_path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODES = {"reload": [], "transfer (keep)": ["--sync", "transfer", "--transfer-pause", "keep"]}
+
+
+def one(mode: str, flags: list[str], steps: int, out: Path) -> dict[str, float]:
+    cfg = DemoConfig(out=out, steps=steps, extra_trainer_flags=flags)
+    rows = run_loop(cfg, str(Path(policy_path()).resolve()), Console(stderr=True))
+    times = [r["time"] for r in rows] if all("time" in r for r in rows) else []
+    step_s = [r["step_s"] for r in rows]
+    later = step_s[1:]
+    return {
+        "steps": len(rows),
+        "step_s_median": statistics.median(step_s),
+        "sync_s_median": statistics.median(r["sync_s"] for r in rows),
+        "steps_per_s": len(later) / (times[-1] - times[0])
+        if len(times) > 1
+        else 1 / statistics.mean(later),
+        "served_versions_ok": [r["served_policy_version"] for r in rows]
+        == list(range(1, steps + 1)),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", default=str(ROOT / "runs" / "sync-steps"))
+    p.add_argument("--json", default=str(HERE / "results" / "sync_steps.json"))
+    args = p.parse_args()
+    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    for r in range(args.rounds):
+        for mode, flags in MODES.items():
+            out = Path(args.out) / f"{mode.split()[0]}-{r}"
+            results[mode].append(one(mode, flags, args.steps, out))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    print("| mode | steps | step s (median) | sync s (median) | steps/s | versions |")
+    print("|---|---|---|---|---|---|")
+    for mode, runs in results.items():
+        for x in runs:
+            print(
+                f"| {mode} | {x['steps']} | {x['step_s_median']:.3f} | {x['sync_s_median']:.3f} "
+                f"| {x['steps_per_s']:.3f} | {'1..N' if x['served_versions_ok'] else 'GAPS'} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
