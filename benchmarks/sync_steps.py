@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -28,6 +29,7 @@ MODES = {"reload": [], "transfer (keep)": ["--sync", "transfer", "--transfer-pau
 
 
 def one(mode: str, flags: list[str], steps: int, out: Path) -> dict[str, float]:
+    shutil.rmtree(out, ignore_errors=True)  # a trainer would resume from an earlier run's steps
     cfg = DemoConfig(out=out, steps=steps, extra_trainer_flags=flags)
     rows = run_loop(cfg, str(Path(policy_path()).resolve()), Console(stderr=True))
     times = [r["time"] for r in rows] if all("time" in r for r in rows) else []
