@@ -106,9 +106,10 @@ class Verifiers(AgentEnv[VerifiersConfig]):
     def load_eval(self) -> list[dict[str, Any]]:
         from atropos.environments.verifiers.loading import load_env, read_tasks
 
-        args = self.config.eval_taskset_args
-        source = self.vf_env if args is None else load_env(self.config, args)
-        self.eval_tasks = read_tasks(source.taskset, self.config.eval_size)
+        if not hasattr(self, "eval_tasks"):  # read once: every evaluation uses the same tasks
+            args = self.config.eval_taskset_args
+            source = self.vf_env if args is None else load_env(self.config, args)
+            self.eval_tasks = read_tasks(source.taskset, self.config.eval_size)
         return [
             {"index": i, "key": t.key, "name": t.data.name, "eval": True}
             for i, t in enumerate(self.eval_tasks)
