@@ -53,7 +53,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=str(ROOT / "runs" / "sync-steps"))
     p.add_argument("--json", default=str(HERE / "results" / "sync_steps.json"))
+    p.add_argument(
+        "--transfer-backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="the transfer mode's group (one GPU shared by trainer and server: gloo)",
+    )
     args = p.parse_args()
+    MODES["transfer (keep)"] += ["--transfer-backend", args.transfer_backend]
     results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode, flags in MODES.items():

@@ -8,12 +8,13 @@ same weights under a new version each time. Each sync is timed from the call to 
 server holds the new version then); the transfer's one-off group rendezvous is timed apart.
 After each mode the served weights are checked against the trainer's (`GET /weights_checksum`).
 
-Models: `tiny` (the policy that ships with atropos) and `llama-134m` (a LlamaConfig with 12
-layers of width 768 and a 32k vocabulary, random weights, built here: nothing is downloaded).
+Models: `tiny` (the policy that ships with atropos), `llama-134m` (a LlamaConfig with 12
+layers of width 768 and a 32k vocabulary) and `llama-1b` (16 layers of width 2048, ~0.95B
+parameters; for a GPU machine), random weights built here: nothing is downloaded.
 
 Usage:
     python benchmarks/weight_sync.py --json runs/weight_sync.json
-    python benchmarks/weight_sync.py --device cuda --syncs 10       # a GPU machine
+    python benchmarks/weight_sync.py --device cuda --syncs 10 --models tiny,llama-134m,llama-1b
 
 On CUDA the trainer's model sits on cuda:0 and the server on the last GPU. The group is nccl
 when there are two GPUs or more; with one it is gloo (an NCCL communicator cannot hold two
@@ -44,18 +45,25 @@ from atropos.testing import tiny_tokenizer_path
 from atropos.tiny.warmstart import policy_path
 from atropos.trainer.sync import WeightSync
 
-BIG = dict(
-    vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-    num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
-    tie_word_embeddings=False,
-)  # fmt: skip
+SIZES = {
+    "llama-134m": dict(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    ),
+    "llama-1b": dict(  # ~0.95B: for a GPU machine (3.8 GB in fp32)
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    ),
+}  # fmt: skip
 
 
-def build_big(directory: Path) -> Path:
-    """A ~134M-parameter random Llama with the shipped tokenizer, saved in `directory`."""
+def build_big(name: str, directory: Path) -> Path:
+    """A random Llama of size `name` (SIZES) with the shipped tokenizer, saved in `directory`."""
     transformers = import_transformers_quietly()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BIG))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES[name]))
     model.save_pretrained(directory)
     for item in Path(tiny_tokenizer_path()).iterdir():
         shutil.copy(item, directory / item.name)
@@ -164,7 +172,7 @@ def main() -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--syncs", type=int, default=5, help="timed syncs per mode (default 5)")
-    p.add_argument("--models", default="tiny,llama-134m", help="tiny and/or llama-134m")
+    p.add_argument("--models", default="tiny,llama-134m", help="of tiny, llama-134m, llama-1b")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args()
     import_transformers_quietly().logging.disable_progress_bar()
@@ -181,7 +189,9 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
-            model_dir = policy_path() if name == "tiny" else build_big(Path(scratch) / name)
+            if name != "tiny" and name not in SIZES:
+                p.error(f"--models: unknown model {name!r}; expected tiny or one of {list(SIZES)}")
+            model_dir = policy_path() if name == "tiny" else build_big(name, Path(scratch) / name)
             rows += bench_model(name, Path(model_dir), args)
     print_table(rows)
     if args.json:

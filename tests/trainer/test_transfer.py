@@ -68,7 +68,9 @@ def test_a_real_vllm_server_is_refused_at_once_with_the_reason() -> None:
     app = Starlette(routes=[Route("/v1/models", models)])
     with serve_in_thread(app) as url, httpx.Client() as http:
         client = TransferClient([url], http, timeout=5)
-        with pytest.raises(SyncError, match="is a vLLM server: .* use --sync reload"):
+        with pytest.raises(
+            SyncError, match="is a vLLM server: .* --transfer-backend ipc .* --sync reload"
+        ):
             client.connect(_Model())
 
 

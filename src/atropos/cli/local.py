@@ -59,10 +59,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--transfer-backend",
-        choices=["auto", "gloo", "nccl"],
+        choices=["auto", "gloo", "nccl", "ipc"],
         default="auto",
         help="the process group weight transfers arrive over when the trainer's route names"
-        " none (vLLM's): 'auto' (default) is nccl for a model on cuda, else gloo",
+        " none (vLLM's): 'auto' (default) is nccl for a model on cuda, else gloo; 'ipc': a"
+        " trainer on the same GPU sends CUDA IPC handles instead (no group; the handles are"
+        " read by a restricted unpickler)",
     )
     add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")

@@ -86,7 +86,7 @@ class LocalServer:
             directory as given).
         api_key: when set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
         transfer_backend: the weight-transfer group's backend when the init route names none
-            ("auto": nccl for a model on cuda, else gloo).
+            ("auto": nccl for a model on cuda, else gloo; "ipc": CUDA IPC handles, no group).
     """
 
     def __init__(

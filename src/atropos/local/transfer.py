@@ -2,7 +2,10 @@
 
 The trainer opens a process group (`atropos.local.group`, gloo here, nccl for a server on a
 GPU), the server joins it as rank `rank_offset`, and each update's tensors arrive by broadcast
-straight into the served model, no disk involved. Routes (docs/local.md has the fields):
+straight into the served model, no disk involved. A server started with ``--transfer-backend
+ipc`` shares its GPU with the trainer instead: vLLM's init route with an empty `init_info`, and
+each `update_info` carries the tensors' CUDA IPC handles (``ipc_handles_pickled``,
+`atropos.local.ipc`), copied device to device. Routes (docs/local.md has the fields):
 
 - vLLM: ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port,
   rank_offset, world_size}}``; per update ``POST /start_weight_update``, ``POST /update_weights
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -126,6 +130,15 @@ def parse_update(
     return out
 
 
+@dataclass
+class Update:
+    """The tensors of one update route, checked: (name, dtype) pairs, and for CUDA IPC the
+    handles they are read from (None: they arrive by broadcast)."""
+
+    wanted: list[tuple[str, torch.dtype]]
+    handles: list[dict[str, Any]] | None = None
+
+
 class TransferReceiver:
     """The server's end of the group: join it, receive updates into the model, swap versions.
 
@@ -142,6 +155,7 @@ class TransferReceiver:
             backend = "nccl" if engine.device == "cuda" else "gloo"
         self.backend = backend
         self.group: WeightGroup | None = None
+        self.ipc = False  # initialised for CUDA IPC updates (no group)
         self.updating = False  # between start and finish
         self.own_pause = False  # the update paused generation itself (mode wait)
         self.written = False  # this update has begun to write tensors
@@ -162,6 +176,15 @@ class TransferReceiver:
         `group_name`: `group.group_name_for(master_port)`."""
         from atropos.local.group import GroupError, join_group
 
+        if self.backend == "ipc" and backend is None:
+            self._init_ipc(info)
+            return
+        if "master_address" not in info:
+            raise RequestError(
+                "init_info names no master_address: a trainer sending CUDA IPC handles needs"
+                " this server started with --transfer-backend ipc",
+                "init_info",
+            )
         address, port = _str(info, "master_address"), _int(info, "master_port", 1)
         rank, world = _int(info, "rank_offset", 1), _int(info, "world_size", 2)
         if rank >= world:
@@ -179,10 +202,33 @@ class TransferReceiver:
             except GroupError as exc:
                 raise TransferError(str(exc)) from exc
 
+    def _init_ipc(self, info: dict[str, Any]) -> None:
+        """Take updates by CUDA IPC (`atropos.local.ipc`): nothing to join, the GPU is shared."""
+        if self.engine.device != "cuda":
+            raise TransferError(
+                f"ipc transfer needs the served model on a GPU; it is on {self.engine.device}", 400
+            )
+        if "master_address" in info:
+            raise RequestError(
+                "this server takes weights by CUDA IPC (--transfer-backend ipc), not over a"
+                " process group: start the trainer with --transfer-backend ipc",
+                "init_info",
+            )
+        with self._one_at_a_time():
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+            self.ipc = True
+
+    @property
+    def ready(self) -> bool:
+        """Whether an init route has run (a group joined, or IPC chosen)."""
+        return self.group is not None or self.ipc
+
     def start(self, mode: str = "wait") -> None:
         """Begin an update: pause in `mode` unless a pause is already in force (then the
         update's end resumes)."""
-        if self.group is None:
+        if not self.ready:
             raise TransferError("no weight-transfer group: call the init route first", 400)
         with self._one_at_a_time():
             self.broken = None
@@ -191,19 +237,32 @@ class TransferReceiver:
                 self.own_pause = True
             self.updating = True
 
-    def check(self, body: dict[str, Any], dtypes_key: str) -> list[tuple[str, torch.dtype]]:
+    def check(self, body: dict[str, Any], dtypes_key: str) -> Update:
         """The tensors an update body names, checked against the served model (`parse_update`)
-        before anything is paused or received."""
-        if self.group is None:
-            raise TransferError("no weight-transfer group: call the init route first", 400)
-        return parse_update(body, dtypes_key, self.engine.model.state_dict())
+        before anything is paused or received; for IPC, with the handles they arrive by."""
+        from atropos.local.ipc import IpcError, read_handles
 
-    def receive(self, wanted: list[tuple[str, torch.dtype]]) -> int:
+        if not self.ready:
+            raise TransferError("no weight-transfer group: call the init route first", 400)
+        wanted = parse_update(body, dtypes_key, self.engine.model.state_dict())
+        if not self.ipc:
+            return Update(wanted)
+        try:
+            handles = read_handles(body.get("ipc_handles_pickled"))
+        except IpcError as exc:
+            raise RequestError(str(exc), "ipc_handles_pickled") from None
+        if len(handles) != len(wanted):
+            raise RequestError(
+                f"{len(handles)} IPC handles for {len(wanted)} tensors", "ipc_handles_pickled"
+            )
+        return Update(wanted, handles)
+
+    def receive(self, update: Update) -> int:
         """Receive the `check`ed tensors straight into the model; returns their number."""
         from atropos.local.group import GroupError
+        from atropos.local.ipc import IpcError
 
-        group = self.group
-        if group is None:
+        if not self.ready:
             raise TransferError("no weight-transfer group: call the init route first", 400)
         if not self.updating:
             raise TransferError("no update started: call /start_weight_update first", 400)
@@ -212,17 +271,35 @@ class TransferReceiver:
             def write(model: Any) -> int:
                 state = model.state_dict()
                 self.written = True
-                for name, dtype in wanted:
-                    group.receive_into(state[name], dtype)
-                return len(wanted)
+                self._write(update, state)
+                return len(update.wanted)
 
             try:
                 return self.engine.swap_weights(write)
-            except GroupError as exc:
+            except (GroupError, IpcError) as exc:
                 self.broken = str(exc)
                 raise TransferError(
                     f"{exc}; the weights are mixed until an update succeeds"
                 ) from exc
+
+    def _write(self, update: Update, state: dict[str, torch.Tensor]) -> None:
+        """Each tensor into `state`: by broadcast over the group, or copied from the trainer's
+        memory that its IPC handle maps."""
+        if update.handles is None:
+            group = self.group
+            if group is None:
+                raise TransferError("no weight-transfer group: call the init route first", 400)
+            for name, dtype in update.wanted:
+                group.receive_into(state[name], dtype)
+            return
+        import torch
+
+        from atropos.local.ipc import open_tensor
+
+        device = next(iter(state.values())).device
+        for (name, _), handle in zip(update.wanted, update.handles, strict=True):
+            state[name].data.copy_(open_tensor(handle, device))
+        torch.cuda.synchronize(device)
 
     def finish(self, version: int | None) -> int:
         """End the update: the weights are `version` (None: one more); resume an own pause."""

@@ -115,10 +115,11 @@ class TrainConfig(BaseSettings):
     server_type: Literal["vllm", "sglang"] = Field(
         "vllm", description="transfer mode: whose weight-transfer routes the servers speak"
     )
-    transfer_backend: Literal["auto", "nccl", "gloo"] = Field(
+    transfer_backend: Literal["auto", "nccl", "gloo", "ipc"] = Field(
         "auto",
         description="transfer mode: the process group's backend (auto: nccl when the"
-        " model is on CUDA, else gloo)",
+        " model is on CUDA, else gloo); ipc: the servers share the trainer's GPU and map"
+        " each tensor by its CUDA IPC handle (vLLM's ipc backend; no group)",
     )
     transfer_pause: Literal["keep", "wait", "abort"] = Field(
         "keep",

@@ -37,7 +37,8 @@ import httpx
 
 log = logging.getLogger("atropos.trainer")
 SERVER_TYPES = ("vllm", "sglang")
-TRANSFER_BACKENDS = ("auto", "nccl", "gloo")
+TRANSFER_BACKENDS = ("auto", "nccl", "gloo", "ipc")
+IPC = "ipc"  # the group's stand-in when the tensors go by CUDA IPC handles
 SGLANG_PAUSE = {"keep": "in_place", "abort": "abort"}  # wait: no pause (the update waits)
 
 
@@ -92,7 +93,8 @@ class TransferClient:
         roots: each server's root URL (no ``/v1``).
         http: the client for the HTTP calls (its headers carry the servers' key).
         server_type: "vllm" or "sglang": which routes to speak.
-        backend: "auto" (nccl for a model on CUDA, else gloo), "nccl" or "gloo".
+        backend: "auto" (nccl for a model on CUDA, else gloo), "nccl", "gloo", or "ipc" (a
+            server on the trainer's GPU maps each tensor by its CUDA IPC handle; vLLM only).
         pause: how each sync treats requests in flight: "keep" (they continue under the new
             weights), "wait" (they finish first) or "abort" (they fail; clients retry).
         master_address: where the servers reach this trainer's store ("": found from the
@@ -117,7 +119,7 @@ class TransferClient:
         if server_type not in SERVER_TYPES:
             raise ValueError(f"server type {server_type!r}: expected vllm or sglang")
         if backend not in TRANSFER_BACKENDS:
-            raise ValueError(f"transfer backend {backend!r}: expected auto, nccl or gloo")
+            raise ValueError(f"transfer backend {backend!r}: expected auto, nccl, gloo or ipc")
         if pause not in ("keep", "wait", "abort"):
             raise ValueError(f"transfer pause {pause!r}: expected keep, wait or abort")
         self.roots, self.http, self.server_type = roots, http, server_type
@@ -182,8 +184,9 @@ class TransferClient:
             raise SyncError(
                 f"{root} is a vLLM server: its weight-transfer engine forms its group with vLLM's"
                 " own StatelessProcessGroup and PyNccl, which this trainer's torch.distributed"
-                " group cannot join; use --sync reload, restart or lora with vLLM (transfer"
-                " works with atropos local serve and SGLang)"
+                " group cannot join; with vLLM use --transfer-backend ipc (the trainer on the"
+                " server's GPU, vLLM started with --weight-transfer-config"
+                ' \'{"backend": "ipc"}\'), or --sync reload, restart or lora'
             )
 
     def _wait_all(self, futures: list[concurrent.futures.Future[Any]], what: str) -> list[Any]:
@@ -211,6 +214,9 @@ class TransferClient:
 
         device = next(model.parameters()).device
         backend = self.backend
+        if backend == IPC:
+            self._connect_ipc(device)
+            return
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and device.type == "cuda":
@@ -258,6 +264,22 @@ class TransferClient:
             )
         )
         self.group = self._wait_all([joined, *calls], "forming the weight-transfer group")[0]
+
+    def _connect_ipc(self, device: Any) -> None:
+        """CUDA IPC needs no group: each server's engine is told so (an empty `init_info`)."""
+        if device.type != "cuda":
+            raise SyncError(
+                f"--transfer-backend ipc shares GPU memory with the server: the model is on"
+                f" {device}; use gloo (CPU) or nccl"
+            )
+        if self.server_type != "vllm":
+            raise SyncError(
+                "--transfer-backend ipc speaks vLLM's routes (--server-type vllm); SGLang takes"
+                " weights over nccl or gloo here"
+            )
+        self._post_all("/init_weight_transfer_engine", {"init_info": {}})
+        log.info("weight transfer: CUDA IPC handles to %d server(s)", len(self.roots))
+        self.group = IPC
 
     def push(self, model: Any, version: int) -> int | None:
         """Make the model's weights the servers' policy `version` (pause, start, broadcast,
@@ -320,6 +342,8 @@ class TransferClient:
                 "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": self.group_name,
                 "flush_cache": True, "weight_version": str(version),
             }  # fmt: skip
+        if self.group == IPC:
+            return self._send_ipc(tensors, body)
         group = self.group
         calls = [
             _in_thread(functools.partial(self._call, "POST", root, path, json=body))
@@ -333,8 +357,26 @@ class TransferClient:
             self.broken = str(exc)
             raise SyncError(f"{exc} (the servers may hold mixed weights)") from exc
 
+    def _send_ipc(self, tensors: list[tuple[str, Any]], body: dict[str, Any]) -> list[Any]:
+        """The update route with every tensor's CUDA IPC handle; the servers have copied the
+        tensors when it answers, so the next optimizer step may change them."""
+        import torch
+
+        from atropos.local.ipc import export_handles
+
+        torch.cuda.synchronize()
+        body["update_info"]["ipc_handles_pickled"] = export_handles([t for _, t in tensors])
+        try:
+            return self._post_all("/update_weights", body)
+        except SyncError as exc:
+            self.broken = str(exc)
+            raise SyncError(f"{exc} (the servers may hold mixed weights)") from exc
+
     def close(self) -> None:
         """Leave the group (not after a failed broadcast, which may still hold it)."""
+        if self.group == IPC:
+            self.group = None
+            return
         if self.group is not None and not self.broken:
             self.group.close()
         self.group = None
