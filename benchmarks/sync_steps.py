@@ -55,7 +55,7 @@ def main() -> int:
     p.add_argument("--json", default=str(HERE / "results" / "sync_steps.json"))
     p.add_argument(
         "--transfer-backend",
-        choices=["auto", "gloo", "nccl"],
+        choices=["auto", "gloo", "nccl", "ipc"],
         default="auto",
         help="the transfer mode's group (one GPU shared by trainer and server: gloo)",
     )

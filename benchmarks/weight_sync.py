@@ -170,7 +170,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl", "ipc"], default="auto")
     p.add_argument("--syncs", type=int, default=5, help="timed syncs per mode (default 5)")
     p.add_argument("--models", default="tiny,llama-134m", help="of tiny, llama-134m, llama-1b")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
