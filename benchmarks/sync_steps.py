@@ -28,9 +28,13 @@ ROOT = HERE.parent
 MODES = {"reload": [], "transfer (keep)": ["--sync", "transfer", "--transfer-pause", "keep"]}
 
 
-def one(mode: str, flags: list[str], steps: int, out: Path) -> dict[str, float]:
+def one(
+    mode: str, flags: list[str], steps: int, out: Path, server_flags: list[str]
+) -> dict[str, float]:
     shutil.rmtree(out, ignore_errors=True)  # a trainer would resume from an earlier run's steps
-    cfg = DemoConfig(out=out, steps=steps, extra_trainer_flags=flags)
+    cfg = DemoConfig(
+        out=out, steps=steps, extra_trainer_flags=flags, extra_server_flags=server_flags
+    )
     rows = run_loop(cfg, str(Path(policy_path()).resolve()), Console(stderr=True))
     times = [r["time"] for r in rows] if all("time" in r for r in rows) else []
     step_s = [r["step_s"] for r in rows]
@@ -61,11 +65,14 @@ def main() -> int:
     )
     args = p.parse_args()
     MODES["transfer (keep)"] += ["--transfer-backend", args.transfer_backend]
+    # an ipc trainer needs the server to take IPC handles (its init carries no group)
+    ipc = ["--transfer-backend", "ipc"] if args.transfer_backend == "ipc" else []
     results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode, flags in MODES.items():
             out = Path(args.out) / f"{mode.split()[0]}-{r}"
-            results[mode].append(one(mode, flags, args.steps, out))
+            server_flags = ipc if mode.startswith("transfer") else []
+            results[mode].append(one(mode, flags, args.steps, out, server_flags))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
     print("| mode | steps | step s (median) | sync s (median) | steps/s | versions |")

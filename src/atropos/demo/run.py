@@ -49,6 +49,7 @@ class DemoConfig:
     max_workers: int = 16
     startup_timeout: float = 120.0
     extra_trainer_flags: list[str] = field(default_factory=list)
+    extra_server_flags: list[str] = field(default_factory=list)  # e.g. --transfer-backend ipc
     teacher: str = ""  # `--distill`'s teacher checkpoint (default: trained by the RL demo first)
     teacher_steps: int = 100  # RL steps of that teacher
 
@@ -65,6 +66,7 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
         "server": [
             "local", "serve", policy, "--port", str(ports["server"]),
             "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
+            *cfg.extra_server_flags,
         ],
         "env": [
             "env", "serve", cfg.env, "--env.rollout_server_url", api,
