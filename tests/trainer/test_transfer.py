@@ -81,3 +81,44 @@ class _Model:
         import torch
 
         yield torch.zeros(1)
+
+
+def test_transfer_timeout_bounds_a_server_that_never_joins(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`--transfer-timeout`: a server that accepts the init route but never joins the group
+    ends the trainer's start within that many seconds, naming the wait."""
+    import asyncio
+    import time
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from atropos.trainer.transfer import SyncError
+
+    async def world(request: Request) -> JSONResponse:
+        return JSONResponse({"world_size": 1})
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": []})
+
+    async def never(request: Request) -> JSONResponse:
+        await asyncio.sleep(4)  # past the deadline; short, as the server's exit waits for it
+        return JSONResponse({})
+
+    routes = [
+        Route("/get_world_size", world),
+        Route("/v1/models", models),
+        Route("/init_weight_transfer_engine", never, methods=["POST"]),
+    ]
+    with serve_in_thread(Starlette(routes=routes)) as server, serve_in_thread(create_app()) as url:
+        cfg = config(
+            tiny_model_dir, url, tmp_path / "run", steps=1, sync="transfer",
+            server_url=f"{server}/v1", transfer_timeout=2,
+        )  # fmt: skip
+        started = time.monotonic()
+        with pytest.raises(SyncError, match=r"within 2 s \(--transfer-timeout\)"):
+            train(cfg)
+        assert time.monotonic() - started < 20

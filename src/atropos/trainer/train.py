@@ -134,6 +134,12 @@ class TrainConfig(BaseSettings):
     transfer_master_port: int = Field(
         0, ge=0, le=65535, description="transfer mode: the group's TCP store port (0: a free one)"
     )
+    transfer_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="transfer mode: seconds for the group's rendezvous, each broadcast and each"
+        " weight-transfer HTTP call (a large model over a slow link may need more)",
+    )
     server_command: str = Field(
         "", description="restart mode: the command that starts the server, with {model}, {port}"
     )
@@ -287,6 +293,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         transfer=dict(
             server_type=cfg.server_type, backend=cfg.transfer_backend, pause=cfg.transfer_pause,
             master_address=cfg.transfer_master_address, master_port=cfg.transfer_master_port,
+            timeout=cfg.transfer_timeout,
         ),
     )  # fmt: skip
     api = TrainerClient(

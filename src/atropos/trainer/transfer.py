@@ -135,6 +135,10 @@ class TransferClient:
         """One request with the deadline; any failure is a `SyncError` naming the route."""
         try:
             r = self.http.request(method, f"{root}{path}", timeout=self.timeout, **kwargs)
+        except httpx.TimeoutException:
+            raise SyncError(
+                f"{method} {root}{path}: no answer within {self.timeout:g} s (--transfer-timeout)"
+            ) from None
         except httpx.HTTPError as exc:
             raise SyncError(f"{method} {root}{path}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 400:
