@@ -476,6 +476,11 @@ def test_a_group_of_mixed_episodes_and_its_metrics():
     assert metrics["train/citation_recall"] == pytest.approx((1.0 + 0.5 + 0 + 0) / 4)
 
 
+def test_a_question_that_does_not_fit_drops_the_group():
+    group, _ = collect(Scripted(GOOD, GOOD), group_size=2, max_token_length=300)
+    assert group is None  # counted as dropped/prompt_too_long by the runners
+
+
 def judge_server(verdicts: dict[str, str]) -> FakeInferenceServer:
     def answer(prompt: str) -> str:
         found = re.search(r"Proposed answer: (.*)", prompt)
