@@ -44,6 +44,7 @@ MORE_ENVS: dict[str, list[str]] = {  # env -> the flags its run needs beyond the
     "tool_use_multiturn": [],
     "visual_counting": [],
     "sft_loader": [],
+    "deep_research": ["--env.max_turns", "2", "--env.max_reply_tokens", "16"],  # noise is long
 }
 EVAL_ENVS = ["eval_gsm8k", "eval_math500", "eval_aime", "eval_mmlu", "eval_gpqa", "eval_ifeval"]
 OWN_TOKENS = {  # envs whose groups are not the server's token ids, and why

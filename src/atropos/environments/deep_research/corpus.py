@@ -3,8 +3,9 @@
 A collection is read from a JSONL file (one document per line: `id`, `title`, `text`; `doc_id`
 and `contents`/`body` are read too), from a folder of `.txt`/`.md` files (the id is the file's
 name without its suffix, the title its first line when that is a `# ` heading, else the name),
-or built from rows in code (`Corpus(docs)`). Search is npc_arena's pure-Python BM25 over title
-and text; each hit shows the sentence that shares the most words with the query as its snippet.
+or built from rows in code (`Corpus(docs)`). Search is the shared pure-Python BM25
+(`common.retrieval`) over title and text; each hit shows the sentence that shares the most
+words with the query as its snippet.
 
 >>> corpus = Corpus([Document("a", "Mithril", "Dwarves mine it. Mithril is mined in Moria."),
 ...                  Document("b", "Moonpetal", "Moonpetal grows in the Whisperwood.")])
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.environments.common.data_loading import read_jsonl
-from atropos.environments.npc_arena.retrieval import BM25, LoreDoc, terms
+from atropos.environments.common.retrieval import BM25, LoreDoc, terms
 
 __all__ = ["Corpus", "Document", "Hit", "clip", "load_corpus", "paged", "snippet", "to_document"]
 

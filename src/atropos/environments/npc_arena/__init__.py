@@ -11,6 +11,13 @@ Shipped data lives in `atropos/environments/data/npc_arena/`; see docs/npc_arena
 
 from __future__ import annotations
 
+from atropos.environments.common.retrieval import (
+    BM25,
+    EmbeddingRetriever,
+    LoreDoc,
+    RetrieverUnavailable,
+    make_retriever,
+)
 from atropos.environments.npc_arena.characters import (
     CharacterError,
     CharacterSheet,
@@ -21,13 +28,6 @@ from atropos.environments.npc_arena.config import NPCArenaConfig
 from atropos.environments.npc_arena.demo import demo_responder
 from atropos.environments.npc_arena.env import NPCArena
 from atropos.environments.npc_arena.lore import EventFeed, LoreIndex, load_lore
-from atropos.environments.npc_arena.retrieval import (
-    BM25,
-    EmbeddingRetriever,
-    LoreDoc,
-    RetrieverUnavailable,
-    make_retriever,
-)
 
 __all__ = [
     # the environment

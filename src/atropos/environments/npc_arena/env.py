@@ -15,11 +15,11 @@ from collections import Counter
 from typing import Any, ClassVar
 
 from atropos.environments.common.data_loading import data_path
+from atropos.environments.common.retrieval import LoreDoc, make_retriever
 from atropos.environments.npc_arena import lines, prompts
 from atropos.environments.npc_arena.characters import CharacterSheet, load_characters
 from atropos.environments.npc_arena.config import NPCArenaConfig
 from atropos.environments.npc_arena.lore import EventFeed, LoreIndex, load_lore
-from atropos.environments.npc_arena.retrieval import LoreDoc, make_retriever
 from atropos.environments.npc_arena.scoring import CriterionTally, cut_scores, rubric_score
 from atropos.envs.judge import JudgedEnv, compare, rate
 from atropos.envs.simple import Env, Rollout, rollout_group

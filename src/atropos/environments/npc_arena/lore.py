@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from atropos.environments.common.data_loading import read_jsonl
-from atropos.environments.npc_arena.retrieval import LoreDoc, Retriever
+from atropos.environments.common.retrieval import LoreDoc, Retriever
 
 __all__ = ["EventFeed", "LoreIndex", "load_lore", "split_markdown"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from atropos.environments.common.retrieval import LoreDoc
 from atropos.environments.npc_arena.characters import CharacterSheet, render_sheet
-from atropos.environments.npc_arena.retrieval import LoreDoc
 from atropos.envs.types import Message
 
 __all__ = [

@@ -1,7 +1,8 @@
-"""Retrievers for world lore: Okapi BM25 in pure Python (default), or sentence embeddings.
+"""Retrievers over short documents: Okapi BM25 in pure Python (default), or sentence embeddings.
 
-Both index `LoreDoc`s incrementally (`add`), so game events can join the index while the
-environment runs, and answer `search(query, k)` with the best documents first. The embeddings
+Shared by `npc_arena` (world lore, whose game events join the index while it runs) and
+`deep_research` (a document collection). Both index `LoreDoc`s (id, title, text) incrementally
+(`add`) and answer `search(query, k)` with the best documents first. The embeddings
 retriever needs `sentence-transformers`, imported only when it is chosen.
 
 >>> index = BM25()
