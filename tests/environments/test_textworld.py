@@ -96,6 +96,18 @@ def test_a_seed_makes_the_same_game_and_the_cache_is_reused(cache, game_file, tm
     assert not [p for p in game_file.parent.iterdir() if p.name.startswith(".making-")]
 
 
+def test_a_failed_generation_names_the_game_and_leaves_nothing(monkeypatch, tmp_path):
+    import textworld.generator
+
+    def fail(options: Any) -> Any:
+        raise ValueError("no quest fits")
+
+    monkeypatch.setattr(textworld.generator, "make_game", fail)
+    with pytest.raises(RuntimeError, match="make the game rooms2-objects4-length2-quests2, seed 7"):
+        make_game_file(SPEC, 7, tmp_path / "games" / "7.z8")
+    assert list((tmp_path / "games").iterdir()) == []
+
+
 def test_the_walkthrough_wins_with_a_reward_at_each_quest(game_file, solution):
     game = TextGame(open_backend(game_file))
     try:

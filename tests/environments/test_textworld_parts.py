@@ -4,6 +4,7 @@ over a stand-in `jericho` module, and the lazy imports."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import types
 from pathlib import Path
@@ -28,7 +29,7 @@ from atropos.environments.textworld.generate import PRESETS, GameSpec
 from atropos.envs.registry import missing_extras
 from atropos.inference.sequence import MASKED, SequenceNode
 
-from .helpers import modules_loaded_by
+from .helpers import make_env, modules_loaded_by
 
 
 @pytest.mark.parametrize(
@@ -234,6 +235,22 @@ def test_open_backend_names_what_is_wrong_with_a_file(tmp_path):
     (tmp_path / "story.gblorb").write_bytes(b"")
     with pytest.raises(ValueError, match="expected a z-machine game"):
         open_backend(tmp_path / "story.gblorb")
+
+
+def test_items_are_seeds_from_a_pool_or_the_files_in_turn_and_survive_a_restart():
+    env = make_env(TextWorld, num_games=3, first_seed=10)
+
+    def items(n: int) -> list[Any]:
+        return [asyncio.run(env.get_next_item()) for _ in range(n)]
+
+    assert items(4) == [{"seed": 10}, {"seed": 11}, {"seed": 12}, {"seed": 10}]
+    state = env.checkpoint_state()
+    env = make_env(TextWorld, num_games=3, first_seed=10)
+    env.restore_state(state)
+    assert items(1) == [{"seed": 11}]
+    assert [env.item(i, 5, 0) for i in (0, 7)] == [{"seed": 5}, {"seed": 12}]
+    env.files = [Path("a.z5"), Path("b.z8")]
+    assert [env.item(i, 5, 0)["game"] for i in range(3)] == ["a.z5", "b.z8", "a.z5"]
 
 
 # ----- jericho's loader, over a stand-in module ---------------------------------------------

@@ -151,6 +151,13 @@ class TextWorld(BaseEnv[TextWorldConfig]):
         self._next_index = index + 1
         return self.item(index, self.config.first_seed, self.config.num_games)
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Where the items are: a restarted run goes on with the next game, not the first."""
+        return {"next_index": self.__dict__.get("_next_index", 0)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self._next_index = int(state.get("next_index", 0))
+
     def item(self, index: int, first_seed: int, pool: int) -> Item:
         """The `index`-th item: the user's files in turn, else seeds from `first_seed`, the
         first `pool` of them in turn (0: no reuse)."""

@@ -125,8 +125,13 @@ def make_game_file(spec: GameSpec, seed: int, path: Path) -> Path:
         options.nb_parallel_quests = spec.quests
         options.path = str(Path(tmp) / path.name)
         options.force_recompile = True
-        game = textworld.generator.make_game(options)
-        made = Path(textworld.generator.compile_game(game, options))
+        try:
+            game = textworld.generator.make_game(options)
+            made = Path(textworld.generator.compile_game(game, options))
+        except Exception as err:  # the generator's and Inform 7's errors, named
+            raise RuntimeError(
+                f"textworld could not make the game {spec.key}, seed {seed}: {err!r}"
+            ) from err
         os.replace(made.with_suffix(".json"), path.with_suffix(".json"))
         os.replace(made, path)  # last: a .z8 in the cache is complete
     return path
