@@ -144,7 +144,6 @@ class TextWorld(BaseEnv[TextWorldConfig]):
         require_textworld()
         self.files = game_files(self.config.game_files)
         self.cache = Path(self.config.cache_dir or default_cache_dir()).expanduser()
-        self.config.spec()  # an unknown difficulty fails here, not at the first item
 
     async def get_next_item(self) -> Item:
         index = self.__dict__.setdefault("_next_index", 0)
@@ -172,10 +171,10 @@ class TextWorld(BaseEnv[TextWorldConfig]):
             return Path(item["game"])
         return await ensure_game(self.cache, self.config.spec(), int(item["seed"]))
 
-    async def play_one(self, game_file: Path, split: str = "train", **sampling: Any) -> Played:
-        """One episode of `game_file` in its own token-exact session."""
+    async def play_one(self, path: Path, split: str = "train", **sampling: Any) -> Played:
+        """One episode of the game at `path`, in its own token-exact session."""
         s = self.config
-        game = TextGame(open_backend(game_file, s.list_commands), s.list_commands)
+        game = TextGame(open_backend(path, s.list_commands), s.list_commands)
         tokenizer = self.tokenizer  # before the servers, so they share it
         try:
             async with self.server.managed_server(tokenizer=tokenizer) as session:
