@@ -3,9 +3,12 @@ local server (a subprocess on 127.0.0.1) over a gloo group, in vLLM's and SGLang
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -52,26 +55,96 @@ def test_transfer_mode_pushes_each_step_into_the_running_server(
         server.wait(30)
 
 
-def test_a_real_vllm_server_is_refused_at_once_with_the_reason() -> None:
-    """vLLM's NCCL engine joins through its own process-group code, which a torch.distributed
-    group cannot meet: the trainer says so before any rendezvous instead of timing out."""
+def _fake_vllm(calls: list[tuple[str, Any]]) -> Any:
+    """A stand-in for vLLM's HTTP side: its model card says `owned_by: vllm`; every
+    weight-transfer route records its body."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from atropos.trainer.transfer import SyncError, TransferClient
-
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]})
 
-    app = Starlette(routes=[Route("/v1/models", models)])
-    with serve_in_thread(app) as url, httpx.Client() as http:
-        client = TransferClient([url], http, timeout=5)
-        with pytest.raises(
-            SyncError, match="is a vLLM server: .* --transfer-backend ipc .* --sync reload"
-        ):
-            client.connect(_Model())
+    async def world(request: Request) -> JSONResponse:
+        return JSONResponse({"world_size": 2})
+
+    async def record(request: Request) -> JSONResponse:
+        raw = await request.body()
+        calls.append((request.url.path, json.loads(raw) if raw else dict(request.query_params)))
+        return JSONResponse({})
+
+    paths = ["/init_weight_transfer_engine", "/pause", "/start_weight_update", "/update_weights"]
+    paths += ["/finish_weight_update", "/resume"]
+    routes = [Route("/v1/models", models), Route("/get_world_size", world)]
+    return Starlette(routes=routes + [Route(p, record, methods=["POST"]) for p in paths])
+
+
+def test_a_vllm_server_gets_the_nccl_unique_id_and_the_tensors_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's engine joins by the NCCL unique id the trainer mints (`nccl_unique_id_b64`, no
+    master address), then each sync is pause, start, update (names, dtypes, shapes; the
+    tensors broadcast meanwhile, in that order), finish, resume. NCCL itself needs GPUs: the
+    group is a stand-in here; a model on the CPU is refused with the reason."""
+    import base64
+
+    import torch
+
+    from atropos.local import group as groups
+    from atropos.trainer.transfer import SyncError, TransferClient
+
+    sent: list[Any] = []
+
+    class FakeGroup:
+        def send(self, tensor: Any) -> None:
+            sent.append(tensor)
+
+        def close(self) -> None:
+            pass
+
+    class FakeOpener:
+        def __init__(self, world_size: int, timeout: float) -> None:
+            assert world_size == 3  # the trainer and two workers
+
+        def open(self) -> bytes:
+            return bytes(range(128))
+
+        def joined(self) -> FakeGroup:
+            return FakeGroup()
+
+    class OnGpu(_Model):
+        def parameters(self):  # type: ignore[no-untyped-def]
+            yield SimpleNamespace(device=torch.device("cuda", 0))
+
+    monkeypatch.setattr(groups, "UniqueIdGroup", FakeOpener)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    calls: list[tuple[str, Any]] = []
+    with serve_in_thread(_fake_vllm(calls)) as url, httpx.Client() as http:
+        with pytest.raises(SyncError, match="over NCCL from a model on a GPU .* ipc"):
+            TransferClient([url], http, timeout=5).connect(_Model())
+        client = TransferClient([url], http, timeout=5, pause="wait")
+        client.connect(OnGpu())
+        model = torch.nn.Linear(2, 3)
+        assert client.push(model, 7) is None
+    names = [path for path, _ in calls]
+    assert names == [
+        "/init_weight_transfer_engine", "/pause", "/start_weight_update", "/update_weights",
+        "/finish_weight_update", "/resume",
+    ]  # fmt: skip
+    info = calls[0][1]["init_info"]
+    assert info == {
+        "nccl_unique_id_b64": base64.b64encode(bytes(range(128))).decode(),
+        "rank_offset": 1, "world_size": 3, "packed": False,
+    }  # fmt: skip
+    assert calls[1][1] == {"mode": "wait"}
+    update = calls[3][1]["update_info"]
+    assert update == {
+        "names": ["weight", "bias"], "dtype_names": ["float32", "float32"],
+        "shapes": [[3, 2], [3]],
+    }  # fmt: skip
+    assert [t.shape for t in sent] == [torch.Size([3, 2]), torch.Size([3])]
+    assert calls[4][1] == {"policy_version": 7}
 
 
 class _Model:

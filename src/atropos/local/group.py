@@ -61,9 +61,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 class WeightGroup:
     """One joined process group: `broadcast` from rank 0, `close` to leave it."""
 
-    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, backend: str) -> None:
-        """Keep the group and its store (the store must outlive the group)."""
-        self.pg, self.store = pg, store
+    def __init__(
+        self, pg: Any, store: Any, rank: int, world_size: int, backend: str, registered: bool = True
+    ) -> None:
+        """Keep the group and its store (the store must outlive the group); `registered`: the
+        group is known to `torch.distributed` by name (`join_group`'s), not a bare one."""
+        self.pg, self.store, self.registered = pg, store, registered
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = wire_device(backend)
 
@@ -97,8 +100,11 @@ class WeightGroup:
     def close(self) -> None:
         """Leave the group (its name becomes free again)."""
         try:
-            dist.destroy_process_group(self.pg)
-        except (RuntimeError, KeyError, ValueError):  # already gone with its peers
+            if self.registered:
+                dist.destroy_process_group(self.pg)
+            else:
+                self.pg.shutdown()
+        except (RuntimeError, KeyError, ValueError, AttributeError):  # already gone with its peers
             pass
 
 
@@ -177,3 +183,65 @@ def join_group(
             f" as rank {rank} within {timeout:g} s: {exc}"
         ) from exc
     return WeightGroup(pg, store, rank, world_size, backend)
+
+
+class UniqueIdGroup:
+    """Rank 0 of an NCCL group whose other ranks join by its NCCL unique id, not by a store:
+    vLLM's weight-transfer engine given ``nccl_unique_id_b64`` in its `init_info` (its
+    "trainer without vLLM" rendezvous).
+
+    A bare `ProcessGroupNCCL` over a private store only this process joins (world 1 for the
+    store, `world_size` for the group), as vLLM's example trainer builds it. The communicator is
+    made by the first collective: `open` starts the one-element float32 all-reduce vLLM's
+    workers run once they have joined (in a thread: it blocks until every rank is in), and
+    returns the unique id torch's rank 0 mints for it and writes under the store's key ``"0"``
+    (torch's first communicator; an implementation detail vLLM's example relies on too);
+    `joined` waits for that all-reduce, after which tensors go by `WeightGroup.broadcast`.
+    """
+
+    def __init__(self, world_size: int, timeout: float = 300.0) -> None:
+        """Make the group (nothing is contacted yet); `GroupError` without NCCL or a GPU."""
+        if not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise GroupError("an NCCL group needs a CUDA device and torch built with NCCL")
+        self.timeout = datetime.timedelta(seconds=timeout)
+        tcp_store: Any = dist.TCPStore  # type: ignore[attr-defined]  # public, not re-exported
+        self.store = tcp_store("127.0.0.1", 0, 1, True, timeout=self.timeout)
+        nccl: Any = dist.ProcessGroupNCCL  # only in CUDA builds
+        options = nccl.Options()
+        options._timeout = self.timeout
+        self.pg = nccl(self.store, 0, world_size, options)
+        self.group = WeightGroup(self.pg, self.store, 0, world_size, "nccl", registered=False)
+        self._warmup: Any = None
+
+    def open(self) -> bytes:
+        """Start the warm-up all-reduce; the 128-byte unique id the other ranks must join by."""
+        import threading
+
+        done: dict[str, Any] = {}
+
+        def warmup() -> None:
+            try:
+                data = torch.zeros(1, dtype=torch.float32, device=self.group.device)
+                self.pg.allreduce([data]).wait()
+                done["ok"] = True
+            except RuntimeError as exc:
+                done["error"] = exc
+
+        self._warmup = (threading.Thread(target=warmup, daemon=True), done)
+        self._warmup[0].start()
+        try:
+            self.store.wait(["0"], self.timeout)
+            return bytes(self.store.get("0"))
+        except RuntimeError as exc:
+            raise GroupError(
+                f"torch minted no NCCL unique id within {self.timeout}: {exc}"
+            ) from exc
+
+    def joined(self) -> WeightGroup:
+        """Wait for every rank's warm-up all-reduce; the group, ready for broadcasts."""
+        thread, done = self._warmup
+        thread.join(self.timeout.total_seconds())
+        if "ok" not in done:
+            reason = done.get("error") or f"not every rank joined within {self.timeout}"
+            raise GroupError(f"the NCCL group by unique id did not form: {reason}")
+        return self.group

@@ -6,10 +6,12 @@ HTTP only steers. Two dialects, by `server_type`:
 
 - ``vllm`` (vLLM's weight-transfer routes, also `atropos local serve`): once ``POST
   /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset,
-  world_size}}``; per sync ``POST /pause?mode=M``, ``POST /start_weight_update``, ``POST
-  /update_weights {"update_info": {names, dtype_names, shapes, packed: false}}`` (answered once
-  the broadcast that runs meanwhile has arrived), ``POST /finish_weight_update
-  {"policy_version": N}`` (vLLM ignores the body), ``POST /resume``.
+  world_size}}`` (to vLLM itself: ``{nccl_unique_id_b64, rank_offset, world_size, packed:
+  false}``, its engine joining by the NCCL unique id this trainer mints); per sync ``POST
+  /pause?mode=M``, ``POST /start_weight_update``, ``POST /update_weights {"update_info":
+  {names, dtype_names, shapes}}`` (answered once the broadcast that runs meanwhile has arrived;
+  with ``ipc_handles_pickled`` instead of a broadcast for ``--transfer-backend ipc``), ``POST
+  /finish_weight_update {"policy_version": N}`` (vLLM ignores the body), ``POST /resume``.
 - ``sglang``: once ``POST /init_weights_update_group {master_address, master_port,
   rank_offset, world_size, group_name, backend}``; per sync ``POST /pause_generation {"mode":
   "in_place"|"abort"}`` (none for `wait`: SGLang's update itself waits for running requests),
@@ -176,22 +178,14 @@ class TransferClient:
             raise SyncError(f"GET {root}/get_world_size: expected {{'world_size': N}}: {answer!r}")
         return size
 
-    def _refuse_real_vllm(self, root: str) -> None:
-        """A vLLM server (its model cards say ``owned_by: vllm``) joins the group through vLLM's
-        own StatelessProcessGroup and PyNccl, which a torch.distributed group cannot meet: say
-        so now rather than after the rendezvous deadline."""
+    def _is_vllm(self, root: str) -> bool:
+        """Whether the server at `root` is vLLM itself (its model cards say ``owned_by:
+        vllm``): its NCCL engine joins by unique id, not by a store (`_connect_by_unique_id`)."""
         try:
             cards = self._call("GET", root, "/v1/models").get("data") or []
         except (SyncError, AttributeError):
-            return  # no model list: let the init route answer for itself
-        if any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in cards):
-            raise SyncError(
-                f"{root} is a vLLM server: its weight-transfer engine forms its group with vLLM's"
-                " own StatelessProcessGroup and PyNccl, which this trainer's torch.distributed"
-                " group cannot join; with vLLM use --transfer-backend ipc (the trainer on the"
-                " server's GPU, vLLM started with --weight-transfer-config"
-                ' \'{"backend": "ipc"}\'), or --sync reload, restart or lora'
-            )
+            return False  # no model list: let the init route answer for itself
+        return any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in cards)
 
     def _wait_all(self, futures: list[concurrent.futures.Future[Any]], what: str) -> list[Any]:
         """Wait for every future (the first failure ends the wait); their results."""
@@ -225,11 +219,11 @@ class TransferClient:
             backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and device.type == "cuda":
             torch.cuda.set_device(device)
-        if self.server_type == "vllm":
-            for root in self.roots:
-                self._refuse_real_vllm(root)
         sizes = [self._world_size(root) for root in self.roots]
         world = 1 + sum(sizes)
+        if self.server_type == "vllm" and any(self._is_vllm(root) for root in self.roots):
+            self._connect_by_unique_id(device, backend, sizes)
+            return
         address = self.master_address or local_address(self.roots[0])
         try:
             listener = store_listener(address, self.master_port)
@@ -268,6 +262,51 @@ class TransferClient:
             )
         )
         self.group = self._wait_all([joined, *calls], "forming the weight-transfer group")[0]
+
+    def _connect_by_unique_id(self, device: Any, backend: str, sizes: list[int]) -> None:
+        """vLLM's engine: an NCCL group whose workers join by the unique id this trainer mints
+        (`init_info.nccl_unique_id_b64`, `atropos.local.group.UniqueIdGroup`), then one warm-up
+        all-reduce; every server must be vLLM (ours joins by a store)."""
+        import base64
+
+        from atropos.local.group import GroupError, UniqueIdGroup
+
+        if backend != "nccl" or device.type != "cuda":
+            raise SyncError(
+                "a vLLM server takes weights over NCCL from a model on a GPU (its engine has no"
+                f" gloo); the model is on {device} with backend {backend}: put it on a GPU, or"
+                " use --transfer-backend ipc on the server's GPU, or --sync reload"
+            )
+        if not all(self._is_vllm(root) for root in self.roots):
+            raise SyncError(
+                "the servers mix vLLM and others: vLLM's engine joins a weight-transfer group by"
+                " NCCL unique id, other servers by a store; give one kind per trainer"
+            )
+        world = 1 + sum(sizes)
+        try:
+            opener = UniqueIdGroup(world, self.timeout)
+            unique_id = base64.b64encode(opener.open()).decode("ascii")
+        except GroupError as exc:
+            raise SyncError(str(exc)) from exc
+        calls = []
+        for i, root in enumerate(self.roots):
+            info = {
+                "nccl_unique_id_b64": unique_id,
+                "rank_offset": 1 + sum(sizes[:i]),
+                "world_size": world,
+                "packed": False,
+            }
+            body = {"init_info": info}
+            calls.append(
+                _in_thread(
+                    functools.partial(
+                        self._call, "POST", root, "/init_weight_transfer_engine", json=body
+                    )
+                )
+            )
+        log.info("weight transfer: an NCCL group of %d joined by unique id (vLLM)", world)
+        joined = _in_thread(opener.joined)
+        self.group = self._wait_all([joined, *calls], "forming vLLM's NCCL group")[0]
 
     def _connect_ipc(self, device: Any) -> None:
         """CUDA IPC needs no group: each server's engine is told so (an empty `init_info`)."""
@@ -337,7 +376,7 @@ class TransferClient:
             path = "/update_weights"
             body: dict[str, Any] = {
                 "update_info": {
-                    "names": names, "dtype_names": dtypes, "shapes": shapes, "packed": False,
+                    "names": names, "dtype_names": dtypes, "shapes": shapes,  # unpacked
                 }
             }  # fmt: skip
         else:
