@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.completions import THINKING_PROMPT
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
@@ -42,11 +43,6 @@ __all__ = [
     "load_texts",
     "score_reversal",
 ]
-
-THINKING_PROMPT = (
-    "You are a careful thinker. Reason for as long as you need inside <think> </think> tags,"
-    " then give your final answer after the closing </think> tag."
-)
 
 
 def instruction(text: str) -> str:

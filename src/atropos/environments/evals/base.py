@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 from typing_extensions import TypeVar
 
+from atropos.environments.common.completions import boxed_contents
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
@@ -74,7 +75,6 @@ THINKING_PROMPT = (
     " and checking your own work, before you answer. Put your thoughts and internal monologue"
     " inside <think> </think> tags, then give your solution or response to the problem."
 )
-_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 class EvaluationOnly(RuntimeError):
@@ -173,20 +173,6 @@ def answer_text(completion: str) -> str | None:
     if "<think>" in text and "</think>" not in text:
         return None
     return after_think(text)
-
-
-def boxed_contents(text: str) -> list[str]:
-    r"""The contents of every `\boxed{...}` in `text`, in order (braces matched; an unclosed
-    box is left out)."""
-    found = []
-    for match in _BOXED.finditer(text):
-        depth, start = 1, match.end()
-        for pos in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[pos], 0)
-            if depth == 0:
-                found.append(text[start:pos].strip())
-                break
-    return found
 
 
 def stable_seed(*parts: object) -> int:
