@@ -61,7 +61,7 @@ def test_servers_share_calls_pool_them_and_report_what_fails():
     async def main() -> list[int]:
         delay = {"ATROPOS_MCP_FIXTURE_DELAY": "0.3"}
         specs = [fixture("a"), fixture("b", env=delay, instances=2, concurrent=False)]
-        servers = ToolServers(specs)
+        servers = ToolServers(specs, restarts=1)
         await servers.start(timeout=30, stop_grace=1, prefix="auto")
         try:
             assert len(servers.pids) == 3 and not any(map(gone, servers.pids))
@@ -87,15 +87,22 @@ def test_servers_share_calls_pool_them_and_report_what_fails():
             )
             with pytest.raises(ToolServerError, match=late):
                 await servers.call("b__weekday", date, 0.05, 100)
-            os.killpg(servers.connections[0].process.pid or 0, signal.SIGKILL)
-            with pytest.raises(ToolServerError, match="'a'.*killed by signal 9"):
+            a = servers.connections[0]
+            for _ in range(2):  # a died: started again, once; then the calls to it fail
+                os.killpg(a.process.pid or 0, signal.SIGKILL)
+                while not a.dead:
+                    await asyncio.sleep(0.02)
+                if len(a.history) == 1:
+                    assert (await servers.call("a__weekday", date, 10, 100)).text == "Friday"
+            assert len(a.history) == 2 and len(servers.pids) == 4
+            with pytest.raises(ToolServerError, match="'a'.*is gone.*killed by signal 9"):
                 await servers.call("a__weekday", date, 10, 100)
         finally:
             await servers.stop()
         return servers.pids
 
     pids = asyncio.run(main())
-    assert len(pids) == 3 and all(map(gone, pids))
+    assert len(pids) == 4 and all(map(gone, pids))
 
 
 @pytest.mark.parametrize(

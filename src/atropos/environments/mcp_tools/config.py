@@ -102,6 +102,9 @@ class MCPToolsConfig(BaseEnvConfig):
         default=30.0, gt=0, description="seconds for a server to start and list its tools"
     )
     call_timeout: float = Field(default=30.0, gt=0, description="seconds for one tool call")
+    server_restarts: int = Field(
+        default=3, ge=0, description="times a server's processes are started again after dying"
+    )
     stop_grace: float = Field(
         default=2.0, gt=0, description="seconds a server gets to exit at each step of its stop"
     )

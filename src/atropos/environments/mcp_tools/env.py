@@ -24,10 +24,9 @@ from atropos.environments.mcp_tools.config import MCPToolsConfig
 from atropos.environments.mcp_tools.servers import ToolReply, ToolServers
 from atropos.environments.mcp_tools.tasks import (
     Task,
-    answer_score,
     call_share,
     episode_score,
-    extract_answer,
+    final_score,
     load_tasks,
 )
 from atropos.envs.base import BaseEnv
@@ -37,7 +36,6 @@ from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tokenize import template_ids
-from atropos.rewards.group import all_equal
 
 __all__ = ["SYSTEM_PROMPT", "Episode", "MCPTools"]
 
@@ -119,9 +117,12 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         self.tasks = load_tasks("train", s.dataset_name)
         self.test_tasks = load_tasks("test", s.dataset_name)
         if self._servers is None:
-            servers = self._servers = ToolServers(s.servers)
+            servers = self._servers = ToolServers(s.servers, s.server_restarts)
             self.on_close(servers.stop)  # before the start: a run stopped during it stops them
-            await servers.start(s.start_timeout, s.stop_grace, s.prefix_tools)
+            await asyncio.gather(  # the tokenizer loads while the servers start
+                servers.start(s.start_timeout, s.stop_grace, s.prefix_tools),
+                asyncio.to_thread(lambda: self.tokenizer),
+            )
         self._check_expected_tools()
         self.tools = self._schemas_for_template()
         self._passes = ShuffledPasses(self.tasks, self.seed)
@@ -295,11 +296,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 
     def _record(self, task: Task, episodes: list[Episode], scores: list[float]) -> None:
         """Keep this group's numbers for `wandb_log`'s means."""
-        right = [
-            answer_score(task, extract_answer(e.final)) if e.final is not None else 0.0
-            for e in episodes
-        ]
-        self.record_mean("train/accuracy", right)
+        self.record_mean("train/accuracy", [final_score(task, e.final) for e in episodes])
         self.record_mean("train/avg_score", scores)
         self.record_mean("train/answered", [float(e.ended == "answer") for e in episodes])
         self.record_mean("train/turns", [float(e.turns) for e in episodes])
@@ -315,50 +312,56 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             self.drop("prompt_too_long")
             return None, []
         scores = [self.score(task, ep) for ep in episodes]
-        self._record(task, episodes, scores)
-        if self.config.ensure_scores_are_not_same and all_equal(scores):
-            self.drop("all_equal")
-            return None, []
+        self._record(task, episodes, scores)  # all-equal groups: the runner's rule drops them
         return _group(episodes, scores), []
 
     # ----- evaluation ---------------------------------------------------------------------------
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One episode per held-out task at `eval_temperature` (0: greedy); logs
-        `eval/accuracy` (right final answers), `eval/avg_score` and `eval/tool_calls`.
+        """One episode per held-out task at `eval_temperature` (0: greedy), at most
+        `max_eval_workers` at once; logs `eval/accuracy` (right final answers),
+        `eval/avg_score` and `eval/tool_calls` with a sample per task.
 
         A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
         s, start = self.config, time.time()
         tasks = self.test_tasks[: s.eval_limit or None]
-        limit = asyncio.Semaphore(s.max_eval_workers)
-
-        async def one(task: Task) -> dict[str, Any] | None:
-            async with limit:
-                played = await self.play(task, 1, "eval", s.eval_temperature)
-            if not played:
-                return None
-            [ep] = played
-            return {
-                "id": task.id,
-                "messages": ep.messages,
-                "score": self.score(task, ep),
-                "correct": answer_score(task, extract_answer(ep.final)) if ep.final else 0.0,
-                "tool_calls": len(ep.calls),
-                "ended": ep.ended,
-            }
-
-        samples = [x for x in await asyncio.gather(*(one(t) for t in tasks)) if x is not None]
+        gate = asyncio.Semaphore(s.max_eval_workers)
+        played = await asyncio.gather(*(self._eval_episode(task, gate) for task in tasks))
+        samples = [
+            self.eval_sample(task, ep)
+            for task, ep in zip(tasks, played, strict=True)
+            if ep is not None
+        ]
         if not samples:
             return {}
-        n = len(samples)
+
+        def mean(key: str) -> float:
+            return sum(float(x[key]) for x in samples) / len(samples)
+
         metrics = {
-            "eval/accuracy": sum(x["correct"] for x in samples) / n,
-            "eval/avg_score": sum(x["score"] for x in samples) / n,
-            "eval/tool_calls": sum(x["tool_calls"] for x in samples) / n,
+            "eval/accuracy": mean("correct"),
+            "eval/avg_score": mean("score"),
+            "eval/tool_calls": mean("tool_calls"),
         }
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
         self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
         return metrics
+
+    async def _eval_episode(self, task: Task, gate: asyncio.Semaphore) -> Episode | None:
+        async with gate:
+            played = await self.play(task, 1, "eval", self.config.eval_temperature)
+        return played[0] if played else None
+
+    def eval_sample(self, task: Task, ep: Episode) -> dict[str, Any]:
+        """The row of `samples.jsonl` for one held-out task."""
+        return {
+            "id": task.id,
+            "messages": ep.messages,
+            "score": self.score(task, ep),
+            "correct": final_score(task, ep.final),
+            "tool_calls": len(ep.calls),
+            "ended": ep.ended,
+        }
 
 
 def _group(episodes: list[Episode], scores: list[float]) -> ScoredDataGroup:

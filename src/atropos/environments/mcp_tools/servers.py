@@ -13,7 +13,8 @@ A tool is offered under its own name, or `SERVER__TOOL` when two servers expose 
 the server reports (bad arguments, a tool that failed, an unknown tool) is text too, fed back
 to the policy. A server that stops answering (a call past `call_timeout`, a closed connection,
 an exited process) raises `ToolServerError`: an infrastructure failure, which fails the group
-instead of scoring it.
+instead of scoring it. A process that died is started again at the next call to it, up to
+`restarts` times per server (`--env.server_restarts`).
 
 >>> exposed_names({"a": ["add", "look"], "b": ["look"]}, "auto")
 {('a', 'add'): 'add', ('a', 'look'): 'a__look', ('b', 'look'): 'b__look'}
@@ -163,6 +164,8 @@ class Connection:
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._grace = 2.0
+        self._timeout = 30.0
+        self.history = [self.process]  # every process started for it, the current one last
 
     @property
     def label(self) -> str:
@@ -176,7 +179,7 @@ class Connection:
             ConfigError: it could not start, or did not get that far within `timeout` s.
         """
         self._ready = asyncio.get_running_loop().create_future()
-        self._grace = stop_grace
+        self._timeout, self._grace = timeout, stop_grace
         self._task = asyncio.create_task(self._hold(stop_grace), name=f"mcp:{self.label}")
         try:
             return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
@@ -268,9 +271,20 @@ class Connection:
         return ToolServerError(self._failed(what))
 
     @property
-    def alive(self) -> bool:
-        """Whether its session is open."""
-        return self._client is not None
+    def dead(self) -> bool:
+        """Whether its process went away by itself (not stopped by `stop()`)."""
+        task = self._task
+        return task is not None and task.done() and not self._stopping.is_set()
+
+    async def restart(self) -> None:
+        """Start a new process after the last one died, as `start` did the first.
+
+        Raises:
+            ConfigError: it could not start (this connection is then stopped for good).
+        """
+        self.process = ServerProcess(self.process.name)
+        self.history.append(self.process)
+        await self.start(self._timeout, self._grace)
 
     async def stop(self) -> None:
         """Close the session and stop the process (the transport's stop rule); idempotent."""
@@ -318,8 +332,10 @@ async def _list_tools(client: Any) -> list[Any]:
 class _Server:
     """The instances of one configured server, and the rule for picking one for a call."""
 
-    def __init__(self, spec: MCPServerSpec) -> None:
+    def __init__(self, spec: MCPServerSpec, restarts: int) -> None:
         self.spec = spec
+        self.restarts_left = restarts
+        self._restarting = asyncio.Lock()
         self.connections = [
             Connection(spec, spec.name if i == 0 else f"{spec.name}#{i}")
             for i in range(spec.instances)
@@ -329,9 +345,30 @@ class _Server:
         for connection in self.connections:
             self._idle.put_nowait(connection)
 
+    async def _revived(self, connection: Connection) -> Connection:
+        """`connection`, started again first when its process died and restarts are left
+        (the call that found it dead failed; the calls after it need not)."""
+        if not connection.dead or self.restarts_left <= 0:
+            return connection
+        async with self._restarting:
+            if connection.dead and self.restarts_left > 0:
+                self.restarts_left -= 1
+                log.warning(
+                    "MCP server %r %s: restarting it (%d restarts left)",
+                    connection.label,
+                    connection.process.describe_exit(),
+                    self.restarts_left,
+                )
+                try:
+                    await connection.restart()
+                except ConfigError as err:
+                    raise ToolServerError(str(err)) from None
+        return connection
+
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if self.spec.concurrent:
-            return await next(self._turns).call(name, arguments, timeout)
+            connection = await self._revived(next(self._turns))
+            return await connection.call(name, arguments, timeout)
         try:
             connection = await asyncio.wait_for(self._idle.get(), timeout)
         except asyncio.TimeoutError:
@@ -341,7 +378,7 @@ class _Server:
                 " at a time each: raise its `instances`)"
             ) from None
         try:
-            return await connection.call(name, arguments, timeout)
+            return await (await self._revived(connection)).call(name, arguments, timeout)
         finally:
             self._idle.put_nowait(connection)
 
@@ -349,11 +386,11 @@ class _Server:
 class ToolServers:
     """Every configured MCP server, started; their tools; calls routed to them."""
 
-    def __init__(self, specs: Sequence[MCPServerSpec]) -> None:
+    def __init__(self, specs: Sequence[MCPServerSpec], restarts: int = 3) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ConfigError(f"--env.servers: two servers share a name ({names})")
-        self.servers = {spec.name: _Server(spec) for spec in specs}
+        self.servers = {spec.name: _Server(spec, restarts) for spec in specs}
         self.tools: dict[str, Tool] = {}
 
     @property
@@ -363,8 +400,8 @@ class ToolServers:
 
     @property
     def pids(self) -> list[int]:
-        """The process ids of the servers started (running or not)."""
-        return [c.process.pid for c in self.connections if c.process.pid is not None]
+        """The process ids of every server process started (running or not, restarts too)."""
+        return [p.pid for c in self.connections for p in c.history if p.pid is not None]
 
     async def start(self, timeout: float, stop_grace: float, prefix: str) -> None:
         """Start every server (module docstring); the first failure stops the others.

@@ -45,6 +45,7 @@ __all__ = [
     "call_share",
     "episode_score",
     "extract_answer",
+    "final_score",
     "load_tasks",
     "normalise",
     "numbers_in",
@@ -229,12 +230,17 @@ def call_share(task: Task, calls: Sequence[Mapping[str, Any]]) -> float:
     return count_matched(task.expected_calls, calls, lenient=True) / len(task.expected_calls)
 
 
+def final_score(task: Task, final_reply: str | None) -> float:
+    """`answer_score` of the answer in `final_reply`; 0.0 without one (turns or tokens ran
+    out)."""
+    return 0.0 if final_reply is None else answer_score(task, extract_answer(final_reply))
+
+
 def episode_score(
     task: Task, final_reply: str | None, calls: Sequence[Mapping[str, Any]], call_credit: float
 ) -> float:
-    """An episode's score (module docstring); no final reply (turns or tokens ran out) is a
-    wrong answer."""
-    answer = answer_score(task, extract_answer(final_reply)) if final_reply is not None else 0.0
+    """An episode's score (module docstring); no final reply is a wrong answer."""
+    answer = final_score(task, final_reply)
     if not task.expected_calls or call_credit <= 0:
         return answer
     return round((1 - call_credit) * answer + call_credit * call_share(task, calls), 6)
