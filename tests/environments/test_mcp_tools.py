@@ -31,6 +31,7 @@ from atropos.environments.mcp_tools.fixture_server import (
 from atropos.environments.mcp_tools.servers import (
     ToolReply,
     ToolServerError,
+    _Server,
     exposed_names,
     result_text,
 )
@@ -189,6 +190,18 @@ def test_tool_names_are_prefixed_only_where_servers_share_them():
     }  # fmt: skip
     with pytest.raises(ConfigError, match=r"share tool names \['add'\].*prefix_tools auto"):
         exposed_names(by_server, "never")
+
+
+def test_a_dead_instance_is_passed_over_once_no_restarts_are_left():
+    async def main() -> list[str]:
+        spec = MCPServerSpec(name="calc", command="calc-mcp", instances=3)
+        server = _Server(spec, restarts=0)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        server.connections[1]._task = done  # its process went away by itself
+        return [server._next_in_turn().label for _ in range(4)]
+
+    assert asyncio.run(main()) == ["calc", "calc", "calc#2", "calc"]
 
 
 def test_tool_results_become_tool_turn_text():

@@ -345,6 +345,14 @@ class _Server:
         for connection in self.connections:
             self._idle.put_nowait(connection)
 
+    def _next_in_turn(self) -> Connection:
+        """The next instance in turn; past a dead one when no restarts are left and another
+        still runs."""
+        connection = next(self._turns)
+        if connection.dead and self.restarts_left <= 0:
+            return next((c for c in self.connections if not c.dead), connection)
+        return connection
+
     async def _revived(self, connection: Connection) -> Connection:
         """`connection`, started again first when its process died and restarts are left
         (the call that found it dead failed; the calls after it need not)."""
@@ -367,7 +375,7 @@ class _Server:
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if self.spec.concurrent:
-            connection = await self._revived(next(self._turns))
+            connection = await self._revived(self._next_in_turn())
             return await connection.call(name, arguments, timeout)
         try:
             connection = await asyncio.wait_for(self._idle.get(), timeout)
