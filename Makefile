@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CORE := $(VENV)/.installed-core
 DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
-EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld
+EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
 .PHONY: demo test test-latest lock check install fmt clean chromium slurm
 

@@ -45,6 +45,7 @@ MORE_ENVS: dict[str, list[str]] = {  # env -> the flags its run needs beyond the
     "visual_counting": [],
     "sft_loader": [],
     "deep_research": ["--env.max_turns", "2", "--env.max_reply_tokens", "16"],  # noise is long
+    "mcp_tools": ["--env.max_gen_per_turn", "16", "--env.max_token_length", "2048"],  # tools
 }
 EVAL_ENVS = ["eval_gsm8k", "eval_math500", "eval_aime", "eval_mmlu", "eval_gpqa", "eval_ifeval"]
 OWN_TOKENS = {  # envs whose groups are not the server's token ids, and why
