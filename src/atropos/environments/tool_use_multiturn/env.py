@@ -223,7 +223,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         if room < 1:
             trajectory.stopped = "budget"
             return
-        own = ManagedServer(session.server, tokenizer)
+        own = ManagedServer(session.server, tokenizer, reasoning=session.reasoning)
         own.nodes = [trajectory.node]  # this rollout's sequence only: no ambiguous parent
         turn = await own.chat_turn(
             messages=messages, n=1, max_tokens=min(s.max_gen_per_turn, room), **sampling
