@@ -128,7 +128,10 @@ class Verifiers(AgentEnv[VerifiersConfig]):
         self.on_close(self._stop_verifiers)
 
     async def _stop_verifiers(self) -> None:
-        await self._serving_vf.__aexit__(None, None, None)
+        try:
+            await self._serving_vf.__aexit__(None, None, None)
+        finally:  # the proxy's key does not outlive the proxy in this process's environment
+            os.environ.pop(KEY_VARIABLE, None)
 
     # ----- rollouts -----------------------------------------------------------------------------
 
