@@ -233,7 +233,8 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         return self.group(list(runs), scores), []  # type: ignore[return-value]
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One rollout per `load_eval()` task: `eval/mean_score` and `eval/accuracy` (> 0)."""
+        """One rollout per `load_eval()` task, each summed up by `eval_sample`, the whole by
+        `eval_metrics` (`eval/mean_score`, `eval/accuracy` (> 0), `eval/failed_runs`)."""
         tasks, start = list(self.load_eval()), time.time()
         if not tasks:
             return {}
@@ -242,18 +243,27 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         async def one(task: Item) -> dict[str, Any]:
             async with limit:
                 run = await self.rollout(task)
-            score = self._failed_score() if run.error else await _value(self.score(task, run))
-            return {"task": task, "output": str(run.output), "error": run.error, "score": score}
+            return await self.eval_sample(task, run)
 
         samples = list(await asyncio.gather(*map(one, tasks)))
+        metrics = self.eval_metrics(samples)
+        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
+        return metrics
+
+    async def eval_sample(self, task: Item, run: AgentRun) -> dict[str, Any]:
+        """One evaluation rollout as a logged sample: the task, the output, the error and the
+        score (the failed-agent score for a failed run). Override to log more."""
+        score = self._failed_score() if run.error else await _value(self.score(task, run))
+        return {"task": task, "output": str(run.output), "error": run.error, "score": score}
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """The evaluation's means over its samples (a failed run without a score counts 0)."""
         scores = [float(s["score"] or 0.0) for s in samples]
-        metrics = {
+        return {
             "eval/mean_score": sum(scores) / len(scores),
             "eval/accuracy": sum(1 for v in scores if v > 0) / len(scores),
             "eval/failed_runs": sum(1 for s in samples if s["error"]) / len(samples),
         }
-        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
-        return metrics
 
     # ----- rollouts ----------------------------------------------------------------------------
 

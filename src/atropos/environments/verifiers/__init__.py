@@ -23,10 +23,8 @@ than `bash`, which would run the policy's shell commands on this machine; ask fo
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
-import time
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -164,41 +162,21 @@ class Verifiers(AgentEnv[VerifiersConfig]):
             self.record_mean(f"verifiers/{key}", [value])
         return episode_reward(run.output)
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One rollout per eval task at `--env.eval_temperature`: `eval/mean_score`,
-        `eval/accuracy` (reward > 0), `eval/failed_runs` and each reward function's mean."""
-        tasks, start = self.load_eval(), time.time()
-        if not tasks:
-            return {}
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+    async def eval_sample(self, task: dict[str, Any], run: AgentRun) -> dict[str, Any]:
+        """A sample with the rubric's reward (0 for a failed run), each reward function's and
+        metric's value and the last reply."""
+        sample: dict[str, Any] = {"task": task, "error": run.error, "score": 0.0}
+        if run.error is None:
+            sample["score"] = episode_reward(run.output)
+            sample["rewards"], sample["metrics"] = episode_signals(run.output)
+            sample["reply"] = run.output.traces[-1].last_reply
+        return sample
 
-        async def one(task: dict[str, Any]) -> dict[str, Any]:
-            async with limit:
-                run = await self.rollout(task)
-            sample: dict[str, Any] = {"task": task, "error": run.error, "score": 0.0}
-            if run.error is None:
-                sample["score"] = episode_reward(run.output)
-                sample["rewards"], sample["metrics"] = episode_signals(run.output)
-                sample["reply"] = run.output.traces[-1].last_reply
-            return sample
-
-        samples = list(await asyncio.gather(*map(one, tasks)))
-        metrics = eval_metrics(samples)
-        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """The base means and each reward function's mean (`eval/reward/<name>`)."""
+        metrics = super().eval_metrics(samples)
+        keys = sorted({k for s in samples for k in s.get("rewards", {})})
+        for key in keys:
+            values = [s["rewards"][key] for s in samples if key in s.get("rewards", {})]
+            metrics[f"eval/{key}"] = sum(values) / len(values)
         return metrics
-
-
-def eval_metrics(samples: list[dict[str, Any]]) -> dict[str, float]:
-    """The evaluation's means over its samples (a failed run scores 0)."""
-    n = len(samples)
-    scores = [float(s["score"]) for s in samples]
-    metrics = {
-        "eval/mean_score": sum(scores) / n,
-        "eval/accuracy": sum(1 for v in scores if v > 0) / n,
-        "eval/failed_runs": sum(1 for s in samples if s["error"]) / n,
-    }
-    keys = sorted({k for s in samples for k in s.get("rewards", {})})
-    for key in keys:
-        values = [s["rewards"][key] for s in samples if key in s.get("rewards", {})]
-        metrics[f"eval/{key}"] = sum(values) / len(values)
-    return metrics
