@@ -439,6 +439,28 @@ def qwen_like_tokenizer() -> Any:
     return tokenizer
 
 
+def test_text_only_retokenization_renders_with_the_switch():
+    """A server without token ids: the finished chat is tokenized locally with the same
+    switches the request carried, so the trained tokens follow the prompt the policy saw."""
+    from atropos.inference.tokenize import tokenize_for_trainer
+
+    tokenizer = qwen_like_tokenizer()
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    plain = tokenize_for_trainer(tokenizer, chat)
+    off = tokenize_for_trainer(tokenizer, chat, template_kwargs={"enable_thinking": False})
+    # the template adds the empty think block to a generation prompt only: the sequence is the
+    # prompt as the policy saw it, then its reply
+    masked = zip(off["tokens"], off["masks"], strict=True)
+    prompt = tokenizer.decode([t for t, m in masked if m == -100])
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    for out in (plain, off):
+        trained = [t for t in out["masks"] if t != -100]
+        assert tokenizer.decode(trained) == "4<|im_end|>\n"
+    assert plain["tokens"] != off["tokens"]
+    same = tokenize_for_trainer(tokenizer, chat, template_kwargs={"enable_thinking": True})
+    assert same == plain  # a switch that leaves the prompt as rendered changes nothing
+
+
 def test_the_rendered_prompt_the_server_receives_follows_the_switch():
     from atropos.testing import FakeInferenceServer
 

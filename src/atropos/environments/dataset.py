@@ -244,9 +244,11 @@ class DatasetEnv(Env[DatasetEnvConfig]):
                 " not an 'openai' one"
             )
         tokenizer = self.tokenizer
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         params = {"max_tokens": self.max_tokens or cfg.max_token_length, **sampling}
         async with self.server.managed_server(tokenizer=tokenizer) as managed:
+            text = tokenizer.apply_chat_template(  # with the env's reasoning switches
+                messages, tokenize=False, add_generation_prompt=True, **managed.reasoning.kwargs
+            )
             reply = await managed.completion(
                 prompt=str(text) + cfg.prefill, n=n, split=split, **params
             )

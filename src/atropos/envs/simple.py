@@ -357,7 +357,10 @@ class Env(BaseEnv[ConfigT]):
             text = choice.message.content or ""
             chat = [*messages, {"role": "assistant", "content": text}]
             out = tokenize_for_trainer(
-                self.tokenizer, chat, finish_reason=str(choice.finish_reason or "")
+                self.tokenizer,
+                chat,
+                finish_reason=str(choice.finish_reason or ""),
+                template_kwargs=self.server.template_plan(self.tokenizer).kwargs,
             )
             rollouts.append(
                 Rollout(

@@ -143,7 +143,12 @@ def trailing_end_of_turn(tokens: Sequence[int], tokenizer: Any) -> int:
     return n
 
 
-def _boundary(tokenizer: Any, tokens: Sequence[int], messages: Sequence[Mapping[str, Any]]) -> int:
+def _boundary(
+    tokenizer: Any,
+    tokens: Sequence[int],
+    messages: Sequence[Mapping[str, Any]],
+    template_kwargs: Mapping[str, Any],
+) -> int:
     """Where the turn after `messages` starts in `tokens`.
 
     Upstream's rule (the template of `messages` plus the generation prompt), checked: when that
@@ -154,11 +159,34 @@ def _boundary(tokenizer: Any, tokens: Sequence[int], messages: Sequence[Mapping[
         return 0  # templates refuse an empty conversation
     common = 0
     for add_generation_prompt in (True, False):
-        head = template_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+        head = template_ids(
+            tokenizer, messages, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
         if list(tokens[: len(head)]) == head:
             return len(head)
         common = max(common, _common_prefix(head, tokens))
     return common
+
+
+def _as_sampled(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tokens: list[int],
+    template_kwargs: Mapping[str, Any],
+) -> tuple[int, list[int]] | None:
+    """The last assistant turn as it was sampled, when the template's switches change only the
+    generation prompt (Qwen3's `enable_thinking=False` adds an empty think block there, not to a
+    rendered history): the prompt with its generation prompt, then the reply and the end of
+    turn; (where the reply starts, the ids). None when the full render already extends the
+    prompt (the usual path is exact) or the last turn is not the assistant's."""
+    if len(messages) < 2 or messages[-1].get("role") not in UNMASKED_ROLES:
+        return None
+    head = template_ids(tokenizer, messages[:-1], add_generation_prompt=True, **template_kwargs)
+    if tokens[: len(head)] == head:
+        return None
+    reply = str(messages[-1].get("content") or "")
+    body = as_token_ids(tokenizer.encode(reply, add_special_tokens=False))
+    return len(head), head + body + end_of_turn_ids(tokenizer)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -176,6 +204,7 @@ def tokenize_for_trainer(
     include_messages: bool = False,
     train_on_all_assistant_turns: bool = False,
     finish_reason: str = "",
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> TrainerTokens:
     """Tokenize a finished chat with its chat template and mask what the trainer must not learn.
 
@@ -195,6 +224,8 @@ def tokenize_for_trainer(
         finish_reason: `"length"` drops a trailing end-of-turn the template appended (eos,
             `<|im_end|>` and the newline after it), so truncated generations are not taught to
             stop.
+        template_kwargs: chat-template kwargs the generation rendered with (the env's reasoning
+            switches, `ManagedServer.reasoning.kwargs`), so the tokens match what was sampled.
 
     Returns:
         `{"tokens", "masks", "token_source": "retokenized"}` (+ `"messages"`), where masks hold
@@ -214,16 +245,22 @@ def tokenize_for_trainer(
     Long because the mask's boundaries are found and checked in sequence against the same tokens.
     """
     messages = list(chat)
-    tokens = template_ids(tokenizer, messages)
-    if train_on_all_assistant_turns:
+    extra = dict(template_kwargs or {})
+    tokens = template_ids(tokenizer, messages, **extra)
+    last_only = not train_on_all_assistant_turns
+    sampled = _as_sampled(tokenizer, messages, tokens, extra) if extra and last_only else None
+    if sampled is not None:
+        start, tokens = sampled
+        masks = [-100] * start + tokens[start:]
+    elif train_on_all_assistant_turns:
         masks = [-100] * len(tokens)
         for i, message in enumerate(messages):
             if message.get("role") in UNMASKED_ROLES:
-                start = _boundary(tokenizer, tokens, messages[:i])
-                end = _boundary(tokenizer, tokens, messages[: i + 1])
+                start = _boundary(tokenizer, tokens, messages[:i], extra)
+                end = _boundary(tokenizer, tokens, messages[: i + 1], extra)
                 masks[start:end] = tokens[start:end]
     else:
-        start = _boundary(tokenizer, tokens, messages[:-1])
+        start = _boundary(tokenizer, tokens, messages[:-1], extra)
         masks = [-100] * start + tokens[start:]
     if finish_reason == "length":
         drop = trailing_end_of_turn(tokens, tokenizer)
