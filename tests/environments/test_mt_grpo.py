@@ -29,7 +29,7 @@ from atropos.environments.mt_grpo import (
 )
 from atropos.environments.mt_grpo import episode as episode_module
 from atropos.environments.mt_grpo.demo import RESULT_MARK
-from atropos.environments.mt_grpo.scoring import answer_of, outcome_reward, turn_reward
+from atropos.environments.mt_grpo.scoring import answer_of, judge_turns, outcome_reward
 from atropos.environments.mt_grpo.world import calculate, same_answer
 from atropos.envs import registry
 from atropos.inference.sequence import MASKED, PROMPT_LOGPROB
@@ -110,18 +110,31 @@ def test_bad_task_files_are_named(tmp_path):
         load_tasks("train", tmp_path)
 
 
-def test_turn_rewards_grade_parse_tool_and_arguments():
-    assert turn_reward("<think>x</think>" + block(CAPITAL), CAPITAL, WORLD) == 1.0
-    assert turn_reward(block(call("lookup", table="capital", key="avaria ")), CAPITAL, WORLD) == 1.0
-    assert turn_reward(block(call("lookup", table="capital", key="Gorvash")), CAPITAL, WORLD) == 0.5
-    assert turn_reward(block(call("calculator", expression="1")), CAPITAL, WORLD) == 0.25
-    assert turn_reward(block(call("calculator", expression="(482000)/241")), DIVIDE, WORLD) == 1.0
-    assert turn_reward(block(call("calculator", expression="482000/242")), DIVIDE, WORLD) == 0.5
-    assert turn_reward("<tool_call>{oops</tool_call>", CAPITAL, WORLD) == 0.0
-    assert turn_reward(block(CAPITAL) + block(CAPITAL), CAPITAL, WORLD) == 0.0  # one per turn
-    assert turn_reward("\\boxed{2000}", CAPITAL, WORLD) == 0.0  # answered where a call is due
-    assert turn_reward("\\boxed{2000}", None, WORLD) == 1.0  # the answer, when it is due
-    assert turn_reward(block(CAPITAL), None, WORLD) == 0.0  # yet another call
+def rewards(texts: list[str], expected: tuple[dict[str, Any], ...] = TASK.calls) -> list[float]:
+    return [j.reward for j in judge_turns(texts, expected, WORLD)]
+
+
+def test_a_call_scores_for_parsing_the_tool_and_the_arguments():
+    assert rewards(["<think>x</think>" + block(CAPITAL)]) == [1.0]
+    assert rewards([block(call("lookup", table="capital", key="avaria "))]) == [1.0]
+    assert rewards([block(call("lookup", table="capital", key="Gorvash"))]) == [0.5]
+    assert rewards([block(call("search", q="Avaria"))]) == [0.25]
+    assert rewards([block(call("calculator", expression="(482000)/241"))]) == [1.0]
+    assert rewards([block(call("calculator", expression="482000/242"))]) == [0.5]
+    assert rewards(["<tool_call>{oops</tool_call>"]) == [0.0]
+    assert rewards([block(CAPITAL) + block(POPULATION)]) == [0.0]  # one call per turn
+    assert rewards(["<think>x</think>no call"]) == [0.0]  # a call is due
+
+
+def test_calls_count_in_any_order_and_a_wrong_one_can_be_retried():
+    assert rewards([block(c) for c in (CAPITAL, AREA, POPULATION, DIVIDE)]) == [1.0] * 4
+    again = [block(CAPITAL), block(CAPITAL)]  # made already: the same lookup again is no use
+    assert rewards(again) == [1.0, 0.5]
+    retried = [block(call("lookup", table="capital", key="Ithren")), block(CAPITAL)]
+    assert rewards(retried) == [0.5, 1.0]
+    judged = judge_turns([block(CAPITAL), "\\boxed{1}", "\\boxed{1}"], (CAPITAL,), WORLD)
+    assert judged == [(1.0, True), (1.0, False), (1.0, False)]  # the answer is due now
+    assert rewards([block(CAPITAL), block(AREA)], (CAPITAL,)) == [1.0, 0.0]  # one call too many
 
 
 def test_the_answer_and_the_outcome():
@@ -210,7 +223,7 @@ def test_chat_turns_are_token_exact_and_scored_turn_by_turn():
     environment, episodes = play(script)
     tok = environment.tokenizer
     scored = [score_episode(e, WORLD, think_required=False) for e in episodes]
-    assert [x.turn_rewards for x in scored] == [[1.0] * 5, [1.0, 0.5, 1.0, 1.0, 1.0], [0.0]]
+    assert [x.turn_rewards for x in scored] == [[1.0] * 5, [1.0, 0.5, 1.0, 1.0, 0.0], [0.0]]
     assert [x.outcome for x in scored] == [1.0, 0.0, 1.0]
     assert [e.stopped for e in episodes] == ["answered"] * 3
     assert episodes[1].messages[5]["content"].startswith('{"tool": "lookup", "error": "no')
@@ -248,7 +261,7 @@ def test_a_policy_that_never_answers_stops_at_max_turns():
     _, [ep] = play(script, task, extra_turns=1)  # 2 calls + the answer + 1 more
     assert ep.stopped == "max_turns" and len(ep.turns) == 4 and ep.answer_text is None
     scored = score_episode(ep, WORLD, False)
-    assert scored.turn_rewards == [1.0, 0.5, 0.0, 0.0] and scored.outcome == 0.0
+    assert scored.turn_rewards == [1.0, 0.5, 0.5, 0.5] and scored.outcome == 0.0
 
 
 def test_a_turn_that_would_not_fit_ends_the_episode():
@@ -304,7 +317,7 @@ def test_tools_inside_thinking_stay_in_one_reply_token_exact():
             for k, (s, c) in enumerate(zip(script[i], [*calls, None], strict=True))
         )
     scored = [score_episode(e, WORLD, think_required=True) for e in episodes]
-    assert [x.turn_rewards for x in scored] == [[1.0] * 5, [1.0, 1.0, 1.0, 0.5, 1.0]]
+    assert [x.turn_rewards for x in scored] == [[1.0] * 5, [1.0, 1.0, 1.0, 0.5, 0.0]]
     assert [x.outcome for x in scored] == [1.0, 0.0]
 
 
@@ -371,7 +384,7 @@ def test_groups_carry_each_turns_advantage_on_its_own_tokens(think):
     ]
     group, environment = collect(script, tools_in_think=think)
     order = [int(re.search(r"rollout (\d+)", m[2]["content"]).group(1)) for m in group["messages"]]
-    turn_rewards = {0: [1.0] * 5, 1: [1.0, 0.5, 1.0, 1.0, 1.0], 2: [1.0] * 5}
+    turn_rewards = {0: [1.0] * 5, 1: [1.0, 0.5, 1.0, 1.0, 0.0], 2: [1.0] * 5}
     outcomes = {0: 1.0, 1: 0.0, 2: 0.0}
     rows = turn_advantages([turn_rewards[i] for i in order], [outcomes[i] for i in order])
     assert group["scores"] == [outcomes[i] for i in order]
@@ -384,7 +397,7 @@ def test_groups_carry_each_turns_advantage_on_its_own_tokens(think):
     assert group["token_source"] == "server" and len(group["inference_logprobs"]) == 3
     metrics = environment.metrics
     assert metrics["train/accuracy"] == pytest.approx(1 / 3)
-    assert metrics["train/calls_right"] == pytest.approx(11 / 12)
+    assert metrics["train/calls_right"] == pytest.approx(11 / 13)  # rollout 1 never made one
     assert metrics["train/tool_results"] == 4.0 and metrics["train/answered"] == 1.0
 
 
@@ -491,8 +504,8 @@ def test_demo_responder_mixes_right_and_wrong_calls():
     task = load_tasks("train")[0]
     prompt = f"<|im_start|>user\n{task.question}<|im_end|>"
     replies = [demo_responder(prompt) or "" for _ in range(3)]
-    rewards = [turn_reward(r, task.calls[0], WORLD) for r in replies]
-    assert 1.0 in rewards and any(r < 1.0 for r in rewards)
+    first = [rewards([r], task.calls)[0] for r in replies]
+    assert 1.0 in first and any(r < 1.0 for r in first)
     assert demo_responder("What is 2 + 2?") is None
 
 

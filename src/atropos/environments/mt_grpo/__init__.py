@@ -1,8 +1,8 @@
 """`mt_grpo`: multi-turn tool use with turn-level credit assignment (MT-GRPO), token-exact.
 
 The policy answers questions about a made-up atlas by calling `lookup` and `calculator`, which
-run here on its own calls. Every turn is scored against the task's expected call at that step
-(the call parses, names the right tool, asks the right thing), the final answer gives the
+run here on its own calls. Every turn is scored against the calls the task still needs (the
+call parses, names the right tool, asks the right thing), the final answer gives the
 outcome, and `environments.common.turn_credit` turns both into per-turn advantages on each
 turn's own tokens. With `--env.tools_in_think true` the calls are made inside the thinking of
 one reply, their results inserted (masked) into that same reply. Details: docs/mt_grpo.md.

@@ -1,7 +1,7 @@
 """`MTGRPO`: the environment, its config, its groups with per-turn credit, and evaluation.
 
 A group is `group_size` episodes of one task, each in its own token-exact session
-(`episode.play_chat` or `episode.play_in_think`). Every turn is scored (`scoring.turn_reward`),
+(`episode.play_chat` or `episode.play_in_think`). Every turn is scored (`scoring.judge_turns`),
 the answer gives the outcome (`scoring.outcome_reward`), and `common.turn_credit` turns them
 into per-turn advantages (MT-GRPO's rule, or GRPO's outcome-only baseline) laid on each turn's
 own tokens: the group's `advantages`, which the trainer uses in place of its own. `scores` are
@@ -27,7 +27,7 @@ from atropos.environments.mt_grpo.episode import (
     play_in_think,
     system_prompt,
 )
-from atropos.environments.mt_grpo.scoring import answer_of, outcome_reward, turn_reward
+from atropos.environments.mt_grpo.scoring import answer_of, judge_turns, outcome_reward
 from atropos.environments.mt_grpo.world import Task, load_tasks, load_world
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
@@ -70,36 +70,33 @@ class MTGRPOConfig(BaseEnvConfig):
 @dataclass
 class Scored:
     """An episode's rewards: each turn's (None: no turn-level reward), the answer it gave, the
-    outcome, and how many of its turns were call steps (the task's calls)."""
+    outcome, and which turns had a call due."""
 
     turn_rewards: list[float | None]
     outcome: float
     answer: str | None
-    call_steps: int
+    call_due: list[bool]
 
     @property
     def calls_right(self) -> list[float]:
-        """1.0 or 0.0 for each call step taken (1.0: the right call, arguments and all)."""
-        return [float(r == 1.0) for r in self.turn_rewards[: self.call_steps]]
+        """1.0 or 0.0 for each turn at which a call was due (1.0: a needed call made exactly)."""
+        pairs = zip(self.turn_rewards, self.call_due, strict=True)
+        return [float(r == 1.0) for r, due in pairs if due]
 
 
 def score_episode(episode: Episode, world: Any, think_required: bool) -> Scored:
-    """Score every turn of `episode` against its task's steps, and its answer."""
-    calls = episode.task.calls
-    rewards: list[float | None] = [
-        turn_reward(turn.text, calls[k] if k < len(calls) else None, world)
-        for k, turn in enumerate(episode.turns)
-    ]
+    """Score every turn of `episode` against its task (`scoring.judge_turns`), and its answer."""
+    judged = judge_turns([turn.text for turn in episode.turns], episode.task.calls, world)
     text = episode.answer_text
     answer = None if text is None else answer_of(text, think_required)
     outcome = outcome_reward(answer, episode.task.answer)
-    return Scored(rewards, outcome, answer, min(len(calls), len(rewards)))
+    return Scored([j.reward for j in judged], outcome, answer, [j.call_due for j in judged])
 
 
 def episode_metrics(
     episodes: Sequence[Episode], scored: Sequence[Scored]
 ) -> dict[str, list[float]]:
-    """Per-episode values of the logged metrics (`calls_right`: per call step)."""
+    """Per-episode values of the logged metrics (`calls_right`: per turn with a call due)."""
     return {
         "accuracy": [x.outcome for x in scored],
         "answered": [float(e.answer_text is not None) for e in episodes],
