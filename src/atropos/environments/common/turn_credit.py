@@ -14,12 +14,13 @@ turn and the later ones::
                                                                       fewer than two of them)
     A_{i,k}   = Â^O_i + λ · Σ_{k' ≥ k} γ^(k'−k) · Â^T_{i,k'}
 
-For the paper's two-turn episodes (a tool call, rewarded at its turn, then the answer) this is
-its rule: ``A_{i,1} = Â^O_i + λ·Â^T_i`` and ``A_{i,2} = Â^O_i``; the paper trains with
-λ = 1. Putting λ on the turn term, not the outcome term, follows the authors' code
-(`turn_advantage_coef`, `advantage_est="aae"` in github.com/SiliangZeng/Multi-Turn-RL-Agent);
-at λ = 1 the two agree. Longer episodes sum the later turns (γ = 1: undiscounted). `rule="grpo"`
-is the outcome-only baseline: every turn gets ``Â^O_i``, GRPO's own per-sequence advantage
+The paper states the rule for two-turn episodes (a tool call, rewarded at its turn, then the
+answer) and trains with λ = 1: ``A_{i,1} = Â^O_i + Â^T_i`` and ``A_{i,2} = Â^O_i``, the formula
+above with one call. For λ ≠ 1 the weight sits on the turn term, as in the authors' code
+(`turn_advantage_coef`, `advantage_est="aae"` in github.com/SiliangZeng/Multi-Turn-RL-Agent),
+so λ = 0 is the outcome-only rule. Longer episodes sum the later turns (γ = 1: undiscounted).
+
+`rule="grpo"` is the baseline: every turn gets ``Â^O_i``, GRPO's own per-sequence advantage
 (`atropos.rewards.group.group_advantages`, what the trainer computes from the scores).
 
 `token_advantages_by_turn` puts each turn's advantage on the trained tokens of its span, 0.0 on
