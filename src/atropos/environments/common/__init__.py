@@ -12,6 +12,10 @@
   asking for a think block (the format environments).
 - `selection`: settings that name some of a fixed set, with "did you mean".
 - `demo`: the parts of the offline demo responders (shipped rows, right and wrong in turn).
+- `retrieval`: BM25 (pure Python) and sentence-embedding retrievers over short documents
+  (`npc_arena`'s lore, `deep_research`'s collections).
+- `turn_credit`: MT-GRPO's turn-level advantages and their mapping onto each turn's tokens
+  (`mt_grpo`).
 
 Importing this package imports none of them.
 """
