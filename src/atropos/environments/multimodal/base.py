@@ -1,12 +1,13 @@
 """`VisionEnv`: what the multimodal environments share (items, prompt, sampling, groups, metrics).
 
-An env of the family says how to make an item from a seed (`generated_item`) and draw it
-(`draw`), how to read the rows of its hub dataset (`hub_items`), and how to judge an answer
+An env of the family says how to make an item from a seed (`make_item`) and draw it
+(`draw`), how to read a row of its hub dataset (`hub_item`), and how to judge an answer
 (`judge`); this class does the rest:
 
 - **Items.** Generated from seeds `seed ..` for training and `10**9 + seed ..` for evaluation,
   or read from `--env.dataset_name` (`hub_rows` rows of `train`, `eval_size` of `eval_split`).
-  An item id is the env's `kind` and its seed (`clock-17`) or its split and row (`test-3`).
+  An item id is the env's `kind` and its seed (`clock-17`), or its split and row
+  (`clock-test-3`).
 - **Prompt.** A system turn saying how to answer (`<answer>` tags or `\\boxed{}`), then a user
   turn holding the picture (an `image_url` data URL) and the question with an `[item ID]` tag
   that the offline demo responder reads.
@@ -88,7 +89,10 @@ class VisionConfig(BaseEnvConfig):
     )
     dataset_config: str | None = Field(default=None, description="the hub dataset's config")
     hub_rows: int = Field(default=2000, ge=1, description="training rows read from the hub")
-    eval_split: str = Field(default="test", description="hub split to evaluate on")
+    eval_split: str = Field(
+        default="test",
+        description="hub split to evaluate on (train: the eval_size rows after the training rows)",
+    )
     image_cache: int = Field(default=512, ge=1, description="pictures kept encoded in memory")
 
 
@@ -105,6 +109,7 @@ class VisionEnv(Env[VisionConfigT]):
     task: ClassVar[str] = "You answer questions about a picture."  # the system turn's opening
     example: ClassVar[str] = "3"  # an answer, shown in the system turn
     synonyms: ClassVar[Mapping[str, str]] = {}  # normalised word -> the word it means
+    hub_fields: ClassVar[tuple[str, ...]] = ()  # the hub columns `hub_item` reads
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,16 +120,19 @@ class VisionEnv(Env[VisionConfigT]):
 
     @classmethod
     @abstractmethod
+    def make_item(cls, config: VisionConfigT, seed: int) -> dict[str, Any]:
+        """What the item of `seed` holds besides its id and seed: `question`, `answer`,
+        `category` and whatever `draw` needs (JSON values), from the settings in `config`."""
+
+    @classmethod
     def generated_item(cls, config: VisionConfigT, seed: int) -> dict[str, Any]:
-        """The item of `seed`: `id`, `question`, `answer`, `category`, `seed` and whatever
-        `draw` needs (JSON values), from the settings in `config`."""
+        """The item of `seed`: its id (`clock-17`), its seed, and what `make_item` gives."""
+        return {"id": f"{cls.kind}-{seed}", "seed": seed, **cls.make_item(config, seed)}
 
     @classmethod
     @abstractmethod
     def draw(cls, item: Mapping[str, Any]) -> Any:
         """The picture of a generated item (a PIL image)."""
-
-    hub_fields: ClassVar[tuple[str, ...]] = ()  # the columns `hub_item` reads
 
     def hub_item(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """The items of one hub row (`question`, `answer`, `category`, and an `image`,
@@ -205,6 +213,9 @@ class VisionEnv(Env[VisionConfigT]):
         )
         lock: threading.Lock = self.__dict__.setdefault("_images_lock", threading.Lock())
         key = str(item["id"])
+        held: dict[str, str] = self.__dict__.get("_eval_images", {})
+        if key in held:
+            return held[key]
         with lock:
             if key in cache:
                 cache.move_to_end(key)
@@ -334,16 +345,20 @@ class VisionEnv(Env[VisionConfigT]):
         """`Env.evaluate`, with each item's picture had first (items without one are left out
         and counted in `eval/images_unavailable`)."""
         items = list(self.load_eval())
-        kept = await asyncio.gather(*(self._with_image(i) for i in items))
+        held: dict[str, str] = {}  # this evaluation's pictures, whatever the cache drops
+        kept = await asyncio.gather(*(self._hold_image(i, held) for i in items))
         self.__dict__["_eval_missing"] = sum(1 for k in kept if not k)
         self.__dict__["_eval_items"] = [i for i, k in zip(items, kept, strict=True) if k]
-        return await super().evaluate(*args, **kwargs)
-
-    async def _with_image(self, item: dict[str, Any]) -> bool:
-        """Whether the eval item's picture could be had; kept in the item (for this evaluation's
-        items only), so a full cache never makes `prompt` fetch it again."""
+        self.__dict__["_eval_images"] = held
         try:
-            item["image_b64"] = await asyncio.to_thread(self.image_base64, item)
+            return await super().evaluate(*args, **kwargs)
+        finally:
+            self.__dict__.pop("_eval_images", None)
+
+    async def _hold_image(self, item: dict[str, Any], held: dict[str, str]) -> bool:
+        """Whether the eval item's picture could be had (then kept in `held`)."""
+        try:
+            held[str(item["id"])] = await asyncio.to_thread(self.image_base64, item)
         except ImageUnavailable:
             return False
         return True

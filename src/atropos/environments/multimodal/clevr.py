@@ -94,12 +94,10 @@ class Clevr(VisionEnv[ClevrConfig]):
     hub_fields = ("image", "problem", "solution")
 
     @classmethod
-    def generated_item(cls, config: ClevrConfig, seed: int) -> dict[str, Any]:
+    def make_item(cls, config: ClevrConfig, seed: int) -> dict[str, Any]:
         scene = make_scene(seed, config.max_objects)
         question = ask(scene, seed, tuple(config.families.split(",")))
         return {
-            "id": f"{cls.kind}-{seed}",
-            "seed": seed,
             "question": question.text,
             "answer": question.answer,
             "category": question.family,

@@ -164,11 +164,9 @@ class ClockReading(VisionEnv[ClockConfig]):
     hub_fields = ("image", "hour", "minute")
 
     @classmethod
-    def generated_item(cls, config: ClockConfig, seed: int) -> dict[str, Any]:
+    def make_item(cls, config: ClockConfig, seed: int) -> dict[str, Any]:
         face = make_face(seed, config.second_hand_rate)
         return {
-            "id": f"{cls.kind}-{seed}",
-            "seed": seed,
             "answer": f"{face['hour']:02d}:{face['minute']:02d}",
             "category": face["numerals"],
             **face,

@@ -74,7 +74,7 @@ class OCRVQA(VisionEnv[OCRConfig]):
     hub_fields = ("image", "questions", "answers")
 
     @classmethod
-    def generated_item(cls, config: OCRConfig, seed: int) -> dict[str, Any]:
+    def make_item(cls, config: OCRConfig, seed: int) -> dict[str, Any]:
         book = make_book(seed)
         rng = random.Random(f"ocr-question:{seed}")
         category = rng.choice(CATEGORIES)
@@ -85,8 +85,6 @@ class OCRVQA(VisionEnv[OCRConfig]):
         else:
             question, answer = rng.choice(ASKED[category]), str(book[category])
         return {
-            "id": f"{cls.kind}-{seed}",
-            "seed": seed,
             "question": question,
             "answer": answer,
             "category": category,

@@ -42,7 +42,7 @@ from atropos.environments.multimodal.answers import as_number
 from atropos.environments.multimodal.base import Verdict, VisionConfig, VisionEnv
 from atropos.environments.multimodal.drawing import ICON_KINDS, RGB, canvas, draw_icon, place
 
-__all__ = ["PixmoConfig", "PixmoCount", "hits", "points_text", "read_points"]
+__all__ = ["PixmoConfig", "PixmoCount", "hits", "make_picture", "points_text", "read_points"]
 
 SIZE = 256
 PLURALS = {
@@ -125,7 +125,7 @@ def make_picture(seed: int, config: PixmoConfig) -> dict[str, Any]:
     ]
     kinds = [kind] * count + others
     rng.shuffle(kinds)
-    while True:  # crowded draws are drawn again with smaller icons
+    while True:  # a draw too crowded to place is drawn again, with new sizes
         radii = [rng.randint(8, 15) for _ in kinds]
         centres = place(rng, radii, (SIZE, SIZE), gap=3)
         if centres is not None:
@@ -147,7 +147,7 @@ class PixmoCount(VisionEnv[PixmoConfig]):
     hub_fields = ("image_url", "label", "count")
 
     @classmethod
-    def generated_item(cls, config: PixmoConfig, seed: int) -> dict[str, Any]:
+    def make_item(cls, config: PixmoConfig, seed: int) -> dict[str, Any]:
         picture = make_picture(seed, config)
         mode = config.task
         if mode == "mix":
@@ -168,8 +168,6 @@ class PixmoCount(VisionEnv[PixmoConfig]):
             )
             answer = points_text(shown, label)
         return {
-            "id": f"{cls.kind}-{seed}",
-            "seed": seed,
             "question": question,
             "answer": answer,
             "category": mode,
