@@ -58,7 +58,8 @@ def test_each_pyproject_entry_point_imports_from_the_source(name):
 
 def test_the_folder_list_reads_as_the_entry_point_list():
     """Each entry of `environments/` is a registered environment (module or package) or a family
-    package of them (`games/`, `evals/`); shared helpers are in `common/`, fixtures in `data/`."""
+    package of them (`games/`, `evals/`, `multimodal/`); shared helpers are in `common/`, fixtures
+    in `data/`."""
     folder = ROOT / "src" / "atropos" / "environments"
     entries = {
         p.stem
@@ -69,6 +70,6 @@ def test_the_folder_list_reads_as_the_entry_point_list():
         name: target.split(".")[2].partition(":")[0] for name, target in pyproject_targets().items()
     }
     assert entries - {"common", "data"} == set(tops.values())
-    families = {"games", "evals"}
+    families = {"games", "evals", "multimodal"}
     misnamed = {name: top for name, top in tops.items() if top != name and top not in families}
     assert not misnamed, f"entry points not named as their module or package: {misnamed}"
