@@ -46,10 +46,19 @@ MORE_ENVS: dict[str, list[str]] = {  # env -> the flags its run needs beyond the
     "sft_loader": [],
     "deep_research": ["--env.max_turns", "2", "--env.max_reply_tokens", "16"],  # noise is long
     "mcp_tools": ["--env.max_gen_per_turn", "16", "--env.max_token_length", "2048"],  # tools
+    "ocr_vqa": [],
+    "clevr": [],
+    "clock_reading": [],
+    "pixmo_count": [],
 }
+VISION = {"visual_counting", "ocr_vqa", "clevr", "clock_reading", "pixmo_count"}
 EVAL_ENVS = ["eval_gsm8k", "eval_math500", "eval_aime", "eval_mmlu", "eval_gpqa", "eval_ifeval"]
 OWN_TOKENS = {  # envs whose groups are not the server's token ids, and why
     "visual_counting": "retokenized",  # images are not in the tiny model; trained on the text
+    "ocr_vqa": "retokenized",
+    "clevr": "retokenized",
+    "clock_reading": "retokenized",
+    "pixmo_count": "retokenized",
     "sft_loader": "retokenized",  # fixed conversations; the server is never asked
 }
 
@@ -142,7 +151,7 @@ def test_every_other_env_processes_against_the_cpu_server(
         assert all(
             [len(a) for a in g["advantages"]] == [len(t) for t in g["tokens"]] for g in groups
         )
-    if name == "visual_counting":  # the picture travels with the group, as base64 PNG
+    if name in VISION:  # the picture travels with the group, as base64 PNG
         assert all(img.startswith("iVBORw0KGgo") for g in groups for img in g["images"])
     if name == "sft_loader":
         assert all(o == {"sft": True} for g in groups for o in g["overrides"])
