@@ -5,8 +5,11 @@ YAML), `tool_calling`, `rlaif` and `npc_arena` (AI judges), `math` (multi-mode),
 `fundamentals`, `letter_counting`, `text_reversal`, `instruction_following`, `blackjack`,
 `blackjack_thinking`, `taxi`, `code_execution` (local sandbox), `tool_use_multiturn`,
 `sft_loader`, `visual_counting`, `agent_tools` (an agent through the rollout proxy),
-`answer_format`, `json_schema`, `infinimath`, `swe_patch`, and from other projects'
-collections `reasoning_gym` and `verifiers` (`verifiers:NAME`). Evaluation only: the `eval_*`
+`answer_format`, `json_schema`, `infinimath`, `swe_patch`, `deep_research` (search, open,
+answer over a collection), `mcp_tools` (MCP servers' tools), `mt_grpo` (turn-level credit,
+tools inside the think block), `textworld` (text games), the multimodal `ocr_vqa`, `clevr`,
+`clock_reading` and `pixmo_count`, and from other projects' collections `reasoning_gym` and
+`verifiers` (`verifiers:NAME`). Evaluation only: the `eval_*`
 suites, one table (`evals/catalog.py`). The table with rewards and docs: docs/environments.md.
 
 How this folder is laid out (the folder list reads as the entry-point list):
@@ -15,7 +18,8 @@ How this folder is laid out (the folder list reads as the entry-point list):
   one file, a package (`letter_counting/`) holding its own helpers when it has some. Its entry
   point is `atropos.environments.NAME:Class` either way.
 - Families registered under several names stay one package, one module per environment:
-  `games/` (`blackjack`, `blackjack_thinking` in `games/blackjack.py`; `taxi`) and `evals/`
+  `games/` (`blackjack`, `blackjack_thinking` in `games/blackjack.py`; `taxi`), `multimodal/`
+  (`ocr_vqa`, `clevr`, `clock_reading`, `pixmo_count`) and `evals/`
   (every `eval_NAME` built from its row of `evals/catalog.py`, exported by `evals/__init__.py`;
   `eval_mmlu` and `eval_ifeval` keep modules of their own).
 - A helper that more than one environment uses lives in `common/` (loading data, tool-call
