@@ -78,14 +78,20 @@ def is_sharded(model: nn.Module) -> bool:
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights: on rank 0 all of them on the CPU (gathered from the shards:
-    a collective, every rank calls it), `{}` on the others. An unsharded model gives its own
-    `state_dict()` (no copy)."""
+    a collective, every rank calls it), `{}` on the others; a weight tied to another (the
+    embeddings and the head) once, under its first name, as an unsharded model's state has it
+    for `save_pretrained`. An unsharded model gives its own `state_dict()` (no copy)."""
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full: dict[str, Any] = get_model_state_dict(model, options=options)
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            full.pop(name, None)
+        seen.add(id(tensor))
     return full
 
 

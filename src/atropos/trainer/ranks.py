@@ -26,8 +26,9 @@ T = TypeVar("T")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class RanksError(RuntimeError):
-    """The other ranks did not answer within the deadline, or one of them died."""
+class RanksError(ConnectionError):
+    """The other ranks did not answer within the deadline, or one of them died (an OSError, so
+    `atropos train` reports it in one line and exits 1)."""
 
 
 def pick_device(device: str, local_rank: int = 0) -> torch.device:
