@@ -35,6 +35,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ from atropos.trainer.step import StepSettings, train_step  # noqa: E402
 SIZES: dict[str, dict[str, int]] = {  # Llama shapes; vocabulary 32000, untied head
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
+    "134m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                 num_attention_heads=12, num_key_value_heads=12),  # for CPUs (trainer_fsdp.py)
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
                  num_attention_heads=16, num_key_value_heads=8),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
@@ -141,26 +144,45 @@ def peak_flops(ranks: Ranks, given: float) -> float | None:
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
+@dataclass
+class Setup:
+    """A sharded model, its optimizer and the synthetic batch, ready to step."""
+
+    model: Any
+    opt: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    samples: list[Sample]
+    settings: StepSettings
+    n_params: int
+    n_matmul: int
+
+
+def prepare(args: argparse.Namespace, ranks: Ranks) -> Setup:
+    """The model of `--size` on the ranks' device, sharded when there is a process group."""
+    model = build_model(args.size, args.seq_len, ranks.device)
+    if args.activation_checkpointing:
+        checkpoint_activations(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_matmul = n_params - model.get_input_embeddings().weight.numel()
+    shard(model, ranks)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    batch = args.batch_size or 32 * ranks.world
+    samples = synthetic_batch(batch, args.seq_len, model.config.vocab_size)
+    settings = StepSettings(micro_batch_size=args.micro_batch_size)
+    return Setup(model, opt, params, samples, settings, n_params, n_matmul)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build, shard, warm up, time; the results (every rank returns them)."""
     one_process_group()
     ranks = Ranks.from_env(args.device)
     try:
-        model = build_model(args.size, args.seq_len, ranks.device)
-        if args.activation_checkpointing:
-            checkpoint_activations(model)
-        n_params = sum(p.numel() for p in model.parameters())
-        n_matmul = n_params - model.get_input_embeddings().weight.numel()
-        shard(model, ranks)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-6)
-        batch = args.batch_size or 32 * ranks.world
-        samples = synthetic_batch(batch, args.seq_len, model.config.vocab_size)
-        settings = StepSettings(micro_batch_size=args.micro_batch_size)
-        times = time_steps(model, opt, params, samples, settings, ranks, args)
+        s = prepare(args, ranks)
+        times = time_steps(s.model, s.opt, s.params, s.samples, s.settings, ranks, args)
         peaks = ranks.gather(peak_memory(ranks), "gathering peak memory")
-        tokens = batch * args.seq_len
-        return report(args, ranks, times, tokens, n_params, n_matmul, peaks)
+        tokens = len(s.samples) * args.seq_len
+        return report(args, ranks, times, tokens, s.n_params, s.n_matmul, peaks)
     finally:
         ranks.close()
 

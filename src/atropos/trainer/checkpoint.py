@@ -80,8 +80,8 @@ def save_checkpoint(
 ) -> Path:
     """Write `step_N` (every rank calls this: the weights are gathered, the optimizer's shards
     written by each); returns its path."""
-    from torch.distributed.checkpoint.state_dict_saver import save
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     from atropos.trainer.sync import prune, save_lora
 
@@ -126,11 +126,11 @@ def load_lora_weights(path: Path, model: Any) -> None:
 def load_optimizer(path: Path, model: Any, opt: torch.optim.Optimizer, ranks: Ranks) -> Resumed:
     """Restore the optimizer state `save_checkpoint` wrote into `opt` (after sharding; the
     weights were loaded from `path` before); returns the step and the covered batch ids."""
-    from torch.distributed.checkpoint.state_dict_loader import load
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     state = json.loads((path / "state.json").read_text())
     legacy = path / "optimizer.pt"

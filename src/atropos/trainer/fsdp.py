@@ -3,7 +3,8 @@ full weights gathered back when the inference servers or a checkpoint need them.
 
 `shard` applies `fully_shard` to each of the model's blocks (the classes a Hugging Face model
 names in `_no_split_modules`, e.g. `LlamaDecoderLayer`; else the children of its longest
-`ModuleList`), then to the whole model (embeddings, final norm, head). Each parameter is cut in
+`ModuleList`), to the input embedding and the output head when they are not tied, then to the
+whole model (what is left: the final norm, or the tied embedding). Each parameter is cut in
 dim-0 shards across the ranks; a block's parameters are gathered for its forward and backward
 and freed after, and gradients are reduce-scattered in float32. On CUDA the gathered weights
 are bfloat16 (`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`; the shards,
@@ -66,8 +67,26 @@ def shard(model: nn.Module, ranks: Ranks) -> nn.Module:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
+    for table in untied_embeddings(model):
+        fully_shard(table, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def untied_embeddings(model: nn.Module) -> list[nn.Module]:
+    """The input embedding and the output head when they are separate weights (each its own
+    FSDP unit, gathered only while it is used: at a 32k vocabulary each is as large as a few
+    blocks); none when they are tied (one weight: it stays with the model's own unit)."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return []
+    first, last = get_in(), get_out()
+    if first is None or last is None:
+        return []
+    if getattr(first, "weight", None) is getattr(last, "weight", None):
+        return []
+    return [first, last]
 
 
 def is_sharded(model: nn.Module) -> bool:
