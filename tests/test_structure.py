@@ -93,6 +93,11 @@ LAYERS: dict[str, frozenset[str]] = {
 """For each part, the parts it may import besides itself and the leaves."""
 
 MODULE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("atropos.trainer.__main__", "atropos.cli.train"): (
+        "`python -m atropos.trainer` is what torchrun starts on each process (`torchrun -m"
+        " atropos.trainer`); it runs the same command line as `atropos train`, and nothing"
+        " imports it"
+    ),
     ("atropos.local.server", "atropos.cli.listen"): (
         "listen.py binds the listening socket of both servers (stdlib only); it stays in cli/"
         " until the loopback helpers are consolidated in one shared place"

@@ -327,9 +327,15 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
         elif "sync" not in args and "server_url" not in args and "server-url" not in args:
             args["sync"] = "none"  # nothing to sync into: checkpoints only
         args.setdefault("out_dir", str(run_dir / "trainer"))
+        command = ["{python}", "-m", "atropos", "train"]
+        if t.gpus > 1:  # one process per GPU, the model sharded over them (docs/trainer.md)
+            command = [
+                "{python}", "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(t.gpus), "-m", "atropos.trainer",
+            ]  # fmt: skip
         argv = [
-            "{python}", "-m", "atropos", "train", "--model", str(t.model),
-            "--api-url", "{url:api}", *server_args, *flags(args),
+            *command, "--model", str(t.model), "--api-url", "{url:api}", *server_args,
+            *flags(args),
         ]  # fmt: skip
     return Process(
         name="trainer",

@@ -93,9 +93,13 @@ class TrainerClient:
         answer = self._call("POST", "/register", wire.Registration(**fields))
         return int(self._decode("POST /register", answer, wire.Registered).uuid)
 
-    def next_batch(self, lease: float, poll: float = 0.05, stop: Any = None) -> Batch | None:
-        """Lease the next batch, polling while none is ready; None once `stop()` is true."""
+    def next_batch(
+        self, lease: float, poll: float = 0.05, stop: Any = None, within: float | None = None
+    ) -> Batch | None:
+        """Lease the next batch, polling while none is ready; None once `stop()` is true, or
+        when none came `within` seconds (None: keep polling)."""
         wait = poll
+        deadline = None if within is None else time.monotonic() + within
         while stop is None or not stop():
             raw = self._call("GET", "/batch", params={"lease": lease})
             answer = self._decode("GET /batch", raw, wire.BatchAnswer)
@@ -103,6 +107,8 @@ class TrainerClient:
                 raise ApiError(f"GET /batch: {answer.message or raw.decode(errors='replace')}")
             if answer.batch is not None:
                 return Batch(answer.batch, answer.step, answer.batch_id)
+            if deadline is not None and time.monotonic() + wait > deadline:
+                return None
             time.sleep(wait)
             wait = min(wait * 1.5, 1.0)
         return None

@@ -58,10 +58,17 @@ def apply_lora(model: nn.Module, targets: list[str], r: int, alpha: float) -> li
     return wrapped
 
 
-def adapter_weights(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{module path: (A, B)}`` of every `LoraLinear`, detached copies on the CPU."""
+def adapter_weights(
+    model: nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{module path: (A, B)}`` of every `LoraLinear`, detached copies on the CPU, read from
+    `state` (the model's whole state dict, as gathered from a sharded model) or the model's."""
+    state = model.state_dict() if state is None else state
     return {
-        name: (m.lora_A.detach().cpu().clone(), m.lora_B.detach().cpu().clone())
+        name: (
+            state[f"{name}.lora_A"].detach().cpu().clone(),
+            state[f"{name}.lora_B"].detach().cpu().clone(),
+        )
         for name, m in model.named_modules()
         if isinstance(m, LoraLinear)
     }

@@ -55,11 +55,12 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def save_model(model: Any, tokenizer: Any, path: Path) -> Path:
-    """Write a loadable HF directory (weights, config, tokenizer) atomically at `path`."""
+def save_model(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | None = None) -> Path:
+    """Write a loadable HF directory (weights, config, tokenizer) atomically at `path`; the
+    weights are `state` when given (gathered from a sharded model), else the model's."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
@@ -67,15 +68,28 @@ def save_model(model: Any, tokenizer: Any, path: Path) -> Path:
 
 
 def save_lora(
-    model: Any, path: Path, *, r: int, alpha: float, targets: list[str], base: str
+    model: Any,
+    path: Path,
+    *,
+    r: int,
+    alpha: float,
+    targets: list[str],
+    base: str,
+    state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the model's LoRA adapter in PEFT's format atomically at `path`."""
+    """Write the model's LoRA adapter in PEFT's format atomically at `path` (read from `state`
+    when given: the whole state dict gathered from a sharded model)."""
     from atropos.local.lora import save_adapter
 
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapter(
-        tmp, adapter_weights(model), r=r, alpha=alpha, target_modules=targets, base_model=base
+        tmp,
+        adapter_weights(model, state),
+        r=r,
+        alpha=alpha,
+        target_modules=targets,
+        base_model=base,
     )
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
@@ -175,12 +189,21 @@ class WeightSync:
 
     # ----- publishing ------------------------------------------------------------------------
 
-    def publish(self, model: Any, tokenizer: Any, version: int, waiting: Any = None) -> float:
+    def publish(
+        self,
+        model: Any,
+        tokenizer: Any,
+        version: int,
+        waiting: Any = None,
+        state: dict[str, Any] | None = None,
+    ) -> float:
         """Make `version` the served policy; returns the seconds it took. `waiting` is the
-        trainer's context for interruptible waits (a server that is restarting)."""
+        trainer's context for interruptible waits (a server that is restarting). `state`: the
+        weights gathered from a sharded model (reload, restart, lora); `transfer` gathers one
+        tensor at a time itself (`TransferClient.push`)."""
         t0 = time.perf_counter()
         if self.mode == "reload":
-            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
+            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}", state)
             body = {"model_path": str(path.resolve()), "policy_version": version}
             answer = self._post("/update_weights_from_disk", body, waiting)
             version_seen = answer.get("policy_version") if isinstance(answer, dict) else None
@@ -188,7 +211,7 @@ class WeightSync:
             prune(path.parent, "v", self.keep)
         elif self.mode == "restart":
             self.stop_server()
-            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}")
+            path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}", state)
             prune(path.parent, "v", self.keep)
             self.start_server(str(path.resolve()), version)
             self.served_version = version
@@ -199,7 +222,9 @@ class WeightSync:
             reported = self.transfer.push(model, version)
             self.served_version = version if reported is None else reported
         elif self.mode == "lora":
-            path = save_lora(model, self.out_dir / "adapters" / f"v{version}", **self.lora)
+            path = save_lora(
+                model, self.out_dir / "adapters" / f"v{version}", state=state, **self.lora
+            )
             body = {
                 "lora_name": self.lora_name,
                 "lora_path": str(path.resolve()),

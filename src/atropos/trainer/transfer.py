@@ -63,17 +63,22 @@ def _in_thread(fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
-    """The model's state in order, each storage once (a weight tied to another is sent under
-    its first name; the server's tied copy follows)."""
+    """The model's state in order, each parameter once (a weight tied to another is sent under
+    its first name; the server's tied copy follows). A sharded model's tensors are DTensors,
+    with the whole tensor's shape, gathered one at a time as they are sent (`whole`)."""
     seen: set[int] = set()
     out = []
-    for name, tensor in model.state_dict().items():
-        key = tensor.data_ptr()
-        if tensor.numel() and key in seen:
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
             continue
-        seen.add(key)
-        out.append((name, tensor))
+        seen.add(id(tensor))
+        out.append((name, tensor.detach()))
     return out
+
+
+def whole(tensor: Any) -> Any:
+    """The whole of a sharded tensor (a collective of the trainer's ranks), else the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def local_address(url: str) -> str:
@@ -392,7 +397,7 @@ class TransferClient:
             _in_thread(functools.partial(self._call, "POST", root, path, json=body))
             for root in self.roots
         ]
-        sending = _in_thread(lambda: [group.send(t) for _, t in tensors])
+        sending = _in_thread(lambda: [group.send(whole(t)) for _, t in tensors])
         try:
             done = self._wait_all([sending, *calls], f"sending {len(tensors)} tensors (v{version})")
             return done[1:]

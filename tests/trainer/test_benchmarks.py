@@ -1,0 +1,45 @@
+"""benchmarks/trainer_gpu.py on the CPU, tiny: the sharded step (FSDP2 on a process group of
+one, in this process) runs and its report adds up."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from atropos.testing import free_port  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_gpu.py"
+
+
+def load_script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("trainer_gpu_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_benchmark_times_the_sharded_step_on_a_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = load_script()
+    torchrun = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in (torchrun | {"MASTER_PORT": str(free_port())}).items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "r.json"
+    flags = "--device cpu --size tiny --seq-len 32 --batch-size 4 --micro-batch-size 2"
+    assert bench.main([*flags.split(), "--warmup", "1", "--steps", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert (r["ranks"], r["tokens_per_step"], r["timed_steps"], r["precision"]) == (
+        1, 128, 2, "fp32"
+    )  # fmt: skip
+    assert r["tokens_per_s"] == pytest.approx(128 / r["step_s_mean"])
+    assert r["mfu"] is None and len(r["peak_memory_gib_per_rank"]) == 1
+    assert 0 < r["matmul_parameters"] < r["parameters"]
