@@ -19,9 +19,9 @@ from PIL import Image  # noqa: E402
 from atropos import wire  # noqa: E402
 from atropos.environments import visual_counting  # noqa: E402
 from atropos.environments.common.data_loading import HubUnavailable  # noqa: E402
+from atropos.environments.common.vision import IMAGE_PLACEHOLDER  # noqa: E402
 from atropos.environments.visual_counting import (  # noqa: E402
     EVAL_SEEDS,
-    IMAGE_PLACEHOLDER,
     VisualCounting,
     VisualCountingConfig,
     demo_responder,
@@ -30,8 +30,6 @@ from atropos.environments.visual_counting import (  # noqa: E402
     image_base64,
     parse_answer,
     score_answer,
-    text_only,
-    to_png_base64,
 )
 from atropos.environments.visual_counting.shapes import (  # noqa: E402
     BACKGROUND,
@@ -44,7 +42,6 @@ from atropos.environments.visual_counting.shapes import (  # noqa: E402
     make_scene,
     make_task,
     render_png,
-    require_pillow,
 )
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.simple import Rollout  # noqa: E402
@@ -196,48 +193,13 @@ def test_text_answers_match_up_to_case_and_whitespace():
     assert parse_answer("no tags") is None
 
 
-def test_text_only_flattens_content_lists_and_keeps_strings():
-    messages = [
-        {"role": "system", "content": "S"},
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "text", "text": "How many?"},
-            ],
-        },
-    ]
-    flat = text_only(messages)
-    assert flat == [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\nHow many?"},
-    ]
-    assert isinstance(messages[1]["content"], list)  # the original is left alone
-
-
 # ----- the hub ---------------------------------------------------------------------------------
 
 
-def png_of(colour: tuple[int, int, int], fmt: str = "PNG", mode: str = "RGB") -> bytes:
+def png_of(colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
     out = io.BytesIO()
-    Image.new(mode, (8, 6), colour if mode == "RGB" else 0).save(out, format=fmt)
+    Image.new("RGB", (8, 6), colour).save(out, format=fmt)
     return out.getvalue()
-
-
-def test_images_of_every_form_become_base64_pngs():
-    png = png_of((1, 2, 3))
-    b64 = base64.b64encode(png).decode()
-    assert to_png_base64(png) == b64  # PNG bytes: kept as they are
-    assert to_png_base64(b64) == b64 and to_png_base64("data:image/png;base64," + b64) == b64
-    assert to_png_base64({"bytes": png, "path": None}) == b64
-    jpeg = png_of((200, 10, 10), "JPEG")
-    for value in (jpeg, {"bytes": jpeg}, Image.open(io.BytesIO(jpeg)), Image.new("CMYK", (4, 4))):
-        image = decode(to_png_base64(value))  # re-encoded as PNG
-        assert image.format == "PNG" and image.size in ((8, 6), (4, 4))
-    with pytest.raises(TypeError, match="int"):
-        to_png_base64(7)
-    with pytest.raises(ValueError, match="bytes"):
-        to_png_base64({"path": None})
 
 
 @pytest.fixture
@@ -410,8 +372,6 @@ def test_trl_servers_are_refused_and_missing_pillow_names_the_extra(monkeypatch)
     with pytest.raises(ValueError, match="drop the image"):
         asyncio.run(env.setup())
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ImportError, match=r"atropos-rl\[vision\]"):
-        require_pillow()
     with pytest.raises(ImportError, match="vision"):
         asyncio.run(make("http://127.0.0.1:9/v1").setup())
 

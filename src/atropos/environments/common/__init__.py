@@ -16,6 +16,8 @@
   (`npc_arena`'s lore, `deep_research`'s collections).
 - `turn_credit`: MT-GRPO's turn-level advantages and their mapping onto each turn's tokens
   (`mt_grpo`).
+- `vision`: pictures as base64 PNG, the text-only copy the trainer tokenizes, and `ImageEnv`,
+  sampling with the picture and grouping it (`visual_counting`, the multimodal family).
 
 Importing this package imports none of them.
 """
