@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
+from atropos.environments.common.multiturn import require_token_servers
 from atropos.environments.deep_research.config import DeepResearchConfig
 from atropos.environments.deep_research.corpus import Corpus, Document, load_corpus
 from atropos.environments.deep_research.episode import Budgets, Episode, play, system_prompt
@@ -113,12 +114,7 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
         return web
 
     async def setup(self) -> None:
-        for server in self.server_configs if isinstance(self.server_configs, list) else []:
-            if server.server_type == "openai":
-                raise ValueError(
-                    "deep_research continues each episode by token ids: it needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         s = self.config
         docs, self.questions, self.test_questions = self.load()
         if not self.questions:

@@ -19,6 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
+from atropos.environments.common.multiturn import (
+    continue_alone,
+    reply_room,
+    require_token_servers,
+)
 from atropos.environments.common.tool_calls import ParsedCalls, parse_text
 from atropos.environments.mcp_tools.config import MCPToolsConfig
 from atropos.environments.mcp_tools.servers import ToolReply, ToolServers
@@ -33,9 +38,7 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
 from atropos.envs.simple import Rollout, ShuffledPasses, rollout_group
 from atropos.envs.types import Item, Message, ScoredDataGroup
-from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
-from atropos.inference.tokenize import template_ids
 
 __all__ = ["SYSTEM_PROMPT", "Episode", "MCPTools"]
 
@@ -107,12 +110,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             ConfigError: an openai server (this env needs token ids), tasks that do not load
                 or expect tools no server offers, a server that does not start.
         """
-        for config in self.server_configs if isinstance(self.server_configs, list) else []:
-            if config.server_type == "openai":
-                raise ConfigError(
-                    "mcp_tools extends each conversation by token ids and needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         s = self.config
         self.tasks = load_tasks("train", s.dataset_name)
         self.test_tasks = load_tasks("test", s.dataset_name)
@@ -180,9 +178,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 
     def _room(self, tokenizer: Any, messages: list[dict[str, Any]]) -> int:
         """Tokens left for the next reply after `messages` (rendered with the tools)."""
-        extra = {"tools": self.tools} if self.tools else {}
-        used = template_ids(tokenizer, messages, add_generation_prompt=True, **extra)
-        return self.config.max_token_length - len(used)
+        return reply_room(tokenizer, messages, self.config.max_token_length, tools=self.tools)
 
     async def play(
         self, task: Task, n: int, split: str = "train", temperature: float | None = None
@@ -277,10 +273,8 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         sampling: dict[str, Any],
     ) -> None:
         """Sample the episode's next reply after `messages`, extending its own sequence."""
-        own = ManagedServer(session.server, session.tokenizer, reasoning=session.reasoning)
-        own.nodes = [ep.node]  # this episode's sequence only: no ambiguous parent
-        turn = await own.chat_turn(
-            messages=messages, n=1, max_tokens=max_tokens, tools=self.tools, **sampling
+        turn = await continue_alone(
+            session, ep.node, messages, max_tokens=max_tokens, tools=self.tools, **sampling
         )
         ep.node, ep.finish = turn.nodes[0], turn.finish_reasons[0]
         ep.forks += ep.node.drift is DriftKind.FORK

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.multiturn import require_token_servers
 from atropos.environments.common.turn_credit import Rule, token_advantages_by_turn, turn_advantages
 from atropos.environments.mt_grpo.episode import (
     Budgets,
@@ -120,12 +121,7 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
 
     async def setup(self) -> None:
         s = self.config
-        for server in self.server_configs if isinstance(self.server_configs, list) else []:
-            if server.server_type == "openai":
-                raise ValueError(
-                    "mt_grpo continues each episode by token ids: it needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         if s.tools_in_think and s.max_reasoning_tokens is not None:
             raise ValueError(
                 "--env.tools_in_think true continues the thinking across tool calls, which a"

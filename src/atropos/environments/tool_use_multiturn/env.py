@@ -18,6 +18,11 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.multiturn import (
+    continue_alone,
+    reply_room,
+    require_token_servers,
+)
 from atropos.environments.tool_use_multiturn.episodes import (
     SCENARIOS,
     ExpectedTurn,
@@ -35,9 +40,7 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
-from atropos.inference.tokenize import template_ids
 
 __all__ = ["ToolUseMultiTurn", "ToolUseMultiTurnConfig", "Trajectory"]
 
@@ -131,12 +134,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         )
 
     async def setup(self) -> None:
-        for config in self.server_configs if isinstance(self.server_configs, list) else []:
-            if config.server_type == "openai":
-                raise ValueError(
-                    "tool_use_multiturn extends each conversation by token ids and needs a"
-                    " token server (server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         unknown = set(self.config.scenarios) - set(SCENARIOS)
         if unknown:
             raise ValueError(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
@@ -178,9 +176,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """`n` rollouts of `episode`, token-exact; None when its context alone does not fit."""
         s, tokenizer = self.config, self.tokenizer  # the tokenizer before the servers
         context = list(episode.context)
-        room = s.max_token_length - len(
-            template_ids(tokenizer, context, add_generation_prompt=True)
-        )
+        room = reply_room(tokenizer, context, s.max_token_length)
         if room < 1:
             return None
         sampling = {
@@ -216,17 +212,13 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """Replay turn `t`'s messages after the rollout's last reply and sample its reply."""
         expected: ExpectedTurn = episode.turns[t]
         messages = [*trajectory.messages, *expected.replay]
-        s, tokenizer = self.config, session.tokenizer
-        room = s.max_token_length - len(
-            template_ids(tokenizer, messages, add_generation_prompt=True)
-        )
+        s = self.config
+        room = reply_room(session.tokenizer, messages, s.max_token_length)
         if room < 1:
             trajectory.stopped = "budget"
             return
-        own = ManagedServer(session.server, tokenizer, reasoning=session.reasoning)
-        own.nodes = [trajectory.node]  # this rollout's sequence only: no ambiguous parent
-        turn = await own.chat_turn(
-            messages=messages, n=1, max_tokens=min(s.max_gen_per_turn, room), **sampling
+        turn = await continue_alone(
+            session, trajectory.node, messages, max_tokens=min(s.max_gen_per_turn, room), **sampling
         )
         trajectory.node = turn.nodes[0]
         if trajectory.node.drift is DriftKind.FORK:
