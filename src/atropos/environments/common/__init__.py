@@ -15,8 +15,9 @@
   `mt_grpo`'s calculators, `infinimath`'s problems).
 - `demo`: the parts of the offline demo responders (shipped rows, right and wrong in turn).
 - `multiturn`: what the token-exact multi-turn environments share: the token-server check,
-  the room left for a reply, one rollout's next turn on its own session (`deep_research`,
-  `mt_grpo`, `mcp_tools`, `tool_use_multiturn`).
+  the room left for a reply, one rollout's next turn on its own session, the group of their
+  sequences (`deep_research`, `mt_grpo`, `mcp_tools`, `tool_use_multiturn`, the games and
+  `textworld`).
 - `retrieval`: BM25 (pure Python) and sentence-embedding retrievers over short documents
   (`npc_arena`'s lore, `deep_research`'s collections).
 - `turn_credit`: MT-GRPO's turn-level advantages and their mapping onto each turn's tokens

@@ -4,20 +4,29 @@ An episode of `deep_research`, `mt_grpo`, `mcp_tools`, `tool_use_multiturn`, `te
 game is a conversation whose every turn extends the held token ids (`ManagedServer.chat_turn`),
 so only a server that gives token ids can play it (`require_token_servers`). Before each reply
 the env asks how many tokens it may take (`reply_room`). A group whose first reply is sampled
-`n` times in one session goes on with each rollout alone (`continue_alone`).
+`n` times in one session goes on with each rollout alone (`continue_alone`). The finished
+sequences become one group (`node_group`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
+from atropos.envs.types import ScoredDataGroup
 from atropos.inference.managed import ChatTurn, ManagedServer
 from atropos.inference.sequence import SequenceNode
 from atropos.inference.tokenize import template_ids
 
-__all__ = ["TEMPLATE_SLACK", "continue_alone", "reply_room", "require_token_servers"]
+__all__ = [
+    "TEMPLATE_SLACK",
+    "continue_alone",
+    "node_group",
+    "reply_room",
+    "require_token_servers",
+]
 
 TEMPLATE_SLACK = 16  # tokens a template's reasoning switches may add to a rendered prompt
 
@@ -56,3 +65,28 @@ async def continue_alone(
     own = ManagedServer(session.server, session.tokenizer, reasoning=session.reasoning)
     own.nodes = [node]
     return await own.chat_turn(messages=messages, n=1, **sampling)
+
+
+def node_group(
+    nodes: Sequence[SequenceNode],
+    scores: Sequence[float],
+    messages: Sequence[list[dict[str, Any]] | None],
+    advantages: list[list[float]] | None = None,
+) -> ScoredDataGroup:
+    """The group of token-exact sequences: each node's tokens, masks (the policy's replies
+    trained, the rest masked) and the server's logprobs, its conversation in `messages`, the
+    `advantages` when given, and the lowest policy version reported."""
+    group: dict[str, Any] = {
+        "tokens": [n.tokens for n in nodes],
+        "masks": [n.masked_tokens for n in nodes],
+        "scores": [float(s) for s in scores],
+        "inference_logprobs": [n.logprobs for n in nodes],
+        "messages": list(messages),
+        "token_source": nodes[0].token_source,
+    }
+    if advantages is not None:
+        group["advantages"] = advantages
+    versions = [n.policy_version for n in nodes if n.policy_version is not None]
+    if versions:
+        group["policy_version"] = min(versions)
+    return group  # type: ignore[return-value]

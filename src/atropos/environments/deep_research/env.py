@@ -14,9 +14,9 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
-from atropos.environments.common.multiturn import require_token_servers
+from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.deep_research.config import DeepResearchConfig
 from atropos.environments.deep_research.corpus import Corpus, Document, load_corpus
 from atropos.environments.deep_research.episode import Budgets, Episode, play, system_prompt
@@ -32,33 +32,20 @@ from atropos.environments.deep_research.tools import Backend, LocalSearch, Toolb
 from atropos.environments.deep_research.web import WEB_APIS, WebSearch
 from atropos.envs.base import BaseEnv
 from atropos.envs.judge import JudgedEnv
-from atropos.envs.simple import Rollout, ShuffledPasses, rollout_group
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import ShuffledPasses
+from atropos.envs.types import Item, ScoredDataGroup
 
 __all__ = ["DeepResearch", "research_group"]
 
 
 def research_group(episodes: Sequence[Episode], scores: Sequence[float]) -> ScoredDataGroup:
-    """The group of played episodes (`Env`'s `rollout_group`): each one's token-exact sequence
-    (replies trained, prompt and tool results masked), the server's logprobs and the
+    """The group of played episodes (`common.multiturn.node_group`): each one's token-exact
+    sequence (replies trained, prompt and tool results masked), the server's logprobs and the
     conversation its tokens hold."""
-    held = [(e.node, e.node.messages) for e in episodes if e.node is not None and e.node.messages]
-    if len(held) != len(episodes):
+    nodes = [e.node for e in episodes if e.node is not None and e.node.messages]
+    if len(nodes) != len(episodes):
         raise ValueError("every episode of a group needs at least one reply")
-    rollouts = [
-        Rollout(
-            str(chat[-1]["content"]),
-            node.tokens,
-            node.masked_tokens,
-            node.logprobs,
-            node.finish_reason,
-            node.token_source,
-            node.policy_version,
-        )
-        for node, chat in held
-    ]
-    prompts = [cast(list[Message], chat[:-1]) for _, chat in held]
-    return rollout_group(rollouts, prompts, list(scores))
+    return node_group(nodes, scores, [n.messages for n in nodes])
 
 
 class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field
 from typing_extensions import TypeVar
 
+from atropos.environments.common.multiturn import node_group
 from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
@@ -122,16 +123,7 @@ def _policy_version(nodes: list[SequenceNode]) -> dict[str, Any]:
 def episode_group(episodes: list[Episode], scores: list[float]) -> ScoredDataGroup:
     """A group of whole episodes: every assistant turn trained, the observations masked."""
     nodes = [e.node for e in episodes]
-    group: dict[str, Any] = {
-        "tokens": [n.tokens for n in nodes],
-        "masks": [n.masked_tokens for n in nodes],
-        "scores": [float(s) for s in scores],
-        "inference_logprobs": [n.logprobs for n in nodes],
-        "messages": [n.messages for n in nodes],
-        "token_source": nodes[0].token_source,
-        **_policy_version(nodes),
-    }
-    return group  # type: ignore[return-value]
+    return node_group(nodes, scores, [n.messages for n in nodes])
 
 
 def centered(scores: list[float]) -> list[float]:

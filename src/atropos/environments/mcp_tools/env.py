@@ -17,10 +17,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from atropos.environments.common.multiturn import (
     continue_alone,
+    node_group,
     reply_room,
     require_token_servers,
 )
@@ -36,8 +37,8 @@ from atropos.environments.mcp_tools.tasks import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
-from atropos.envs.simple import Rollout, ShuffledPasses, rollout_group
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import ShuffledPasses
+from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import DriftKind, SequenceNode
 
 __all__ = ["SYSTEM_PROMPT", "Episode", "MCPTools"]
@@ -361,19 +362,5 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 def _group(episodes: list[Episode], scores: list[float]) -> ScoredDataGroup:
     """The group of `episodes`: each row is its sequence's tokens, masks and logprobs, with
     the conversation those tokens hold (through its last reply)."""
-    rollouts, prompts = [], []
-    for ep in episodes:
-        node = ep.node
-        held = node.messages or ep.messages
-        rollout = Rollout(
-            str(held[-1]["content"]),
-            node.tokens,
-            node.masked_tokens,
-            node.logprobs,
-            ep.finish,
-            node.token_source,
-            node.policy_version,
-        )
-        rollouts.append(rollout)
-        prompts.append(cast("list[Message]", held[:-1]))
-    return rollout_group(rollouts, prompts, scores)
+    nodes = [ep.node for ep in episodes]
+    return node_group(nodes, scores, [ep.node.messages or ep.messages for ep in episodes])

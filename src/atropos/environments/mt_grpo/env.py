@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.common.multiturn import require_token_servers
+from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.common.turn_credit import Rule, token_advantages_by_turn, turn_advantages
 from atropos.environments.mt_grpo.episode import (
     Budgets,
@@ -212,16 +212,4 @@ def episode_group(
     """The group of played episodes: each one's token-exact sequence (the policy's tokens
     trained, prompt and tool results masked), the server's logprobs, the per-token advantages."""
     nodes = [e.node for e in episodes if e.node is not None]
-    versions = [n.policy_version for n in nodes if n.policy_version is not None]
-    group: dict[str, Any] = {
-        "tokens": [n.tokens for n in nodes],
-        "masks": [n.masked_tokens for n in nodes],
-        "scores": scores,
-        "advantages": advantages,
-        "inference_logprobs": [n.logprobs for n in nodes],
-        "messages": [e.messages for e in episodes],
-        "token_source": nodes[0].token_source,
-    }
-    if versions:
-        group["policy_version"] = min(versions)
-    return group  # type: ignore[return-value]
+    return node_group(nodes, scores, [e.messages for e in episodes], advantages)

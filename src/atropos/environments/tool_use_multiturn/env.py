@@ -20,6 +20,7 @@ from pydantic import Field
 
 from atropos.environments.common.multiturn import (
     continue_alone,
+    node_group,
     reply_room,
     require_token_servers,
 )
@@ -249,18 +250,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
             self.drop("all_equal")
             return None, []
         nodes = [tr.node for tr in trajectories]
-        group: dict[str, Any] = {
-            "tokens": [node.tokens for node in nodes],
-            "masks": [node.masked_tokens for node in nodes],
-            "scores": scores,
-            "inference_logprobs": [node.logprobs for node in nodes],
-            "messages": [tr.messages for tr in trajectories],
-            "token_source": nodes[0].token_source,
-        }
-        versions = [node.policy_version for node in nodes if node.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group, []  # type: ignore[return-value]
+        return node_group(nodes, scores, [tr.messages for tr in trajectories]), []
 
     # ----- metrics and evaluation ---------------------------------------------------------------
 
