@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.deep_research.config import DeepResearchConfig
 from atropos.environments.deep_research.corpus import Corpus, Document, load_corpus
@@ -180,25 +180,22 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
         """One episode per held-out question at `eval_temperature` (0: greedy); logs the means
         of the per-item metrics as `eval/<metric>` and one sample row per question.
 
-        A loop of its own, not `Env.evaluate`'s: an item is a conversation of many turns."""
-        s, start = self.config, time.time()
-        questions = self.test_questions[: s.eval_limit or None]
-        limit = asyncio.Semaphore(s.max_eval_workers)
-
-        async def one(question: Question) -> tuple[Episode, Outcome] | None:
-            async with limit:
-                episode = await self.research(question, "eval", s.eval_temperature)
-            found = await self.outcomes([episode])
-            return (episode, found[0]) if found else None
-
-        played = [x for x in await asyncio.gather(*map(one, questions)) if x is not None]
-        if not played:
-            return {}
-        metrics = means([o for _, o in played], "eval")
-        samples = [sample(e, o) for e, o in played]
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a conversation of
+        many turns. A question the judge gives no vote on is left out."""
+        s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        questions = self.test_questions[: s.eval_limit or None]
+        return await evaluate_each(self, questions, self._eval_play, _eval_report, params)
+
+    async def _eval_play(self, question: Question) -> tuple[Episode, Outcome] | None:
+        episode = await self.research(question, "eval", self.config.eval_temperature)
+        found = await self.outcomes([episode])
+        return (episode, found[0]) if found else None
+
+
+def _eval_report(played: list[tuple[Question, tuple[Episode, Outcome]]]) -> Report:
+    """The means of the per-item metrics as `eval/<metric>`, and a sample row per question."""
+    return means([o for _, (_, o) in played], "eval"), [sample(e, o) for _, (e, o) in played]
 
 
 def sample(episode: Episode, found: Outcome) -> dict[str, Any]:

@@ -22,7 +22,6 @@ not fit in `max_token_length` (the held tokens, the next observation and a full 
 from __future__ import annotations
 
 import asyncio
-import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -30,6 +29,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field
 from typing_extensions import TypeVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group
 from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
@@ -240,21 +240,19 @@ class GameEnv(BaseEnv[GameConfigT]):
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples
         go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`).
 
-        A loop of its own, not `Env.evaluate`'s: an item is a game played over many turns."""
-        s, start = self.config, time.time()
-        seeds = range(s.eval_seed, s.eval_seed + s.eval_episodes)
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a game played over
+        many turns."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
+        seeds = list(range(s.eval_seed, s.eval_seed + s.eval_episodes))
+        return await evaluate_each(self, seeds, self._eval_play, self._eval_report, params)
 
-        async def one(seed: int) -> Episode:
-            async with limit:
-                return await self.play_one(seed, "eval", temperature=s.eval_temperature)
+    async def _eval_play(self, seed: int) -> Episode:
+        return await self.play_one(seed, "eval", temperature=self.config.eval_temperature)
 
-        episodes = await asyncio.gather(*(one(seed) for seed in seeds))
-        metrics = self.eval_metrics(list(episodes))
+    def _eval_report(self, played: list[tuple[int, Episode]]) -> Report:
         samples = [
             {"seed": seed, "messages": e.node.messages, "score": self.score(e.game)}
-            for seed, e in zip(seeds, episodes, strict=True)
+            for seed, e in played
         ]
-        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return self.eval_metrics([e for _, e in played]), samples

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import (
     continue_alone,
     node_group,
@@ -317,18 +317,19 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         `max_eval_workers` at once; logs `eval/accuracy` (right final answers),
         `eval/avg_score` and `eval/tool_calls` with a sample per task.
 
-        A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        conversation."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
         tasks = self.test_tasks[: s.eval_limit or None]
-        gate = asyncio.Semaphore(s.max_eval_workers)
-        played = await asyncio.gather(*(self._eval_episode(task, gate) for task in tasks))
-        samples = [
-            self.eval_sample(task, ep)
-            for task, ep in zip(tasks, played, strict=True)
-            if ep is not None
-        ]
-        if not samples:
-            return {}
+        return await evaluate_each(self, tasks, self._eval_episode, self._eval_report, params)
+
+    async def _eval_episode(self, task: Task) -> Episode | None:
+        played = await self.play(task, 1, "eval", self.config.eval_temperature)
+        return played[0] if played else None
+
+    def _eval_report(self, played: list[tuple[Task, Episode]]) -> Report:
+        samples = [self.eval_sample(task, ep) for task, ep in played]
 
         def mean(key: str) -> float:
             return sum(float(x[key]) for x in samples) / len(samples)
@@ -338,14 +339,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             "eval/avg_score": mean("score"),
             "eval/tool_calls": mean("tool_calls"),
         }
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
-
-    async def _eval_episode(self, task: Task, gate: asyncio.Semaphore) -> Episode | None:
-        async with gate:
-            played = await self.play(task, 1, "eval", self.config.eval_temperature)
-        return played[0] if played else None
+        return metrics, samples
 
     def eval_sample(self, task: Task, ep: Episode) -> dict[str, Any]:
         """The row of `samples.jsonl` for one held-out task."""

@@ -12,13 +12,13 @@ the outcome rewards. A group whose advantages are all zero teaches nothing and i
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.common.turn_credit import Rule, token_advantages_by_turn, turn_advantages
 from atropos.environments.mt_grpo.episode import (
@@ -180,19 +180,20 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
         """One episode per held-out task at `eval_temperature` (0: greedy); logs `eval/accuracy`
         (outcome), `eval/calls_right`, `eval/answered`, `eval/turns` and one sample per task.
 
-        A loop of its own, not `Env.evaluate`'s: an item is an episode of many turns."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is an episode of many
+        turns."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
         tasks = self.test_tasks[: s.eval_limit or None]
-        limit = asyncio.Semaphore(s.max_eval_workers)
+        return await evaluate_each(self, tasks, self._eval_play, self._eval_report, params)
 
-        async def one(task: Task) -> Episode:
-            async with limit:
-                return await self.play(task, "eval", s.eval_temperature)
+    async def _eval_play(self, task: Task) -> Episode | None:
+        episode = await self.play(task, "eval", self.config.eval_temperature)
+        return episode if episode.node is not None else None  # None: the prompt did not fit
 
-        episodes = [e for e in await asyncio.gather(*map(one, tasks)) if e.node is not None]
-        if not episodes:
-            return {}
-        scored = [score_episode(e, self.world, s.tools_in_think) for e in episodes]
+    def _eval_report(self, played: list[tuple[Task, Episode]]) -> Report:
+        episodes = [e for _, e in played]
+        scored = [score_episode(e, self.world, self.config.tools_in_think) for e in episodes]
         found = episode_metrics(episodes, scored)
         metrics = {f"eval/{k}": sum(v) / len(v) for k, v in found.items() if v}
         samples = [
@@ -201,9 +202,7 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
              "stopped": e.stopped, "messages": e.messages}
             for e, x in zip(episodes, scored, strict=True)
         ]  # fmt: skip
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return metrics, samples
 
 
 def episode_group(

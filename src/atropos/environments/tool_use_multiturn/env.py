@@ -12,12 +12,12 @@ logprobs. A rollout stops at its first failed reply, or when the next turn would
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import (
     continue_alone,
     node_group,
@@ -270,18 +270,20 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """One rollout per held-out episode at `eval_temperature` (0: greedy); logs
         `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0).
 
-        A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        conversation."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
         episodes = self.test_episodes[: s.eval_limit or None]
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+        return await evaluate_each(self, episodes, self._eval_play, self._eval_report, params)
 
-        async def one(episode: ToolEpisode) -> dict[str, Any] | None:
-            async with limit:
-                played = await self.play(episode, 1, "eval", s.eval_temperature)
-            if not played:
-                return None
-            [trajectory] = played
-            return {
+    async def _eval_play(self, episode: ToolEpisode) -> Trajectory | None:
+        played = await self.play(episode, 1, "eval", self.config.eval_temperature)
+        return played[0] if played else None
+
+    def _eval_report(self, played: list[tuple[ToolEpisode, Trajectory]]) -> Report:
+        samples: list[dict[str, Any]] = [
+            {
                 "id": episode.id,
                 "scenario": episode.scenario,
                 "messages": trajectory.messages,
@@ -290,15 +292,11 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
                 "expected_calls": episode.total_calls,
                 "mismatch": trajectory.mismatch,
             }
-
-        samples = [x for x in await asyncio.gather(*(one(e) for e in episodes)) if x is not None]
-        if not samples:
-            return {}
-        scores = [x["score"] for x in samples]
+            for episode, trajectory in played
+        ]
+        scores = [float(x["score"]) for x in samples]
         metrics = {
             "eval/avg_reward": sum(scores) / len(scores),
             "eval/percent_correct": sum(1 for x in scores if x >= 1.0) / len(scores),
         }
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return metrics, samples
