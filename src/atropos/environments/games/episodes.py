@@ -169,7 +169,6 @@ class GameConfig(BaseEnvConfig):
     first_seed: int = Field(default=0, ge=0, description="env seed of the first training item")
     eval_episodes: int = Field(default=100, ge=1, description="episodes per evaluation")
     eval_seed: int = Field(default=1_000_000, ge=0, description="env seed of the first eval one")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
 
 
 GameConfigT = TypeVar("GameConfigT", bound=GameConfig, default=GameConfig)

@@ -64,7 +64,6 @@ class MTGRPOConfig(BaseEnvConfig):
     )
     max_reply_tokens: int = Field(default=512, ge=1, description="token limit of one generation")
     temperature: float = Field(default=0.8, ge=0, description="sampling temperature (training)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
     eval_limit: int = Field(default=0, ge=0, description="held-out tasks per evaluation (0: all)")
 
 

@@ -72,7 +72,6 @@ class ToolUseMultiTurnConfig(BaseEnvConfig):
     )
     max_gen_per_turn: int = Field(default=1024, ge=1, description="token limit of one reply")
     temperature: float = Field(default=0.8, ge=0, description="sampling temperature (training)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
     eval_limit: int = Field(
         default=128, ge=0, description="held-out episodes per evaluation (0: all of them)"
     )

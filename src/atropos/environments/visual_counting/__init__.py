@@ -170,7 +170,6 @@ class VisualCountingConfig(BaseEnvConfig):
     image_field: str = Field(default="image", description="hub column holding the image")
     question_field: str = Field(default="questions", description="hub column of question(s)")
     answer_field: str = Field(default="answers", description="hub column of answer(s)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
 
 class VisualCounting(ImageEnv[VisualCountingConfig]):
