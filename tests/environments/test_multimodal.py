@@ -7,8 +7,6 @@ test_multimodal_<env>.py."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,6 @@ from typing import Any
 import pytest
 
 pytest.importorskip("PIL", reason="needs Pillow (the vision extra)")
-from PIL import Image  # noqa: E402
 
 from atropos import wire  # noqa: E402
 from atropos.environments.common.vision import (  # noqa: E402
@@ -41,6 +38,7 @@ from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
     check_against,
+    decode_png,
     env_defaults,
     evaluate_against,
     make_env,
@@ -49,15 +47,6 @@ from .helpers import (  # noqa: E402
 )
 
 ENVS: list[type[VisionEnv[Any]]] = [OCRVQA, Clevr, ClockReading, PixmoCount]
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def decode(b64: str) -> Image.Image:
-    raw = base64.b64decode(b64, validate=True)
-    assert raw.startswith(PNG_MAGIC)
-    image = Image.open(io.BytesIO(raw))
-    image.load()
-    return image
 
 
 def make(
@@ -295,7 +284,7 @@ def test_process_through_the_command_line(cls, tmp_path: Path):
     assert len(groups) == 2 and out.with_suffix(".html").exists()
     for group in groups:
         assert sorted(group["scores"]) == [-1.0, 1.0]
-        assert len(group["images"]) == 2 and decode(group["images"][0]).format == "PNG"
+        assert len(group["images"]) == 2 and decode_png(group["images"][0]).format == "PNG"
 
 
 def test_score_group_logs_correctness_per_category_and_measures():

@@ -49,23 +49,13 @@ from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
     check_against,
+    decode_png,
     env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
     process_with_runner,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def decode(b64: str) -> Image.Image:
-    raw = base64.b64decode(b64, validate=True)
-    assert raw.startswith(PNG_MAGIC)
-    image = Image.open(io.BytesIO(raw))
-    image.load()
-    return image
-
 
 # ----- pictures --------------------------------------------------------------------------------
 
@@ -99,7 +89,7 @@ def read_cells(image: Image.Image) -> list[tuple[int, str, str]]:
 
 def test_pictures_are_valid_pngs_of_only_the_listed_colours():
     for seed in range(5):
-        image = decode(base64.b64encode(render_png(make_scene(seed))).decode())
+        image = decode_png(base64.b64encode(render_png(make_scene(seed))).decode())
         assert image.format == "PNG" and image.size == (CANVAS, CANVAS) and image.mode == "RGB"
         palette = {rgb for _, rgb in image.getcolors(CANVAS * CANVAS)}
         assert palette <= {BACKGROUND, *COLOURS.values()} and BACKGROUND in palette
@@ -108,7 +98,7 @@ def test_pictures_are_valid_pngs_of_only_the_listed_colours():
 @pytest.mark.parametrize("seed", [0, 1, 2, 17, 99, 1234, EVAL_SEEDS + 3])
 def test_the_drawn_shapes_match_the_scene_and_the_answer(seed):
     task = make_task(seed)
-    image = decode(base64.b64encode(render_png(task.scene)).decode())
+    image = decode_png(base64.b64encode(render_png(task.scene)).decode())
     seen = read_cells(image)
     per_row = CANVAS // CELL
     expected = [
@@ -237,7 +227,7 @@ def test_hub_rows_map_image_question_and_answer(fake_datasets):
     assert items[1]["question"] == "Who wrote book 1?" and items[1]["answer"] == "Author 1"
     assert items[1]["id"] == "train-1"
     for item in items:
-        assert decode(image_base64(item)).format == "PNG"
+        assert decode_png(image_base64(item)).format == "PNG"
     assert len(hub_items("howard-hou/OCR-VQA", "test", limit=3)) == 3
     assert fake_datasets[-1] == ("howard-hou/OCR-VQA", None, "test[:3]")
     with pytest.raises(ValueError, match="row 0: no field 'question'"):
@@ -354,7 +344,7 @@ def test_groups_carry_one_image_per_sequence_and_text_only_messages():
     images = group["images"]
     assert isinstance(images, list) and len(images) == len(group["tokens"]) == 4
     assert set(images) == {image_base64(item)}
-    assert decode(images[0]).size == (CANVAS, CANVAS)
+    assert decode_png(images[0]).size == (CANVAS, CANVAS)
     # the server got the picture; the group's messages and tokens are the text-only copy
     [messages] = sent
     assert messages[1]["content"][0]["image_url"]["url"].endswith(images[0])
@@ -402,7 +392,7 @@ def test_process_writes_jsonl_with_images_and_html(tmp_path):
     for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
         assert len(group["images"]) == 4 and len(set(group["images"])) == 1
-        assert decode(group["images"][0]).format == "PNG"
+        assert decode_png(group["images"][0]).format == "PNG"
         assert "<answer>" in group["messages"][0][-1]["content"]
     assert "answer" in run.page  # the page shows the rollouts (escaped); images: see docs/view.md
 

@@ -24,15 +24,7 @@ from atropos.environments.common.vision import (  # noqa: E402
     to_png_base64,
 )
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def decode(b64: str) -> Image.Image:
-    raw = base64.b64decode(b64, validate=True)
-    assert raw.startswith(PNG_MAGIC)
-    image = Image.open(io.BytesIO(raw))
-    image.load()
-    return image
+from ..helpers import decode_png  # noqa: E402
 
 
 def png_of(colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
@@ -50,7 +42,7 @@ def test_images_of_every_form_become_base64_pngs():
     assert png_base64(Image.open(io.BytesIO(png))) == to_png_base64(Image.open(io.BytesIO(png)))
     jpeg = png_of((200, 10, 10), "JPEG")
     for value in (jpeg, {"bytes": jpeg}, Image.open(io.BytesIO(jpeg)), Image.new("CMYK", (4, 4))):
-        image = decode(to_png_base64(value))  # re-encoded as PNG
+        image = decode_png(to_png_base64(value))  # re-encoded as PNG
         assert image.format == "PNG" and image.size in ((8, 6), (4, 4))
     with pytest.raises(TypeError, match="int"):
         to_png_base64(7)
