@@ -6,6 +6,8 @@ the hub loaders. What a test asserts stays in the test."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import subprocess
 import sys
@@ -35,6 +37,17 @@ Make = Callable[..., Any]  # `make(url, mode="process", **env)`: a test module's
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def decode_png(b64: str) -> Any:
+    """The picture in base64 text, checked to be a PNG, loaded with Pillow (the vision tests)."""
+    from PIL import Image
+
+    raw = base64.b64decode(b64, validate=True)
+    assert raw.startswith(b"\x89PNG\r\n\x1a\n")
+    image = Image.open(io.BytesIO(raw))
+    image.load()
+    return image
 
 
 # ----- building and rolling out -------------------------------------------------------------------

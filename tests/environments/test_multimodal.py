@@ -7,8 +7,6 @@ test_multimodal_<env>.py."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,9 +14,12 @@ from typing import Any
 import pytest
 
 pytest.importorskip("PIL", reason="needs Pillow (the vision extra)")
-from PIL import Image  # noqa: E402
 
 from atropos import wire  # noqa: E402
+from atropos.environments.common.vision import (  # noqa: E402
+    IMAGE_PLACEHOLDER,
+    png_base64,
+)
 from atropos.environments.multimodal.answers import (  # noqa: E402
     dial_minutes,
     minutes_apart,
@@ -29,13 +30,6 @@ from atropos.environments.multimodal.base import EVAL_SEEDS, VisionEnv  # noqa: 
 from atropos.environments.multimodal.clevr import SYNONYMS, Clevr  # noqa: E402
 from atropos.environments.multimodal.clock_reading import ClockReading  # noqa: E402
 from atropos.environments.multimodal.demo import demo_responder  # noqa: E402
-from atropos.environments.multimodal.images import (  # noqa: E402
-    IMAGE_PLACEHOLDER,
-    png_base64,
-    require_pillow,
-    text_only,
-    to_png_base64,
-)
 from atropos.environments.multimodal.ocr_vqa import OCRVQA  # noqa: E402
 from atropos.environments.multimodal.pixmo_count import PixmoCount  # noqa: E402
 from atropos.envs import registry  # noqa: E402
@@ -44,6 +38,7 @@ from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
     check_against,
+    decode_png,
     env_defaults,
     evaluate_against,
     make_env,
@@ -52,15 +47,6 @@ from .helpers import (  # noqa: E402
 )
 
 ENVS: list[type[VisionEnv[Any]]] = [OCRVQA, Clevr, ClockReading, PixmoCount]
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def decode(b64: str) -> Image.Image:
-    raw = base64.b64decode(b64, validate=True)
-    assert raw.startswith(PNG_MAGIC)
-    image = Image.open(io.BytesIO(raw))
-    image.load()
-    return image
 
 
 def make(
@@ -174,49 +160,8 @@ def test_minutes_apart_goes_the_short_way_round():
 # ----- images ----------------------------------------------------------------------------------
 
 
-def png_of(colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 6), colour).save(out, format=fmt)
-    return out.getvalue()
-
-
-def test_hub_images_of_every_form_become_base64_pngs():
-    png = png_of((1, 2, 3))
-    b64 = base64.b64encode(png).decode()
-    assert to_png_base64(png) == b64 == png_base64(png)  # PNG bytes are kept as they are
-    assert to_png_base64(b64) == b64 and to_png_base64("data:image/png;base64," + b64) == b64
-    assert to_png_base64({"bytes": png, "path": None}) == b64
-    jpeg = png_of((200, 10, 10), "JPEG")
-    for value in (jpeg, {"bytes": jpeg}, Image.open(io.BytesIO(jpeg)), Image.new("CMYK", (4, 4))):
-        assert decode(to_png_base64(value)).format == "PNG"
-    with pytest.raises(TypeError, match="int"):
-        to_png_base64(7)
-    with pytest.raises(ValueError, match="bytes"):
-        to_png_base64({"path": None})
-
-
-def test_the_text_only_copy_keeps_the_original():
-    messages = [
-        {"role": "system", "content": "S"},
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "text", "text": "What time is it?"},
-            ],
-        },
-    ]
-    assert text_only(messages) == [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\nWhat time is it?"},
-    ]
-    assert isinstance(messages[1]["content"], list)
-
-
 def test_missing_pillow_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ImportError, match=r"atropos-rl\[vision\]"):
-        require_pillow()
     with pytest.raises(ImportError, match="vision"):
         asyncio.run(make(Clevr).setup())
 
@@ -339,7 +284,7 @@ def test_process_through_the_command_line(cls, tmp_path: Path):
     assert len(groups) == 2 and out.with_suffix(".html").exists()
     for group in groups:
         assert sorted(group["scores"]) == [-1.0, 1.0]
-        assert len(group["images"]) == 2 and decode(group["images"][0]).format == "PNG"
+        assert len(group["images"]) == 2 and decode_png(group["images"][0]).format == "PNG"
 
 
 def test_score_group_logs_correctness_per_category_and_measures():

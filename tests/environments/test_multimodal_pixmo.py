@@ -21,9 +21,10 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from atropos.environments.common.vision import ImageUnavailable  # noqa: E402
 from atropos.environments.multimodal.demo import demo_responder  # noqa: E402
 from atropos.environments.multimodal.drawing import ICON_KINDS  # noqa: E402
-from atropos.environments.multimodal.images import ImageUnavailable, fetch_url  # noqa: E402
+from atropos.environments.multimodal.images import fetch_url  # noqa: E402
 from atropos.environments.multimodal.pixmo_count import (  # noqa: E402
     PLURALS,
     SIZE,

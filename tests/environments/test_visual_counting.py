@@ -19,9 +19,9 @@ from PIL import Image  # noqa: E402
 from atropos import wire  # noqa: E402
 from atropos.environments import visual_counting  # noqa: E402
 from atropos.environments.common.data_loading import HubUnavailable  # noqa: E402
+from atropos.environments.common.vision import IMAGE_PLACEHOLDER  # noqa: E402
 from atropos.environments.visual_counting import (  # noqa: E402
     EVAL_SEEDS,
-    IMAGE_PLACEHOLDER,
     VisualCounting,
     VisualCountingConfig,
     demo_responder,
@@ -30,8 +30,6 @@ from atropos.environments.visual_counting import (  # noqa: E402
     image_base64,
     parse_answer,
     score_answer,
-    text_only,
-    to_png_base64,
 )
 from atropos.environments.visual_counting.shapes import (  # noqa: E402
     BACKGROUND,
@@ -44,7 +42,6 @@ from atropos.environments.visual_counting.shapes import (  # noqa: E402
     make_scene,
     make_task,
     render_png,
-    require_pillow,
 )
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.simple import Rollout  # noqa: E402
@@ -52,23 +49,13 @@ from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
     check_against,
+    decode_png,
     env_defaults,
     evaluate_against,
     fake_hub,
     make_env,
     process_with_runner,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def decode(b64: str) -> Image.Image:
-    raw = base64.b64decode(b64, validate=True)
-    assert raw.startswith(PNG_MAGIC)
-    image = Image.open(io.BytesIO(raw))
-    image.load()
-    return image
-
 
 # ----- pictures --------------------------------------------------------------------------------
 
@@ -102,7 +89,7 @@ def read_cells(image: Image.Image) -> list[tuple[int, str, str]]:
 
 def test_pictures_are_valid_pngs_of_only_the_listed_colours():
     for seed in range(5):
-        image = decode(base64.b64encode(render_png(make_scene(seed))).decode())
+        image = decode_png(base64.b64encode(render_png(make_scene(seed))).decode())
         assert image.format == "PNG" and image.size == (CANVAS, CANVAS) and image.mode == "RGB"
         palette = {rgb for _, rgb in image.getcolors(CANVAS * CANVAS)}
         assert palette <= {BACKGROUND, *COLOURS.values()} and BACKGROUND in palette
@@ -111,7 +98,7 @@ def test_pictures_are_valid_pngs_of_only_the_listed_colours():
 @pytest.mark.parametrize("seed", [0, 1, 2, 17, 99, 1234, EVAL_SEEDS + 3])
 def test_the_drawn_shapes_match_the_scene_and_the_answer(seed):
     task = make_task(seed)
-    image = decode(base64.b64encode(render_png(task.scene)).decode())
+    image = decode_png(base64.b64encode(render_png(task.scene)).decode())
     seen = read_cells(image)
     per_row = CANVAS // CELL
     expected = [
@@ -196,48 +183,13 @@ def test_text_answers_match_up_to_case_and_whitespace():
     assert parse_answer("no tags") is None
 
 
-def test_text_only_flattens_content_lists_and_keeps_strings():
-    messages = [
-        {"role": "system", "content": "S"},
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "text", "text": "How many?"},
-            ],
-        },
-    ]
-    flat = text_only(messages)
-    assert flat == [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": f"{IMAGE_PLACEHOLDER}\nHow many?"},
-    ]
-    assert isinstance(messages[1]["content"], list)  # the original is left alone
-
-
 # ----- the hub ---------------------------------------------------------------------------------
 
 
-def png_of(colour: tuple[int, int, int], fmt: str = "PNG", mode: str = "RGB") -> bytes:
+def png_of(colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
     out = io.BytesIO()
-    Image.new(mode, (8, 6), colour if mode == "RGB" else 0).save(out, format=fmt)
+    Image.new("RGB", (8, 6), colour).save(out, format=fmt)
     return out.getvalue()
-
-
-def test_images_of_every_form_become_base64_pngs():
-    png = png_of((1, 2, 3))
-    b64 = base64.b64encode(png).decode()
-    assert to_png_base64(png) == b64  # PNG bytes: kept as they are
-    assert to_png_base64(b64) == b64 and to_png_base64("data:image/png;base64," + b64) == b64
-    assert to_png_base64({"bytes": png, "path": None}) == b64
-    jpeg = png_of((200, 10, 10), "JPEG")
-    for value in (jpeg, {"bytes": jpeg}, Image.open(io.BytesIO(jpeg)), Image.new("CMYK", (4, 4))):
-        image = decode(to_png_base64(value))  # re-encoded as PNG
-        assert image.format == "PNG" and image.size in ((8, 6), (4, 4))
-    with pytest.raises(TypeError, match="int"):
-        to_png_base64(7)
-    with pytest.raises(ValueError, match="bytes"):
-        to_png_base64({"path": None})
 
 
 @pytest.fixture
@@ -275,7 +227,7 @@ def test_hub_rows_map_image_question_and_answer(fake_datasets):
     assert items[1]["question"] == "Who wrote book 1?" and items[1]["answer"] == "Author 1"
     assert items[1]["id"] == "train-1"
     for item in items:
-        assert decode(image_base64(item)).format == "PNG"
+        assert decode_png(image_base64(item)).format == "PNG"
     assert len(hub_items("howard-hou/OCR-VQA", "test", limit=3)) == 3
     assert fake_datasets[-1] == ("howard-hou/OCR-VQA", None, "test[:3]")
     with pytest.raises(ValueError, match="row 0: no field 'question'"):
@@ -392,7 +344,7 @@ def test_groups_carry_one_image_per_sequence_and_text_only_messages():
     images = group["images"]
     assert isinstance(images, list) and len(images) == len(group["tokens"]) == 4
     assert set(images) == {image_base64(item)}
-    assert decode(images[0]).size == (CANVAS, CANVAS)
+    assert decode_png(images[0]).size == (CANVAS, CANVAS)
     # the server got the picture; the group's messages and tokens are the text-only copy
     [messages] = sent
     assert messages[1]["content"][0]["image_url"]["url"].endswith(images[0])
@@ -410,8 +362,6 @@ def test_trl_servers_are_refused_and_missing_pillow_names_the_extra(monkeypatch)
     with pytest.raises(ValueError, match="drop the image"):
         asyncio.run(env.setup())
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ImportError, match=r"atropos-rl\[vision\]"):
-        require_pillow()
     with pytest.raises(ImportError, match="vision"):
         asyncio.run(make("http://127.0.0.1:9/v1").setup())
 
@@ -442,7 +392,7 @@ def test_process_writes_jsonl_with_images_and_html(tmp_path):
     for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
         assert len(group["images"]) == 4 and len(set(group["images"])) == 1
-        assert decode(group["images"][0]).format == "PNG"
+        assert decode_png(group["images"][0]).format == "PNG"
         assert "<answer>" in group["messages"][0][-1]["content"]
     assert "answer" in run.page  # the page shows the rollouts (escaped); images: see docs/view.md
 

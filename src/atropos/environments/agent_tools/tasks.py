@@ -14,20 +14,18 @@ disjoint by planet pair).
 
 from __future__ import annotations
 
-import ast
 import functools
 import itertools
 import json
-import operator
 import random
 import re
 from typing import Any
 
 from atropos.environments.common.data_loading import data_path
+from atropos.environments.common.expressions import ExpressionError, exact_value
 
 ATTRIBUTES = ("moons", "rings", "volcanoes")
 OPERATIONS = {"plus": "+", "times": "*", "minus": "-"}
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 @functools.cache
@@ -46,20 +44,11 @@ def lookup(name: str) -> dict[str, Any]:
 
 
 def calculator(expression: str) -> str:
-    """The tool `calculator(expression)`: integer +, -, * and parentheses, nothing else."""
-
-    def value(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            return int(_BINARY[type(node.op)](value(node.left), value(node.right)))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError("only integers, +, -, * and parentheses")
-
+    """The tool `calculator(expression)`: integer +, -, * and parentheses, nothing else
+    (`common.expressions.exact_value`); the value as digits, or `error: ...`."""
     try:
-        return str(value(ast.parse(expression, mode="eval").body))
-    except (SyntaxError, ValueError, RecursionError) as err:
+        return str(exact_value(expression, operators="+-*", decimals=False))
+    except ExpressionError as err:
         return f"error: {err}"
 
 

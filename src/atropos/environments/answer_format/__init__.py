@@ -83,7 +83,6 @@ class AnswerFormatConfig(HeldOutConfig):
     )
     question_field: str = Field(default="question", description="the dataset's question field")
     answer_field: str = Field(default="answer", description="the dataset's answer field")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
     @field_validator("formats", mode="before")
     @classmethod

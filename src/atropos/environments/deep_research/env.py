@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.deep_research.config import DeepResearchConfig
 from atropos.environments.deep_research.corpus import Corpus, Document, load_corpus
 from atropos.environments.deep_research.episode import Budgets, Episode, play, system_prompt
@@ -31,33 +32,20 @@ from atropos.environments.deep_research.tools import Backend, LocalSearch, Toolb
 from atropos.environments.deep_research.web import WEB_APIS, WebSearch
 from atropos.envs.base import BaseEnv
 from atropos.envs.judge import JudgedEnv
-from atropos.envs.simple import Rollout, ShuffledPasses, rollout_group
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import ShuffledPasses
+from atropos.envs.types import Item, ScoredDataGroup
 
 __all__ = ["DeepResearch", "research_group"]
 
 
 def research_group(episodes: Sequence[Episode], scores: Sequence[float]) -> ScoredDataGroup:
-    """The group of played episodes (`Env`'s `rollout_group`): each one's token-exact sequence
-    (replies trained, prompt and tool results masked), the server's logprobs and the
+    """The group of played episodes (`common.multiturn.node_group`): each one's token-exact
+    sequence (replies trained, prompt and tool results masked), the server's logprobs and the
     conversation its tokens hold."""
-    held = [(e.node, e.node.messages) for e in episodes if e.node is not None and e.node.messages]
-    if len(held) != len(episodes):
+    nodes = [e.node for e in episodes if e.node is not None and e.node.messages]
+    if len(nodes) != len(episodes):
         raise ValueError("every episode of a group needs at least one reply")
-    rollouts = [
-        Rollout(
-            str(chat[-1]["content"]),
-            node.tokens,
-            node.masked_tokens,
-            node.logprobs,
-            node.finish_reason,
-            node.token_source,
-            node.policy_version,
-        )
-        for node, chat in held
-    ]
-    prompts = [cast(list[Message], chat[:-1]) for _, chat in held]
-    return rollout_group(rollouts, prompts, list(scores))
+    return node_group(nodes, scores, [n.messages for n in nodes])
 
 
 class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
@@ -113,12 +101,7 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
         return web
 
     async def setup(self) -> None:
-        for server in self.server_configs if isinstance(self.server_configs, list) else []:
-            if server.server_type == "openai":
-                raise ValueError(
-                    "deep_research continues each episode by token ids: it needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         s = self.config
         docs, self.questions, self.test_questions = self.load()
         if not self.questions:
@@ -197,25 +180,22 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
         """One episode per held-out question at `eval_temperature` (0: greedy); logs the means
         of the per-item metrics as `eval/<metric>` and one sample row per question.
 
-        A loop of its own, not `Env.evaluate`'s: an item is a conversation of many turns."""
-        s, start = self.config, time.time()
-        questions = self.test_questions[: s.eval_limit or None]
-        limit = asyncio.Semaphore(s.max_eval_workers)
-
-        async def one(question: Question) -> tuple[Episode, Outcome] | None:
-            async with limit:
-                episode = await self.research(question, "eval", s.eval_temperature)
-            found = await self.outcomes([episode])
-            return (episode, found[0]) if found else None
-
-        played = [x for x in await asyncio.gather(*map(one, questions)) if x is not None]
-        if not played:
-            return {}
-        metrics = means([o for _, o in played], "eval")
-        samples = [sample(e, o) for e, o in played]
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a conversation of
+        many turns. A question the judge gives no vote on is left out."""
+        s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        questions = self.test_questions[: s.eval_limit or None]
+        return await evaluate_each(self, questions, self._eval_play, _eval_report, params)
+
+    async def _eval_play(self, question: Question) -> tuple[Episode, Outcome] | None:
+        episode = await self.research(question, "eval", self.config.eval_temperature)
+        found = await self.outcomes([episode])
+        return (episode, found[0]) if found else None
+
+
+def _eval_report(played: list[tuple[Question, tuple[Episode, Outcome]]]) -> Report:
+    """The means of the per-item metrics as `eval/<metric>`, and a sample row per question."""
+    return means([o for _, (_, o) in played], "eval"), [sample(e, o) for _, (e, o) in played]
 
 
 def sample(episode: Episode, found: Outcome) -> dict[str, Any]:

@@ -16,14 +16,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from atropos.environments.common.multiturn import TEMPLATE_SLACK, reply_room
 from atropos.environments.deep_research.questions import Question
 from atropos.environments.deep_research.tools import TOOLS, Research, Toolbox
 from atropos.inference.sequence import SequenceNode
-from atropos.inference.tokenize import template_ids
 
 __all__ = ["Budgets", "Episode", "play", "system_prompt", "tool_messages"]
-
-_TEMPLATE_SLACK = 16  # tokens a template's reasoning switches may add to a rendered prompt
 
 _TASK = (
     "You answer questions by researching documents with tools. Search for documents, open the"
@@ -92,9 +90,7 @@ def _reply_limit(episode: Episode, budgets: Budgets, tokenizer: Any, tools: Any)
     left = budgets.max_episode_tokens - episode.generated
     if left < 1:
         return "token_budget"
-    kwargs = {"tools": tools} if tools else {}
-    prompt = len(template_ids(tokenizer, episode.messages, add_generation_prompt=True, **kwargs))
-    room = budgets.max_token_length - prompt - _TEMPLATE_SLACK
+    room = reply_room(tokenizer, episode.messages, budgets.max_token_length, TEMPLATE_SLACK, tools)
     if room < 1:
         return "context"
     return min(budgets.max_reply_tokens, left, room)

@@ -22,7 +22,6 @@ not fit in `max_token_length` (the held tokens, the next observation and a full 
 from __future__ import annotations
 
 import asyncio
-import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -30,6 +29,8 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field
 from typing_extensions import TypeVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.environments.common.multiturn import node_group
 from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
@@ -122,16 +123,7 @@ def _policy_version(nodes: list[SequenceNode]) -> dict[str, Any]:
 def episode_group(episodes: list[Episode], scores: list[float]) -> ScoredDataGroup:
     """A group of whole episodes: every assistant turn trained, the observations masked."""
     nodes = [e.node for e in episodes]
-    group: dict[str, Any] = {
-        "tokens": [n.tokens for n in nodes],
-        "masks": [n.masked_tokens for n in nodes],
-        "scores": [float(s) for s in scores],
-        "inference_logprobs": [n.logprobs for n in nodes],
-        "messages": [n.messages for n in nodes],
-        "token_source": nodes[0].token_source,
-        **_policy_version(nodes),
-    }
-    return group  # type: ignore[return-value]
+    return node_group(nodes, scores, [n.messages for n in nodes])
 
 
 def centered(scores: list[float]) -> list[float]:
@@ -177,7 +169,6 @@ class GameConfig(BaseEnvConfig):
     first_seed: int = Field(default=0, ge=0, description="env seed of the first training item")
     eval_episodes: int = Field(default=100, ge=1, description="episodes per evaluation")
     eval_seed: int = Field(default=1_000_000, ge=0, description="env seed of the first eval one")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
 
 
 GameConfigT = TypeVar("GameConfigT", bound=GameConfig, default=GameConfig)
@@ -248,21 +239,19 @@ class GameEnv(BaseEnv[GameConfigT]):
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples
         go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`).
 
-        A loop of its own, not `Env.evaluate`'s: an item is a game played over many turns."""
-        s, start = self.config, time.time()
-        seeds = range(s.eval_seed, s.eval_seed + s.eval_episodes)
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a game played over
+        many turns."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
+        seeds = list(range(s.eval_seed, s.eval_seed + s.eval_episodes))
+        return await evaluate_each(self, seeds, self._eval_play, self._eval_report, params)
 
-        async def one(seed: int) -> Episode:
-            async with limit:
-                return await self.play_one(seed, "eval", temperature=s.eval_temperature)
+    async def _eval_play(self, seed: int) -> Episode:
+        return await self.play_one(seed, "eval", temperature=self.config.eval_temperature)
 
-        episodes = await asyncio.gather(*(one(seed) for seed in seeds))
-        metrics = self.eval_metrics(list(episodes))
+    def _eval_report(self, played: list[tuple[int, Episode]]) -> Report:
         samples = [
             {"seed": seed, "messages": e.node.messages, "score": self.score(e.game)}
-            for seed, e in zip(seeds, episodes, strict=True)
+            for seed, e in played
         ]
-        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return self.eval_metrics([e for _, e in played]), samples

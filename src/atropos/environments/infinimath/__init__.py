@@ -76,7 +76,6 @@ class InfiniMathConfig(BaseEnvConfig):
     tolerance: float = Field(default=1e-6, ge=0, description="relative tolerance of a decimal")
     eval_per_level: int = Field(default=10, ge=0, description="eval items of each level")
     seed: int = Field(default=0, description="seed of the generated items")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
     @model_validator(mode="after")
     def _levels_in_order(self) -> InfiniMathConfig:

@@ -3,10 +3,10 @@ reading a numeric answer.
 
 A problem is an expression tree rendered as text with as few parentheses as its meaning
 needs (`12 + 7 * (3 - 4)`; a negative number always in its own, `(-7)`; `^` a power). Its value
-is the text's own, computed exactly with `fractions.Fraction` by `value_of` (the one evaluator:
-generation, the gold answer and the demo responder all use it). A level fixes the operations,
-the size of the numbers, the count of terms, the nesting of parentheses, and whether
-negative numbers, fractional results and powers occur (`LEVELS`).
+is the text's own, computed exactly by `value_of` (`common.expressions.exact_value` on whole
+numbers; generation, the gold answer and the demo responder all use it). A level fixes the
+operations, the size of the numbers, the count of terms, the nesting of parentheses, and
+whether negative numbers, fractional results and powers occur (`LEVELS`).
 
 >>> problem = generate(LEVELS[4], random.Random(0))
 >>> problem.text, problem.answer
@@ -17,13 +17,12 @@ negative numbers, fractional results and powers occur (`LEVELS`).
 
 from __future__ import annotations
 
-import ast
-import operator
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+
+from atropos.environments.common.expressions import exact_value
 
 __all__ = [
     "LEVELS",
@@ -62,12 +61,6 @@ LEVELS: dict[int, Level] = {
 }
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "^": 3}
-_BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
 
 
 @dataclass(frozen=True)
@@ -96,25 +89,14 @@ class Problem:
 
 
 def value_of(text: str) -> Fraction:
-    """The exact value of an expression written with whole numbers, `+ - * / ^`, unary minus
-    and parentheses. Raises ValueError for anything else, ZeroDivisionError for a zero divisor.
+    """The exact value of an expression written with whole numbers, `+ - * / ^` (whole powers
+    up to 3), unary minus and parentheses (`common.expressions.exact_value`).
+
+    Raises:
+        ExpressionError: (a ValueError) anything else.
+        DivisionByZero: (a ZeroDivisionError) a zero divisor.
     """
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return Fraction(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -walk(node.operand)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            exponent = walk(node.right)
-            if exponent.denominator != 1 or not 0 <= exponent <= 3:
-                raise ValueError("only whole powers up to 3")
-            return walk(node.left) ** int(exponent)
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            return _BINARY[type(node.op)](walk(node.left), walk(node.right))
-        raise ValueError(f"not arithmetic: {ast.dump(node)}")
-
-    return walk(ast.parse(text.replace("^", "**"), mode="eval").body)
+    return exact_value(text, decimals=False)
 
 
 def _needs_parentheses(child: Num | Op, parent: Op, right: bool) -> bool:

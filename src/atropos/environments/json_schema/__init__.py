@@ -94,7 +94,6 @@ class JsonSchemaConfig(HeldOutConfig):
     keep_weight: float = Field(
         default=0.5, ge=0, le=1, description="share of a fix's score for keeping the rest"
     )
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
     @field_validator("schemas", mode="before")
     @classmethod

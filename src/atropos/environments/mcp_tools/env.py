@@ -15,10 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
+from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.environments.common.multiturn import (
+    continue_alone,
+    node_group,
+    reply_room,
+    require_token_servers,
+)
 from atropos.environments.common.tool_calls import ParsedCalls, parse_text
 from atropos.environments.mcp_tools.config import MCPToolsConfig
 from atropos.environments.mcp_tools.servers import ToolReply, ToolServers
@@ -31,11 +37,9 @@ from atropos.environments.mcp_tools.tasks import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
-from atropos.envs.simple import Rollout, ShuffledPasses, rollout_group
-from atropos.envs.types import Item, Message, ScoredDataGroup
-from atropos.inference.managed import ManagedServer
+from atropos.envs.simple import ShuffledPasses
+from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import DriftKind, SequenceNode
-from atropos.inference.tokenize import template_ids
 
 __all__ = ["SYSTEM_PROMPT", "Episode", "MCPTools"]
 
@@ -107,12 +111,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             ConfigError: an openai server (this env needs token ids), tasks that do not load
                 or expect tools no server offers, a server that does not start.
         """
-        for config in self.server_configs if isinstance(self.server_configs, list) else []:
-            if config.server_type == "openai":
-                raise ConfigError(
-                    "mcp_tools extends each conversation by token ids and needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         s = self.config
         self.tasks = load_tasks("train", s.dataset_name)
         self.test_tasks = load_tasks("test", s.dataset_name)
@@ -180,9 +179,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 
     def _room(self, tokenizer: Any, messages: list[dict[str, Any]]) -> int:
         """Tokens left for the next reply after `messages` (rendered with the tools)."""
-        extra = {"tools": self.tools} if self.tools else {}
-        used = template_ids(tokenizer, messages, add_generation_prompt=True, **extra)
-        return self.config.max_token_length - len(used)
+        return reply_room(tokenizer, messages, self.config.max_token_length, tools=self.tools)
 
     async def play(
         self, task: Task, n: int, split: str = "train", temperature: float | None = None
@@ -277,10 +274,8 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         sampling: dict[str, Any],
     ) -> None:
         """Sample the episode's next reply after `messages`, extending its own sequence."""
-        own = ManagedServer(session.server, session.tokenizer, reasoning=session.reasoning)
-        own.nodes = [ep.node]  # this episode's sequence only: no ambiguous parent
-        turn = await own.chat_turn(
-            messages=messages, n=1, max_tokens=max_tokens, tools=self.tools, **sampling
+        turn = await continue_alone(
+            session, ep.node, messages, max_tokens=max_tokens, tools=self.tools, **sampling
         )
         ep.node, ep.finish = turn.nodes[0], turn.finish_reasons[0]
         ep.forks += ep.node.drift is DriftKind.FORK
@@ -322,18 +317,19 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         `max_eval_workers` at once; logs `eval/accuracy` (right final answers),
         `eval/avg_score` and `eval/tool_calls` with a sample per task.
 
-        A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        conversation."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
         tasks = self.test_tasks[: s.eval_limit or None]
-        gate = asyncio.Semaphore(s.max_eval_workers)
-        played = await asyncio.gather(*(self._eval_episode(task, gate) for task in tasks))
-        samples = [
-            self.eval_sample(task, ep)
-            for task, ep in zip(tasks, played, strict=True)
-            if ep is not None
-        ]
-        if not samples:
-            return {}
+        return await evaluate_each(self, tasks, self._eval_episode, self._eval_report, params)
+
+    async def _eval_episode(self, task: Task) -> Episode | None:
+        played = await self.play(task, 1, "eval", self.config.eval_temperature)
+        return played[0] if played else None
+
+    def _eval_report(self, played: list[tuple[Task, Episode]]) -> Report:
+        samples = [self.eval_sample(task, ep) for task, ep in played]
 
         def mean(key: str) -> float:
             return sum(float(x[key]) for x in samples) / len(samples)
@@ -343,14 +339,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             "eval/avg_score": mean("score"),
             "eval/tool_calls": mean("tool_calls"),
         }
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
-
-    async def _eval_episode(self, task: Task, gate: asyncio.Semaphore) -> Episode | None:
-        async with gate:
-            played = await self.play(task, 1, "eval", self.config.eval_temperature)
-        return played[0] if played else None
+        return metrics, samples
 
     def eval_sample(self, task: Task, ep: Episode) -> dict[str, Any]:
         """The row of `samples.jsonl` for one held-out task."""
@@ -367,19 +356,5 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 def _group(episodes: list[Episode], scores: list[float]) -> ScoredDataGroup:
     """The group of `episodes`: each row is its sequence's tokens, masks and logprobs, with
     the conversation those tokens hold (through its last reply)."""
-    rollouts, prompts = [], []
-    for ep in episodes:
-        node = ep.node
-        held = node.messages or ep.messages
-        rollout = Rollout(
-            str(held[-1]["content"]),
-            node.tokens,
-            node.masked_tokens,
-            node.logprobs,
-            ep.finish,
-            node.token_source,
-            node.policy_version,
-        )
-        rollouts.append(rollout)
-        prompts.append(cast("list[Message]", held[:-1]))
-    return rollout_group(rollouts, prompts, scores)
+    nodes = [ep.node for ep in episodes]
+    return node_group(nodes, scores, [ep.node.messages or ep.messages for ep in episodes])

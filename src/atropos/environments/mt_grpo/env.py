@@ -12,13 +12,14 @@ the outcome rewards. A group whose advantages are all zero teaches nothing and i
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.common.turn_credit import Rule, token_advantages_by_turn, turn_advantages
 from atropos.environments.mt_grpo.episode import (
     Budgets,
@@ -63,7 +64,6 @@ class MTGRPOConfig(BaseEnvConfig):
     )
     max_reply_tokens: int = Field(default=512, ge=1, description="token limit of one generation")
     temperature: float = Field(default=0.8, ge=0, description="sampling temperature (training)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
     eval_limit: int = Field(default=0, ge=0, description="held-out tasks per evaluation (0: all)")
 
 
@@ -120,12 +120,7 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
 
     async def setup(self) -> None:
         s = self.config
-        for server in self.server_configs if isinstance(self.server_configs, list) else []:
-            if server.server_type == "openai":
-                raise ValueError(
-                    "mt_grpo continues each episode by token ids: it needs a token server"
-                    " (--openai.server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         if s.tools_in_think and s.max_reasoning_tokens is not None:
             raise ValueError(
                 "--env.tools_in_think true continues the thinking across tool calls, which a"
@@ -184,19 +179,20 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
         """One episode per held-out task at `eval_temperature` (0: greedy); logs `eval/accuracy`
         (outcome), `eval/calls_right`, `eval/answered`, `eval/turns` and one sample per task.
 
-        A loop of its own, not `Env.evaluate`'s: an item is an episode of many turns."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is an episode of many
+        turns."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
         tasks = self.test_tasks[: s.eval_limit or None]
-        limit = asyncio.Semaphore(s.max_eval_workers)
+        return await evaluate_each(self, tasks, self._eval_play, self._eval_report, params)
 
-        async def one(task: Task) -> Episode:
-            async with limit:
-                return await self.play(task, "eval", s.eval_temperature)
+    async def _eval_play(self, task: Task) -> Episode | None:
+        episode = await self.play(task, "eval", self.config.eval_temperature)
+        return episode if episode.node is not None else None  # None: the prompt did not fit
 
-        episodes = [e for e in await asyncio.gather(*map(one, tasks)) if e.node is not None]
-        if not episodes:
-            return {}
-        scored = [score_episode(e, self.world, s.tools_in_think) for e in episodes]
+    def _eval_report(self, played: list[tuple[Task, Episode]]) -> Report:
+        episodes = [e for _, e in played]
+        scored = [score_episode(e, self.world, self.config.tools_in_think) for e in episodes]
         found = episode_metrics(episodes, scored)
         metrics = {f"eval/{k}": sum(v) / len(v) for k, v in found.items() if v}
         samples = [
@@ -205,9 +201,7 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
              "stopped": e.stopped, "messages": e.messages}
             for e, x in zip(episodes, scored, strict=True)
         ]  # fmt: skip
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return metrics, samples
 
 
 def episode_group(
@@ -216,16 +210,4 @@ def episode_group(
     """The group of played episodes: each one's token-exact sequence (the policy's tokens
     trained, prompt and tool results masked), the server's logprobs, the per-token advantages."""
     nodes = [e.node for e in episodes if e.node is not None]
-    versions = [n.policy_version for n in nodes if n.policy_version is not None]
-    group: dict[str, Any] = {
-        "tokens": [n.tokens for n in nodes],
-        "masks": [n.masked_tokens for n in nodes],
-        "scores": scores,
-        "advantages": advantages,
-        "inference_logprobs": [n.logprobs for n in nodes],
-        "messages": [e.messages for e in episodes],
-        "token_source": nodes[0].token_source,
-    }
-    if versions:
-        group["policy_version"] = min(versions)
-    return group  # type: ignore[return-value]
+    return node_group(nodes, scores, [e.messages for e in episodes], advantages)

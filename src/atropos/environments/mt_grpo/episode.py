@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from atropos.environments.common.multiturn import TEMPLATE_SLACK, reply_room
 from atropos.environments.common.tool_calls import parse_text
 from atropos.environments.mt_grpo.continuation import (
     CALL_CLOSE,
@@ -33,11 +34,10 @@ from atropos.environments.mt_grpo.continuation import (
 )
 from atropos.environments.mt_grpo.world import TOOLS, Task, World
 from atropos.inference.sequence import DriftKind, SequenceNode
-from atropos.inference.tokenize import as_token_ids, template_ids
+from atropos.inference.tokenize import as_token_ids
 
 __all__ = ["Budgets", "Episode", "Turn", "play_chat", "play_in_think", "system_prompt"]
 
-_TEMPLATE_SLACK = 16  # tokens a template's reasoning switches may add to a rendered prompt
 _ONE_CALL = "write exactly one <tool_call> holding a JSON object with name and arguments"
 _INTRO = (
     "You answer questions about a made-up atlas, which you can only know through its tools."
@@ -121,8 +121,7 @@ def _opening(task: Task, system: str) -> Episode:
 
 def _room(session: Any, messages: list[dict[str, Any]], budgets: Budgets) -> int:
     """Tokens the next reply may take after `messages` (below 1: none)."""
-    prompt = template_ids(session.tokenizer, messages, add_generation_prompt=True)
-    room = budgets.max_token_length - len(prompt) - _TEMPLATE_SLACK
+    room = reply_room(session.tokenizer, messages, budgets.max_token_length, TEMPLATE_SLACK)
     return min(budgets.max_reply_tokens, room)
 
 

@@ -22,9 +22,7 @@ A task is a question, the calls that answer it in order, and the answer (shipped
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.environments.common.data_loading import data_path, read_jsonl
+from atropos.environments.common.expressions import exact_value
 
 __all__ = [
     "TOOLS",
@@ -67,32 +66,16 @@ TOOLS: tuple[dict[str, Any], ...] = (
         },
     },
 )
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 def calculate(expression: str) -> Fraction:
-    """The exact value of `expression`: numbers (decimals too), `+ - * /`, unary minus and
-    parentheses. Raises ValueError for anything else or a division by zero."""
+    """The exact value of `expression`: numbers (decimals too, thousands commas dropped),
+    `+ - * /`, unary minus and parentheses (`common.expressions.exact_value`).
 
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return Fraction(str(node.value))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            inner = walk(node.operand)
-            return -inner if isinstance(node.op, ast.USub) else inner
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-            divisor = walk(node.right)
-            if divisor == 0:
-                raise ValueError("division by zero")
-            return walk(node.left) / divisor
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return Fraction(_OPERATORS[type(node.op)](walk(node.left), walk(node.right)))
-        raise ValueError("only numbers, + - * / and parentheses")
-
-    try:
-        return walk(ast.parse(expression.replace(",", ""), mode="eval").body)
-    except (SyntaxError, RecursionError):
-        raise ValueError(f"not an arithmetic expression: {expression!r}") from None
+    Raises:
+        ExpressionError: (a ValueError) anything else, or a division by zero.
+    """
+    return exact_value(expression.replace(",", ""), operators="+-*/")
 
 
 def number_text(value: Fraction) -> str:

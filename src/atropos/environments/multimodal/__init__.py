@@ -12,10 +12,11 @@ Four registered environments, upstream's "multimodal DPO" family (atroposlib 0.4
   in PixMo-Count's format, or PixMo-Count's own web pictures.
 
 They share almost everything, so they live in one package: `base.VisionEnv` (items from seeds
-or a hub dataset, the prompt with its image, sampling through chat completions with the
-text-only copy retokenized for the trainer, scores, metrics), `answers` (reading `<answer>` or
-`\\boxed{}`, normalised comparison, times), `images` (Pillow on demand, base64 PNG, hub images
-and downloads), `drawing` (colours, icons, shaded solids, placing objects apart) and `demo`
-(the offline demo responder). Pillow is the `vision` extra, imported when a picture is first
-drawn; importing this package imports none of the members. docs/multimodal.md.
+or a hub dataset, the prompt with its image, scores, metrics; sampling through chat completions
+with the text-only copy retokenized for the trainer is `common.vision.ImageEnv`'s, shared with
+`visual_counting`), `answers` (reading `<answer>` or `\\boxed{}`, normalised comparison,
+times), `images` (checked downloads), `drawing` (colours, icons, shaded solids, placing objects
+apart) and `demo` (the offline demo responder). Pillow is the `vision` extra, imported when
+a picture is first drawn; importing this package imports none of the members.
+docs/multimodal.md.
 """

@@ -11,18 +11,19 @@ An env of the family says how to make an item from a seed (`make_item`) and draw
 - **Prompt.** A system turn saying how to answer (`<answer>` tags or `\\boxed{}`), then a user
   turn holding the picture (an `image_url` data URL) and the question with an `[item ID]` tag
   that the offline demo responder reads.
-- **Sampling.** Every server type gets the conversation, picture included, through its chat
-  completions; the trainer's tokens are the text-only copy retokenized (`token_source:
-  "retokenized"`, the picture as `<image>`), and the group's `images` holds the base64 PNG
-  once per sequence. TRL's text-only `/generate/` is refused at setup.
+- **Sampling.** `common.vision.ImageEnv`'s: every server type gets the conversation, picture
+  included, through its chat completions; the trainer's tokens are the text-only copy
+  retokenized (`token_source: "retokenized"`, the picture as `<image>`), and the group's
+  `images` holds the base64 PNG once per sequence. TRL's text-only `/generate/` is refused at
+  setup.
 - **Scores.** `judge` gives a `Verdict`: +1 right, -1 otherwise (upstream's rule; no format
   term, as upstream had none), whether an answer was read, and numbers worth averaging. Groups
   whose scores are all equal are dropped; `train/percent_correct`, `train/answered`, the
   share right per question `category` and the env's measures are logged, and the same with
   `eval/` for an evaluation.
 
-Items whose picture cannot be had (a dead URL) give no group (`dropped/image_unavailable`),
-never a stand-in question. Details: docs/multimodal.md.
+Items whose picture cannot be had (a dead URL) give no group (`dropped/image_unavailable`,
+`ImageEnv`'s rule), never a stand-in question. Details: docs/multimodal.md.
 """
 
 from __future__ import annotations
@@ -39,19 +40,19 @@ from pydantic import Field
 from typing_extensions import TypeVar
 
 from atropos.environments.common.data_loading import load_hub
-from atropos.environments.multimodal.answers import AnswerStyle, read_answer, same_answer
-from atropos.environments.multimodal.images import (
+from atropos.environments.common.vision import (
+    ImageEnv,
     ImageUnavailable,
-    fetch_url,
     image_part,
     png_base64,
-    require_pillow,
     text_only,
     to_png_base64,
 )
+from atropos.environments.multimodal.answers import AnswerStyle, read_answer, same_answer
+from atropos.environments.multimodal.images import fetch_url
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import Rollout
+from atropos.envs.types import Item, Message
 
 __all__ = ["EVAL_SEEDS", "KINDS", "LOADED", "Verdict", "VisionConfig", "VisionEnv", "item_tag"]
 
@@ -99,12 +100,11 @@ class VisionConfig(BaseEnvConfig):
 VisionConfigT = TypeVar("VisionConfigT", bound=VisionConfig, default=VisionConfig)
 
 
-class VisionEnv(Env[VisionConfigT]):
+class VisionEnv(ImageEnv[VisionConfigT]):
     """A question about a picture, answered in `<answer>` tags or `\\boxed{}`; +1 right, else -1."""
 
     env_config_cls: ClassVar[type[BaseEnvConfig]] = VisionConfig  # the generic default's
     config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
-    requires: ClassVar[dict[str, str]] = {"PIL": "vision"}  # checked before a run
     kind: ClassVar[str] = ""  # the prefix of generated item ids (`clock`)
     task: ClassVar[str] = "You answer questions about a picture."  # the system turn's opening
     example: ClassVar[str] = "3"  # an answer, shown in the system turn
@@ -290,56 +290,7 @@ class VisionEnv(Env[VisionConfigT]):
         self._record("train", item, [self.verdict(item, r.text) for r in rollouts])
         return self.unless_all_equal(scores)
 
-    # ----- running ---------------------------------------------------------------------------
-
-    async def setup(self) -> None:
-        require_pillow()  # fail now, naming the `vision` extra, not at the first prompt
-        if self._server_type() == "trl":
-            raise ValueError(
-                f"{self.name} needs a chat-completions server that takes images (openai, vllm,"
-                " sglang); TRL's /generate/ renders the prompt as text and would drop the image"
-            )
-        await super().setup()
-
-    async def generate(
-        self, messages: list[Message], n: int, split: str = "train", **sampling: Any
-    ) -> list[Rollout]:
-        """Sample `n` completions of `messages` (picture included) through the server's chat
-        completions; the trainer's tokens are the text-only conversation, retokenized here."""
-        from atropos.inference.base import PolicyVersions
-        from atropos.inference.tokenize import tokenize_for_trainer
-
-        params = {
-            "max_tokens": self.max_tokens or self.config.max_token_length,
-            "temperature": self.temperature,
-            **sampling,
-        }
-        tokenizer = self.tokenizer
-        with PolicyVersions() as seen:
-            reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
-        prompt = text_only(messages)
-        rollouts = []
-        for choice in reply.choices:
-            text, reason = choice.message.content or "", str(choice.finish_reason or "")
-            chat = [*prompt, {"role": "assistant", "content": text}]
-            out = tokenize_for_trainer(tokenizer, chat, finish_reason=reason)
-            rollouts.append(
-                Rollout(text, out["tokens"], out["masks"], None, reason, "retokenized", seen.lowest)
-            )
-        return rollouts
-
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        try:  # drawn or downloaded off the event loop; `prompt` then finds it cached
-            image = await asyncio.to_thread(self.image_base64, item)
-        except ImageUnavailable:
-            self.drop("image_unavailable")
-            return None, []
-        group, backlog = await super().collect_trajectories(item)
-        if group is None:
-            return None, backlog
-        group["messages"] = [text_only(m) for m in group["messages"] or []]
-        group["images"] = [image] * len(group["tokens"])  # one per sequence, like the tokens
-        return group, backlog
+    # ----- evaluation ------------------------------------------------------------------------
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`Env.evaluate`, with each item's picture had first (items without one are left out

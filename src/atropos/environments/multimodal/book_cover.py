@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from atropos.environments.common.vision import require_pillow
 from atropos.environments.multimodal.drawing import RGB, canvas
-from atropos.environments.multimodal.images import require_pillow
 
 __all__ = ["FIELDS", "GENRES", "HEIGHT", "WIDTH", "Line", "draw_cover", "layout", "make_book"]
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import Field
 
+from atropos.environments.common.vision import require_pillow
 from atropos.environments.multimodal.answers import dial_minutes, minutes_apart
 from atropos.environments.multimodal.base import Verdict, VisionConfig, VisionEnv
 from atropos.environments.multimodal.drawing import RGB, canvas
-from atropos.environments.multimodal.images import require_pillow
 
 __all__ = ["ClockConfig", "ClockReading", "hand_angles"]
 

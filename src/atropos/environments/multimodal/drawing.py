@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from atropos.environments.multimodal.images import require_pillow
+from atropos.environments.common.vision import require_pillow
 
 __all__ = [
     "CLEVR_COLOURS",

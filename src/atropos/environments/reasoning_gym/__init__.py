@@ -58,7 +58,6 @@ class ReasoningGymConfig(BaseEnvConfig):
     system_prompt: str | None = Field(
         default=None, description="system prompt (unset: reasoning-gym's 'default' prompt)"
     )
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
     @field_validator("tasks", mode="before")
     @classmethod

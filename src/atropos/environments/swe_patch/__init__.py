@@ -19,8 +19,6 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from pydantic import Field
-
 from atropos.environments.common.completions import THINKING_DEFAULTS, answer_part, conversation
 from atropos.environments.common.data_loading import in_prompt
 from atropos.environments.common.demo import Alternating, shipped_rows, with_thinking
@@ -55,8 +53,6 @@ def instructions(path: str) -> str:
 
 class SwePatchConfig(HeldOutConfig):
     """`swe_patch`'s settings."""
-
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
 
 class SwePatch(HeldOutEnv[SwePatchConfig]):

@@ -10,13 +10,13 @@ advantages from each turn's score change (`credit.py`).
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.games.episodes import Episode, GameConfig, episode_group, play
 from atropos.environments.textworld.credit import TurnRecorder, turn_rows
 from atropos.environments.textworld.game import TextGame, is_story_file, open_backend
@@ -219,27 +219,25 @@ class TextWorld(BaseEnv[TextWorldConfig]):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes, one sample each, at `eval_temperature`: the games of seeds
         `eval_seed` on (or the user's files in turn). Writes `metrics.json` and
-        `samples.jsonl` to `data_dir_to_save_evals`."""
-        s, start = self.config, time.time()
+        `samples.jsonl` to `data_dir_to_save_evals` (`common.evaluation.evaluate_each`)."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
         items = [self.item(i, s.eval_seed, 0) for i in range(s.eval_episodes)]
-        limit = asyncio.Semaphore(s.max_eval_workers)
+        return await evaluate_each(self, items, self._eval_play, self._eval_report, params)
 
-        async def one(item: Item) -> Played:
-            path = await self.game_file(item)
-            async with limit:
-                return await self.play_one(path, "eval", temperature=s.eval_temperature)
+    async def _eval_play(self, item: Item) -> Played:
+        path = await self.game_file(item)
+        return await self.play_one(path, "eval", temperature=self.config.eval_temperature)
 
-        played = await asyncio.gather(*(one(item) for item in items))
+    def _eval_report(self, played: list[tuple[Item, Played]]) -> Report:
         n, prefix = len(played), f"{self.name}_eval"
         metrics = {
-            f"{prefix}/avg_score": sum(p.game.score for p in played) / n,
-            f"{prefix}/win_rate": sum(p.game.won for p in played) / n,
-            f"{prefix}/avg_turns": sum(p.episode.turns for p in played) / n,
+            f"{prefix}/avg_score": sum(p.game.score for _, p in played) / n,
+            f"{prefix}/win_rate": sum(p.game.won for _, p in played) / n,
+            f"{prefix}/avg_turns": sum(p.episode.turns for _, p in played) / n,
         }
         samples = [
             {**item, "messages": p.episode.node.messages, "score": p.game.score}
-            for item, p in zip(items, played, strict=True)
+            for item, p in played
         ]
-        params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return metrics, samples

@@ -12,12 +12,18 @@ logprobs. A rollout stops at its first failed reply, or when the next turn would
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.environments.common.multiturn import (
+    continue_alone,
+    node_group,
+    reply_room,
+    require_token_servers,
+)
 from atropos.environments.tool_use_multiturn.episodes import (
     SCENARIOS,
     ExpectedTurn,
@@ -35,9 +41,7 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
-from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
-from atropos.inference.tokenize import template_ids
 
 __all__ = ["ToolUseMultiTurn", "ToolUseMultiTurnConfig", "Trajectory"]
 
@@ -68,7 +72,6 @@ class ToolUseMultiTurnConfig(BaseEnvConfig):
     )
     max_gen_per_turn: int = Field(default=1024, ge=1, description="token limit of one reply")
     temperature: float = Field(default=0.8, ge=0, description="sampling temperature (training)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature (eval)")
     eval_limit: int = Field(
         default=128, ge=0, description="held-out episodes per evaluation (0: all of them)"
     )
@@ -131,12 +134,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         )
 
     async def setup(self) -> None:
-        for config in self.server_configs if isinstance(self.server_configs, list) else []:
-            if config.server_type == "openai":
-                raise ValueError(
-                    "tool_use_multiturn extends each conversation by token ids and needs a"
-                    " token server (server_type vllm, sglang or trl), not an openai one"
-                )
+        require_token_servers(self)
         unknown = set(self.config.scenarios) - set(SCENARIOS)
         if unknown:
             raise ValueError(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
@@ -178,9 +176,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """`n` rollouts of `episode`, token-exact; None when its context alone does not fit."""
         s, tokenizer = self.config, self.tokenizer  # the tokenizer before the servers
         context = list(episode.context)
-        room = s.max_token_length - len(
-            template_ids(tokenizer, context, add_generation_prompt=True)
-        )
+        room = reply_room(tokenizer, context, s.max_token_length)
         if room < 1:
             return None
         sampling = {
@@ -216,17 +212,13 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """Replay turn `t`'s messages after the rollout's last reply and sample its reply."""
         expected: ExpectedTurn = episode.turns[t]
         messages = [*trajectory.messages, *expected.replay]
-        s, tokenizer = self.config, session.tokenizer
-        room = s.max_token_length - len(
-            template_ids(tokenizer, messages, add_generation_prompt=True)
-        )
+        s = self.config
+        room = reply_room(session.tokenizer, messages, s.max_token_length)
         if room < 1:
             trajectory.stopped = "budget"
             return
-        own = ManagedServer(session.server, tokenizer, reasoning=session.reasoning)
-        own.nodes = [trajectory.node]  # this rollout's sequence only: no ambiguous parent
-        turn = await own.chat_turn(
-            messages=messages, n=1, max_tokens=min(s.max_gen_per_turn, room), **sampling
+        turn = await continue_alone(
+            session, trajectory.node, messages, max_tokens=min(s.max_gen_per_turn, room), **sampling
         )
         trajectory.node = turn.nodes[0]
         if trajectory.node.drift is DriftKind.FORK:
@@ -257,18 +249,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
             self.drop("all_equal")
             return None, []
         nodes = [tr.node for tr in trajectories]
-        group: dict[str, Any] = {
-            "tokens": [node.tokens for node in nodes],
-            "masks": [node.masked_tokens for node in nodes],
-            "scores": scores,
-            "inference_logprobs": [node.logprobs for node in nodes],
-            "messages": [tr.messages for tr in trajectories],
-            "token_source": nodes[0].token_source,
-        }
-        versions = [node.policy_version for node in nodes if node.policy_version is not None]
-        if versions:
-            group["policy_version"] = min(versions)
-        return group, []  # type: ignore[return-value]
+        return node_group(nodes, scores, [tr.messages for tr in trajectories]), []
 
     # ----- metrics and evaluation ---------------------------------------------------------------
 
@@ -288,18 +269,20 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """One rollout per held-out episode at `eval_temperature` (0: greedy); logs
         `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0).
 
-        A loop of its own, not `Env.evaluate`'s: an episode is a multi-turn conversation."""
-        s, start = self.config, time.time()
+        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        conversation."""
+        s = self.config
+        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
         episodes = self.test_episodes[: s.eval_limit or None]
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+        return await evaluate_each(self, episodes, self._eval_play, self._eval_report, params)
 
-        async def one(episode: ToolEpisode) -> dict[str, Any] | None:
-            async with limit:
-                played = await self.play(episode, 1, "eval", s.eval_temperature)
-            if not played:
-                return None
-            [trajectory] = played
-            return {
+    async def _eval_play(self, episode: ToolEpisode) -> Trajectory | None:
+        played = await self.play(episode, 1, "eval", self.config.eval_temperature)
+        return played[0] if played else None
+
+    def _eval_report(self, played: list[tuple[ToolEpisode, Trajectory]]) -> Report:
+        samples: list[dict[str, Any]] = [
+            {
                 "id": episode.id,
                 "scenario": episode.scenario,
                 "messages": trajectory.messages,
@@ -308,15 +291,11 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
                 "expected_calls": episode.total_calls,
                 "mismatch": trajectory.mismatch,
             }
-
-        samples = [x for x in await asyncio.gather(*(one(e) for e in episodes)) if x is not None]
-        if not samples:
-            return {}
-        scores = [x["score"] for x in samples]
+            for episode, trajectory in played
+        ]
+        scores = [float(x["score"]) for x in samples]
         metrics = {
             "eval/avg_reward": sum(scores) / len(scores),
             "eval/percent_correct": sum(1 for x in scores if x >= 1.0) / len(scores),
         }
-        params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        self.evaluate_log(metrics, None, None, start, time.time(), params, samples)
-        return metrics
+        return metrics, samples

@@ -5,45 +5,40 @@ with an image. The shipped data is generated (`shapes` in this package): a seede
 of circles, squares and triangles in four colours, and a question such as "How many red circles are
 in the image?". The answer goes in `<answer>N</answer>`. A hub VQA dataset can be used instead
 (`--env.dataset_name howard-hou/OCR-VQA`). Images need Pillow (the `vision` extra). Details, and
-what the trainer's tokens are: docs/visual_counting.md.
+what the trainer's tokens are: docs/visual_counting.md. Sampling with the picture and the
+text-only copy the trainer gets are `common.vision.ImageEnv`'s, shared with the multimodal
+family.
 
 >>> parse_answer("<think>one, two</think> <answer> 2 </answer>")
 '2'
 >>> score_answer("<ANSWER>Red  Car</ANSWER>", "red car"), score_answer("2 or 3", "2")
 (1.0, -1.0)
->>> text_only([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}},
-...     {"type": "text", "text": "How many?"}]}])
-[{'role': 'user', 'content': '<image>\\nHow many?'}]
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import io
 import itertools
 import re
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from atropos.environments.common.data_loading import load_hub
-from atropos.environments.visual_counting.shapes import (
-    MAX_SHAPES,
-    data_uri,
-    make_task,
+from atropos.environments.common.vision import (
+    ImageEnv,
+    image_part,
     png_base64,
-    render_png,
-    require_pillow,
+    text_only,
+    to_png_base64,
 )
+from atropos.environments.visual_counting.shapes import MAX_SHAPES, make_task, render_png
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.simple import Env, Rollout
-from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.envs.simple import Rollout
+from atropos.envs.types import Item, Message
 
 __all__ = [
     "EVAL_SEEDS",
-    "IMAGE_PLACEHOLDER",
     "SYSTEM_PROMPT",
     "VisualCounting",
     "VisualCountingConfig",
@@ -53,17 +48,13 @@ __all__ = [
     "image_base64",
     "parse_answer",
     "score_answer",
-    "text_only",
-    "to_png_base64",
 ]
 
 SYSTEM_PROMPT = (
     "You answer questions about an image. You may think briefly inside <think> </think> tags;"
     " then give only the final answer inside <answer> </answer> tags, e.g. <answer>3</answer>."
 )
-IMAGE_PLACEHOLDER = "<image>"  # stands for the picture in the text the trainer tokenizes
 EVAL_SEEDS = 10**9  # evaluation scenes use seeds from here on; training ones lie below
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _DEMO_ANSWERS: dict[str, str] = {}  # item id -> answer, for `demo_responder`
 
@@ -89,22 +80,6 @@ def score_answer(completion: str, gold: str) -> float:
     return 1.0 if answer is not None and _normal(answer) == _normal(gold) else -1.0
 
 
-def text_only(messages: list[Message]) -> list[Message]:
-    """The conversation with every content list flattened to text, images as `<image>`."""
-    out: list[Message] = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = [
-                p["text"] if p.get("type") == "text" else IMAGE_PLACEHOLDER
-                for p in content
-                if isinstance(p, Mapping)
-            ]
-            m = {**m, "content": "\n".join(parts)}
-        out.append(m)
-    return out
-
-
 # ----- data ------------------------------------------------------------------------------------
 
 
@@ -123,33 +98,6 @@ def generated_items(seeds: range, max_shapes: int) -> list[dict[str, Any]]:
             }
         )
     return items
-
-
-def to_png_base64(value: Any) -> str:
-    """An image as base64 PNG: a PIL image, PNG or other image bytes, a `datasets` image dict
-    (`bytes` or `path`), or base64 text / a `data:` URL. Non-PNG images are re-encoded."""
-    if isinstance(value, str):
-        value = base64.b64decode(value.split(",", 1)[1] if value.startswith("data:") else value)
-    elif isinstance(value, Mapping):
-        if value.get("bytes"):
-            value = value["bytes"]
-        elif value.get("path"):
-            with open(value["path"], "rb") as f:
-                value = f.read()
-        else:
-            raise ValueError("an image dict needs 'bytes' or 'path'")
-    if isinstance(value, bytes | bytearray):
-        if bytes(value[:8]) == _PNG_MAGIC:
-            return png_base64(bytes(value))
-        image_module, _ = require_pillow()
-        value = image_module.open(io.BytesIO(bytes(value)))
-    if not hasattr(value, "save"):
-        raise TypeError(f"cannot read an image from {type(value).__name__}")
-    if getattr(value, "mode", "RGB") not in ("1", "L", "LA", "P", "RGB", "RGBA"):
-        value = value.convert("RGB")
-    out = io.BytesIO()
-    value.save(out, format="PNG")
-    return png_base64(out.getvalue())
 
 
 def _first(value: Any) -> Any:
@@ -222,15 +170,13 @@ class VisualCountingConfig(BaseEnvConfig):
     image_field: str = Field(default="image", description="hub column holding the image")
     question_field: str = Field(default="questions", description="hub column of question(s)")
     answer_field: str = Field(default="answers", description="hub column of answer(s)")
-    eval_temperature: float = Field(default=0.0, ge=0, description="sampling temperature of eval")
 
 
-class VisualCounting(Env[VisualCountingConfig]):
+class VisualCounting(ImageEnv[VisualCountingConfig]):
     """Answer a question about an image (count the shapes); +1 exact, else -1."""
 
     name = "visual_counting"
     config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
-    requires: ClassVar[dict[str, str]] = {"PIL": "vision"}  # checked before a run
     system_prompt = SYSTEM_PROMPT
 
     def _items(self, split: str) -> list[dict[str, Any]]:
@@ -255,9 +201,12 @@ class VisualCounting(Env[VisualCountingConfig]):
     def load_eval(self) -> list[dict[str, Any]]:
         return self._items("eval")
 
+    def image_base64(self, item: Item) -> str:
+        return image_base64(item)
+
     def prompt(self, item: Item) -> list[Message]:
         parts = [
-            {"type": "image_url", "image_url": {"url": data_uri(image_base64(item))}},
+            image_part(image_base64(item)),
             {"type": "text", "text": f"{item['question']}\n[item {item['id']}]"},
         ]
         return [
@@ -273,51 +222,6 @@ class VisualCounting(Env[VisualCountingConfig]):
     ) -> list[float] | None:
         self.record_mean("train/percent_correct", (1.0 if s > 0 else 0.0 for s in scores))
         return self.unless_all_equal(scores)
-
-    async def setup(self) -> None:
-        require_pillow()  # fail now, naming the `vision` extra, not at the first prompt
-        if self._server_type() == "trl":
-            raise ValueError(
-                "visual_counting needs a chat-completions server that takes images (openai, vllm,"
-                " sglang); TRL's /generate/ renders the prompt as text and would drop the image"
-            )
-        await super().setup()
-
-    async def generate(
-        self, messages: list[Message], n: int, split: str = "train", **sampling: Any
-    ) -> list[Rollout]:
-        """Sample `n` completions of `messages` (images included) through the server's chat
-        completions; the trainer's tokens are the text-only conversation, retokenized here."""
-        from atropos.inference.base import PolicyVersions
-        from atropos.inference.tokenize import tokenize_for_trainer
-
-        params = {
-            "max_tokens": self.max_tokens or self.config.max_token_length,
-            "temperature": self.temperature,
-            **sampling,
-        }
-        tokenizer = self.tokenizer
-        with PolicyVersions() as seen:
-            reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
-        prompt = text_only(messages)
-        rollouts = []
-        for choice in reply.choices:
-            text, reason = choice.message.content or "", str(choice.finish_reason or "")
-            chat = [*prompt, {"role": "assistant", "content": text}]
-            out = tokenize_for_trainer(tokenizer, chat, finish_reason=reason)
-            rollouts.append(
-                Rollout(text, out["tokens"], out["masks"], None, reason, "retokenized", seen.lowest)
-            )
-        return rollouts
-
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        group, backlog = await super().collect_trajectories(item)
-        if group is None:
-            return None, backlog
-        image = image_base64(item)
-        group["messages"] = [text_only(m) for m in group["messages"] or []]
-        group["images"] = [image] * len(group["tokens"])  # one per sequence, like the tokens
-        return group, backlog
 
     def eval_sample(self, item: dict[str, Any], r: Rollout, score: float) -> dict[str, Any]:
         return {

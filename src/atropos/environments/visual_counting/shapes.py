@@ -6,7 +6,8 @@ overlap or touch. A task is a scene plus one counting question about it ("How ma
 are in the image?") and its answer. Everything follows from the seed through `random.Random`,
 so the same seed gives the same scene, question and answer on every machine; the picture is
 drawn without anti-aliasing, so every pixel holds the background or one of the `COLOURS`
-exactly. Only `render_png` needs Pillow (the `vision` extra), imported when it is first called.
+exactly. Only `render_png` needs Pillow (the `vision` extra, `common.vision.require_pillow`),
+imported when it is first called.
 
 >>> task = make_task(17)
 >>> task == make_task(17), task.answer == str(task.scene.count(task.colour, task.kind))
@@ -17,11 +18,11 @@ exactly. Only `render_png` needs Pillow (the `vision` extra), imported when it i
 
 from __future__ import annotations
 
-import base64
 import io
 import random
 from dataclasses import dataclass
-from typing import Any
+
+from atropos.environments.common.vision import require_pillow
 
 __all__ = [
     "BACKGROUND",
@@ -33,12 +34,9 @@ __all__ = [
     "Scene",
     "Shape",
     "Task",
-    "data_uri",
     "make_scene",
     "make_task",
-    "png_base64",
     "render_png",
-    "require_pillow",
 ]
 
 CANVAS = 128  # pixels, square
@@ -144,22 +142,11 @@ def make_task(seed: int, max_shapes: int = 8) -> Task:
     return Task(seed, scene, question, str(scene.count(colour, kind)), colour, kind)
 
 
-def require_pillow() -> tuple[Any, Any]:
-    """Pillow's `(Image, ImageDraw)` modules, or an ImportError naming the `vision` extra."""
-    try:
-        from PIL import Image, ImageDraw
-    except ImportError:
-        raise ImportError(
-            "images need Pillow: pip install 'atropos-rl[vision]' (or pip install pillow)"
-        ) from None
-    return Image, ImageDraw
-
-
 def render_png(scene: Scene) -> bytes:
     """The scene as PNG bytes (RGB, no anti-aliasing: every pixel is a listed colour)."""
-    image_module, draw_module = require_pillow()
-    image = image_module.new("RGB", (CANVAS, CANVAS), BACKGROUND)
-    draw = draw_module.Draw(image)
+    pil = require_pillow()
+    image = pil.Image.new("RGB", (CANVAS, CANVAS), BACKGROUND)
+    draw = pil.ImageDraw.Draw(image)
     for s in scene.shapes:
         fill = COLOURS[s.colour]
         right, bottom = s.x + s.size - 1, s.y + s.size - 1
@@ -172,21 +159,3 @@ def render_png(scene: Scene) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG")
     return out.getvalue()
-
-
-def png_base64(png: bytes) -> str:
-    """PNG bytes as base64 text (what a group's `images` holds).
-
-    >>> png_base64(b"\\x89PNG")
-    'iVBORw=='
-    """
-    return base64.b64encode(png).decode("ascii")
-
-
-def data_uri(b64: str) -> str:
-    """A base64 PNG as a `data:` URL, for an OpenAI `image_url` part.
-
-    >>> data_uri("iVBORw==")
-    'data:image/png;base64,iVBORw=='
-    """
-    return f"data:image/png;base64,{b64}"
