@@ -176,10 +176,13 @@ class ImageEnv(Env[ConfigT]):
             reply = await self.server.chat_completion(messages=messages, n=n, split=split, **params)
         prompt = text_only(messages)
         rollouts = []
+        switches = self.server.template_plan(tokenizer).kwargs  # the env's reasoning switches
         for choice in reply.choices:
             text, reason = choice.message.content or "", str(choice.finish_reason or "")
             chat = [*prompt, {"role": "assistant", "content": text}]
-            out = tokenize_for_trainer(tokenizer, chat, finish_reason=reason)
+            out = tokenize_for_trainer(
+                tokenizer, chat, finish_reason=reason, template_kwargs=switches
+            )
             rollouts.append(
                 Rollout(text, out["tokens"], out["masks"], None, reason, "retokenized", seen.lowest)
             )
