@@ -12,7 +12,6 @@ import base64
 import concurrent.futures
 import pickle
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,13 +21,11 @@ import httpx
 import pytest
 import torch
 
-from atropos.demo.procs import wait_until_up
 from atropos.local.ipc import IpcError, read_handles
 from atropos.local.weights import load_fp32, weights_checksum
-from atropos.testing import free_port
 from atropos.trainer.transfer import SyncError, TransferClient
 
-from .test_transfer import LONG, Server
+from .test_transfer import LONG, Server, serve_subprocess
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
 
@@ -83,20 +80,8 @@ def test_ipc_is_refused_where_it_cannot_work(start_server: Any, model_dir: Path)
 
 @pytest.fixture(scope="module")
 def gpu_server(model_dir: Path) -> Iterator[Server]:
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "atropos", "local", "serve", str(model_dir), "--port", str(port),
-        "--device", "cuda", "--transfer-backend", "ipc",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_up(f"http://127.0.0.1:{port}/health", 120)
-        live = Server(f"http://127.0.0.1:{port}")
+    with serve_subprocess(model_dir, "--device", "cuda", "--transfer-backend", "ipc") as live:
         yield live
-        live.http.close()
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @needs_gpu

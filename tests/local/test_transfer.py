@@ -11,6 +11,7 @@ test depends on timing; "the weights equal the trainer's" is `GET /weights_check
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -68,19 +69,26 @@ class Server:
         raise AssertionError("no long request was caught in flight within 30 s")
 
 
-@pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[Server]:
+@contextlib.contextmanager
+def serve_subprocess(model_dir: Path, *flags: str, timeout: float = 60) -> Iterator[Server]:
+    """`atropos local serve MODEL_DIR FLAGS` in a subprocess on a free port, stopped by its pid."""
     port = free_port()
     argv = [sys.executable, "-m", "atropos", "local", "serve", str(model_dir), "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*argv, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until_up(f"http://127.0.0.1:{port}/health", 60)
+        wait_until_up(f"http://127.0.0.1:{port}/health", timeout)
         live = Server(f"http://127.0.0.1:{port}")
         yield live
         live.http.close()
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[Server]:
+    with serve_subprocess(model_dir) as live:
+        yield live
 
 
 @pytest.fixture
