@@ -1,6 +1,6 @@
 """An `mt_grpo` group, pushed to a real trajectory API, trains one step of the reference trainer
 on its per-turn advantages: the loss gets them, turn by turn, in place of GRPO's one value per
-sequence (the trainer's own code untouched; its `policy_loss` is watched)."""
+sequence (the trainer's own code untouched; the `policy_loss` its step calls is watched)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import atropos.trainer.loss  # noqa: E402
+import atropos.trainer.step  # noqa: E402
 from atropos.api.app import create_app  # noqa: E402
 from atropos.environments.mt_grpo import MTGRPO, demo_responder, load_tasks  # noqa: E402
 from atropos.testing import FakeInferenceServer, serve_in_thread  # noqa: E402
@@ -49,13 +49,13 @@ def test_the_groups_turn_advantages_reach_the_loss(
     group = a_group()
     longest = max(len(t) for t in group["tokens"])
     seen: list[tuple[Any, Any]] = []
-    real = atropos.trainer.loss.policy_loss
+    real = atropos.trainer.step.policy_loss
 
     def watched(logp: Any, old: Any, advantages: Any, mask: Any, *args: Any) -> Any:
         seen.append((advantages.detach().clone(), mask.detach().clone()))
         return real(logp, old, advantages, mask, *args)
 
-    monkeypatch.setattr(atropos.trainer.loss, "policy_loss", watched)
+    monkeypatch.setattr(atropos.trainer.step, "policy_loss", watched)  # the name the step calls
     with serve_in_thread(create_app()) as url:
         answer = httpx.post(f"{url}/scored_data", json=group)
         assert answer.status_code == 200, answer.text
