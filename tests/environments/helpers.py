@@ -110,6 +110,29 @@ def collect(env: BaseEnv, *items: Any) -> list[tuple[Any, list[Any]]]:
     return asyncio.run(main())
 
 
+def image_group(env: Any) -> tuple[Any, Any, Any, list[Any]]:
+    """Set `env` up, collect one group of its first item while recording the messages of every
+    chat request, close it: (item, group, backlog, the requests' messages)."""
+    sent: list[Any] = []
+
+    async def main() -> tuple[Any, Any, Any]:
+        await env.setup()
+        real = env.server.chat_completion
+
+        async def spy(**kwargs: Any) -> Any:
+            sent.append(kwargs["messages"])
+            return await real(**kwargs)
+
+        env.server.chat_completion = spy
+        item = env.items[0]
+        group, backlog = await env.collect_trajectories(item)
+        await env.aclose()
+        return item, group, backlog
+
+    item, group, backlog = asyncio.run(main())
+    return item, group, backlog, sent
+
+
 def check_against(make: Make, responder: Responder, items: int = 3, **env: Any) -> CheckReport:
     """`check_env` over `items` items of `make(url, **env)`, whose policy is a fake server
     answering with `responder`."""

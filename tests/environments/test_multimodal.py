@@ -41,6 +41,7 @@ from .helpers import (  # noqa: E402
     decode_png,
     env_defaults,
     evaluate_against,
+    image_group,
     make_env,
     read_jsonl,
     rollout,
@@ -233,25 +234,9 @@ def test_check_env_passes_with_retokenized_text(cls):
 
 @pytest.mark.parametrize("cls", ENVS, ids=lambda c: c.name)
 def test_groups_carry_one_picture_per_sequence_and_text_only_messages(cls):
-    sent: list[Any] = []
     with FakeInferenceServer(responder=demo_responder) as fake:
         env = make(cls, fake.base_url)
-
-        async def main() -> tuple[Any, Any, Any]:
-            await env.setup()
-            real = env.server.chat_completion
-
-            async def spy(**kwargs: Any) -> Any:
-                sent.append(kwargs["messages"])
-                return await real(**kwargs)
-
-            env.server.chat_completion = spy
-            item = env.items[0]
-            group, backlog = await env.collect_trajectories(item)
-            await env.aclose()
-            return item, group, backlog
-
-        item, group, backlog = asyncio.run(main())
+        item, group, backlog, sent = image_group(env)
     assert backlog == [] and group is not None
     assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
     assert group["token_source"] == "retokenized" and "inference_logprobs" not in group

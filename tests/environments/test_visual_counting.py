@@ -53,6 +53,7 @@ from .helpers import (  # noqa: E402
     env_defaults,
     evaluate_against,
     fake_hub,
+    image_group,
     make_env,
     process_with_runner,
 )
@@ -319,25 +320,9 @@ def test_check_env_passes_and_tokens_are_the_text_only_conversation():
 
 
 def test_groups_carry_one_image_per_sequence_and_text_only_messages():
-    sent = []
     with FakeInferenceServer(responder=Responder()) as fake:
         env = make(fake.base_url)
-
-        async def main():
-            await env.setup()
-            real = env.server.chat_completion
-
-            async def spy(**kwargs):
-                sent.append(kwargs["messages"])
-                return await real(**kwargs)
-
-            env.server.chat_completion = spy
-            item = env.items[0]
-            group, backlog = await env.collect_trajectories(item)
-            await env.aclose()
-            return item, group, backlog
-
-        item, group, backlog = asyncio.run(main())
+        item, group, backlog, sent = image_group(env)
     assert backlog == [] and group is not None
     assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
     assert group["token_source"] == "retokenized" and "inference_logprobs" not in group
