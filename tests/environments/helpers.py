@@ -133,6 +133,22 @@ def image_group(env: Any) -> tuple[Any, Any, Any, list[Any]]:
     return item, group, backlog, sent
 
 
+def trained_runs(node: Any) -> list[list[int]]:
+    """The runs of trained tokens of a sequence, checking masked logprobs are 1.0 and trained
+    ones the server's (below 0)."""
+    runs, current = [], []
+    for token, mask, lp in zip(node.tokens, node.masked_tokens, node.logprobs, strict=True):
+        if mask == -100:
+            assert lp == 1.0
+            if current:
+                runs.append(current)
+            current = []
+        else:
+            assert mask == token and lp < 0
+            current.append(token)
+    return [*runs, current] if current else runs
+
+
 def check_against(make: Make, responder: Responder, items: int = 3, **env: Any) -> CheckReport:
     """`check_env` over `items` items of `make(url, **env)`, whose policy is a fake server
     answering with `responder`."""

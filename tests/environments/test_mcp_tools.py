@@ -53,6 +53,7 @@ from .helpers import (
     evaluate_against,
     make_env,
     modules_loaded_by,
+    trained_runs,
 )
 
 make = partial(make_env, MCPTools)
@@ -307,22 +308,6 @@ async def group_of(env: MCPTools, responder: Scripted, task: Task, script: list[
     assert backlog == []
     await env.wandb_log()
     return group, played[0]
-
-
-def trained_runs(node: Any) -> list[list[int]]:
-    """The runs of trained tokens of a sequence, checking masked logprobs are 1.0 and trained
-    ones the server's (below 0)."""
-    runs, current = [], []
-    for token, mask, lp in zip(node.tokens, node.masked_tokens, node.logprobs, strict=True):
-        if mask == -100:
-            assert lp == 1.0
-            if current:
-                runs.append(current)
-            current = []
-        else:
-            assert mask == token and lp < 0
-            current.append(token)
-    return [*runs, current] if current else runs
 
 
 def test_a_group_of_right_and_wrong_calls_is_scored_and_token_exact():

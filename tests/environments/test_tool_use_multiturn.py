@@ -39,6 +39,7 @@ from .helpers import (
     fake_hub,
     make_env,
     process_with_runner,
+    trained_runs,
 )
 
 # ----- hand-made episodes -------------------------------------------------------------------------
@@ -386,17 +387,7 @@ def test_replayed_turns_are_masked_and_trained_spans_are_the_replies():
     for i, tr in enumerate(trajectories):
         node = tr.node
         assert len(node.tokens) == len(node.masked_tokens) == len(node.logprobs)
-        runs, current = [], []
-        for token, mask, lp in zip(node.tokens, node.masked_tokens, node.logprobs, strict=True):
-            if mask == -100:
-                assert lp == 1.0
-                if current:
-                    runs.append(current)
-                current = []
-            else:
-                assert mask == token and lp < 0
-                current.append(token)
-        runs.append(current)
+        runs = trained_runs(node)
         # token-exact: each trained span is what the fake server generated for that reply
         expected = [tok.encode(script[i][t], add_special_tokens=False) for t in range(3)]
         assert runs == [ids + [tok.eos_token_id] for ids in expected]
