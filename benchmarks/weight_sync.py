@@ -59,11 +59,14 @@ SIZES = {
 }  # fmt: skip
 
 
-def build_big(name: str, directory: Path) -> Path:
-    """A random Llama of size `name` (SIZES) with the shipped tokenizer, saved in `directory`."""
+def build_big(name: str, directory: Path, vocab_size: int | None = None) -> Path:
+    """A random Llama of size `name` (SIZES) with the shipped tokenizer, saved in `directory`;
+    `vocab_size` overrides the size's (a model that generates must not sample ids the tokenizer
+    lacks)."""
     transformers = import_transformers_quietly()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES[name]))
+    config = dict(SIZES[name], **({"vocab_size": vocab_size} if vocab_size else {}))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
     model.save_pretrained(directory)
     for item in Path(tiny_tokenizer_path()).iterdir():
         shutil.copy(item, directory / item.name)

@@ -50,6 +50,7 @@ class DemoConfig:
     startup_timeout: float = 120.0
     extra_trainer_flags: list[str] = field(default_factory=list)
     extra_server_flags: list[str] = field(default_factory=list)  # e.g. --transfer-backend ipc
+    extra_env_flags: list[str] = field(default_factory=list)
     teacher: str = ""  # `--distill`'s teacher checkpoint (default: trained by the RL demo first)
     teacher_steps: int = 100  # RL steps of that teacher
 
@@ -76,7 +77,7 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
             # the env must not stop itself at exactly the trainer's step count
             "--env.total_steps", str(cfg.steps * 100), "--env.steps_per_eval", "0",
             "--openai.base_url", server, "--openai.model_name", SERVED_NAME,
-            "--openai.server_type", "vllm", "--openai.api_key", "none",
+            "--openai.server_type", "vllm", "--openai.api_key", "none", *cfg.extra_env_flags,
         ],
         "trainer": [
             "train", "--model", policy, "--api-url", api, "--server-url", server,
