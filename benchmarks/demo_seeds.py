@@ -11,11 +11,9 @@ accuracy across seeds, and the mean on-policy logprob mismatch stays at most 1e-
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from seeds import run_seeds, write_result  # a sibling script: benchmarks/ is on sys.path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -28,18 +26,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / "demo-seeds"))
     p.add_argument("--json", default=str(HERE / "results" / "demo_seeds.json"))
     args = p.parse_args()
-    rows = []
-    for seed in args.seeds:
-        out = Path(args.out) / str(seed)
-        argv = [sys.executable, "-m", "atropos", "demo", "--seed", str(seed), "--out", str(out)]
-        if args.steps:
-            argv += ["--steps", str(args.steps)]
-        print(f"seed {seed}: {' '.join(argv[1:])}", flush=True)
-        t0 = time.monotonic()
-        subprocess.run(argv, check=True, cwd=ROOT)
-        summary = json.loads((out / "summary.json").read_text())["summary"]
-        summary["seconds"] = round(time.monotonic() - t0, 1)
-        rows.append({"seed": seed, **summary})
+    rows = run_seeds([], args.seeds, Path(args.out), args.steps)
     before = rows[0]["held-out accuracy, warm start"]
     after = [r["held-out accuracy, trained"] for r in rows]
     mismatch = [r["logprob mismatch, mean (on-policy tokens)"] for r in rows]
@@ -52,11 +39,7 @@ def main() -> int:
         "mismatch_max": max(m for m in mismatch if m is not None),
     }
     result["gain_beats_spread"] = result["gain"] > result["trained_spread"]
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    md = render(result)
-    Path(args.json).with_suffix(".md").write_text(md)
-    print(md)
+    write_result(result, Path(args.json), render)
     return 0
 
 

@@ -14,11 +14,11 @@ budget, on average over the seeds.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from seeds import run_seeds, write_result  # a sibling script: benchmarks/ is on sys.path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -48,18 +48,9 @@ def main() -> int:
     p.add_argument("--json", default=str(HERE / "results" / "distill_seeds.json"))
     args = p.parse_args()
     teacher = ensure_teacher(args)
-    rows = []
-    for seed in args.seeds:
-        out = Path(args.out) / str(seed)
-        argv = [sys.executable, "-m", "atropos", "demo", "--distill", "--teacher", str(teacher),
-                "--seed", str(seed), "--out", str(out)]  # fmt: skip
-        if args.steps:
-            argv += ["--steps", str(args.steps)]
-        print(f"seed {seed}: {' '.join(argv[1:])}", flush=True)
-        t0 = time.monotonic()
-        subprocess.run(argv, check=True, cwd=ROOT)
-        summary = json.loads((out / "summary.json").read_text())["summary"]
-        rows.append({"seed": seed, "seconds": round(time.monotonic() - t0, 1), **summary})
+    rows = run_seeds(
+        ["--distill", "--teacher", str(teacher)], args.seeds, Path(args.out), args.steps
+    )
     closed = [r["share of the gap closed"] for r in rows]
     result = {
         "teacher": str(teacher),
@@ -68,11 +59,7 @@ def main() -> int:
         "gap_closed_min": min(closed),
     }
     result["target_met"] = result["gap_closed_mean"] >= 0.5
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    md = render(result)
-    Path(args.json).with_suffix(".md").write_text(md)
-    print(md)
+    write_result(result, Path(args.json), render)
     return 0
 
 
