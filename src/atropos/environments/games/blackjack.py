@@ -183,6 +183,10 @@ class Blackjack(GameEnv[GameConfigT]):
 
     name = "blackjack"
     rules: ClassVar[str] = RULES
+    requires: ClassVar[dict[str, str]] = {"gymnasium": "games"}  # checked before a run
+
+    async def setup(self) -> None:
+        require_gymnasium()  # the extra's error at setup, not at the first episode
 
     def new_game(self, seed: int) -> BlackjackGame:
         return BlackjackGame(seed)

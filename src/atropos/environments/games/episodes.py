@@ -31,7 +31,6 @@ from typing_extensions import TypeVar
 
 from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group
-from atropos.environments.games import require_gymnasium
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.types import Item, ScoredDataGroup
@@ -183,7 +182,6 @@ class GameEnv(BaseEnv[GameConfigT]):
     config_defaults: ClassVar[dict[str, Any]] = {
         "group_size": 8, "max_token_length": 4096, "use_wandb": False
     }  # fmt: skip
-    requires: ClassVar[dict[str, str]] = {"gymnasium": "games"}  # checked before a run
     rules: ClassVar[str] = ""  # the system turn
 
     @abstractmethod
@@ -200,9 +198,6 @@ class GameEnv(BaseEnv[GameConfigT]):
     @abstractmethod
     def eval_metrics(self, episodes: list[Episode]) -> dict[str, float]:
         """The metrics of an evaluation's episodes."""
-
-    async def setup(self) -> None:
-        require_gymnasium()
 
     async def get_next_item(self) -> Item:
         seed = self.__dict__.setdefault("_next_seed", self.config.first_seed)

@@ -155,6 +155,10 @@ class Taxi(GameEnv):
 
     name = "taxi"
     rules: ClassVar[str] = RULES
+    requires: ClassVar[dict[str, str]] = {"gymnasium": "games"}  # checked before a run
+
+    async def setup(self) -> None:
+        require_gymnasium()  # the extra's error at setup, not at the first episode
 
     config_defaults: ClassVar[dict[str, Any]] = {
         **GameEnv.config_defaults, "max_turns": 25, "reply_tokens": 256
