@@ -428,3 +428,41 @@ def test_get_logprobs_renders_messages():
         "top_k": 2,
     }
     assert run(m.get_logprobs(prompt="hi")) == {"prompt": "hi"}
+
+
+# --- continuing one assistant turn ------------------------------------------------------------
+
+
+def test_continue_turn_inserts_masked_ids_and_trains_the_continuation():
+    call = TOK.encode('<tool_call>{"name": "f"}')
+    more = TOK.encode(" so 4.") + [EOS]
+    server = Scripted((call, "stop"), (more, "stop"))
+    m = ManagedServer(server, TOK)
+    first = run(m.chat_turn(messages=USER, max_tokens=16)).nodes[0]
+    inserted = TOK.encode("<tool_response>4</tool_response>")
+    node = run(m.continue_turn(first, inserted, max_tokens=8, temperature=0.5))
+    assert server.calls[1]["input_ids"] == first.tokens + inserted  # the held ids, not re-rendered
+    assert server.calls[1]["max_tokens"] == 8 and server.calls[1]["temperature"] == 0.5
+    assert node.tokens == first.tokens + inserted + more
+    assert node.masked_tokens == first.masked_tokens + [-100] * len(inserted) + more
+    assert node.logprobs[: len(first.tokens)] == first.logprobs
+    assert trained(node) == TOK.decode(call + more, skip_special_tokens=False)
+    assert m.get_state()["nodes"] == [node]  # it took the first node's place
+    assert node.messages is not None and node.messages[:-1] == USER
+    assert node.messages[-1]["content"].endswith(" so 4.")
+    check_aligned(node)
+
+
+def test_continue_turn_refuses_a_server_that_changed_the_prompt():
+    class Trimming(Scripted):
+        async def tokens_and_logprobs_completion(self, *, input_ids, n=1, **kw):
+            prompt, outs, lps, finishes = await super().tokens_and_logprobs_completion(
+                input_ids=input_ids, n=n, **kw
+            )
+            return prompt[1:], outs, lps, finishes
+
+    m = ManagedServer(Scripted(([EOS], "stop")), TOK)
+    first = run(m.chat_turn(messages=USER)).nodes[0]
+    m.server = Trimming(([EOS], "stop"))
+    with pytest.raises(ValueError, match="cannot be continued token-exactly"):
+        run(m.continue_turn(first, [5]))

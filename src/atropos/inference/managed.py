@@ -250,6 +250,52 @@ class ManagedServer:
             policy_version=version,
         )
 
+    async def continue_turn(
+        self,
+        node: SequenceNode,
+        inserted: Sequence[int] = (),
+        *,
+        max_tokens: int | None = None,
+        **sampling: Any,
+    ) -> SequenceNode:
+        """Continue the open assistant turn `node` ends in, by token ids.
+
+        `inserted` (ids the policy did not write: a tool result put inside its reasoning, a
+        stop string the server cut) goes after `node`'s ids masked, then the policy writes on,
+        trained with the server's logprobs; nothing held is re-tokenized. `chat_turn` cannot do
+        this: re-rendering a partial assistant message closes the turn in most chat templates,
+        so the model would write after an end-of-turn token. The new node takes `node`'s place
+        in the session; a chat node's last (assistant) message gets the inserted and new text.
+
+        A reasoning budget does not apply here (the block began in an earlier call; bound the
+        continuation with `max_tokens`).
+
+        Raises:
+            ValueError: the server answered for other prompt ids than `node`'s plus `inserted`
+                (the sequence would no longer be the one the policy saw).
+        """
+        input_ids = [*node.tokens, *(int(t) for t in inserted)]
+        prompt, outs, lps, finishes, version, _ = await self._generate(
+            input_ids, 1, max_tokens, {**sampling, "skip_reasoning": True}
+        )
+        if prompt != input_ids:
+            raise ValueError(
+                f"the server answered for a prompt of {len(prompt)} ids, not the"
+                f" {len(input_ids)} sent: the turn cannot be continued token-exactly"
+            )
+        added = self._decode(input_ids[len(node.tokens) :]) + self._decode(outs[0])
+        extended = self._node(
+            prompt, outs[0], lps[0], finishes[0], node, node.full_text + added, None, version
+        )
+        if node.messages and node.messages[-1].get("role") == "assistant":
+            last = node.messages[-1]
+            extended.messages = [
+                *node.messages[:-1],
+                {**last, "content": (last.get("content") or "") + added},
+            ]
+        self._store(node, [extended])
+        return extended
+
     async def completion(
         self, *, prompt: str, n: int = 1, max_tokens: int | None = None, **sampling: Any
     ) -> Completion:

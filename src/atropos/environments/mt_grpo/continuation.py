@@ -1,13 +1,9 @@
-"""Continuing one open assistant turn by token ids, with inserted ids masked.
+"""The chunks of one assistant turn interrupted at its tool calls.
 
-`ManagedServer` continues a *conversation* by ids (a new chat turn after the held one); it has
-no way to continue the *same* assistant turn: re-rendering a partial assistant message closes
-the turn in most chat templates (upstream's interleaved-thinking environment re-rendered, so
-the model wrote after an end-of-turn token). `extend_turn` does it on the public pieces: the
-held node's ids plus the inserted ids (a tool result) go to the server's
-`tokens_and_logprobs_completion` as they are, and `sequence.build_node` extends the node: the
-inserted ids masked (-100, placeholder logprob), the continuation trained with the server's
-logprobs, everything before kept. Nothing the policy wrote is ever re-tokenized.
+The turn is continued by token ids with `ManagedServer.continue_turn` (the held ids plus the
+inserted tool result, masked; upstream's interleaved-thinking environment re-rendered the
+partial message instead, which closes the turn in most chat templates, so the model wrote after
+an end-of-turn token). `chunk_of` reads what one generation added.
 
 `stop_at_call` is how a chunk of a reply ends at `</tool_call>`: a stop token id when the
 tokenizer has the tag as one token (every server keeps a stop token in the output ids), else
@@ -21,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atropos.inference.base import PolicyVersions
-from atropos.inference.sequence import SequenceNode, build_node
+from atropos.inference.sequence import SequenceNode
 from atropos.inference.tokenize import as_token_ids, trailing_end_of_turn
 
 __all__ = [
@@ -31,7 +26,6 @@ __all__ = [
     "Chunk",
     "chunk_of",
     "ended_at_call",
-    "extend_turn",
     "stop_at_call",
 ]
 
@@ -88,39 +82,3 @@ def chunk_of(tokenizer: Any, node: SequenceNode, start: int) -> Chunk:
     ends = bool(out) and trailing_end_of_turn(out, tokenizer) > 0
     text = str(tokenizer.decode(out, skip_special_tokens=True))
     return Chunk(node, start, text, node.finish_reason, ends)
-
-
-async def extend_turn(
-    session: Any, node: SequenceNode, inserted: list[int], max_tokens: int, **sampling: Any
-) -> Chunk:
-    """Append `inserted` to `node` (masked) and let the policy continue the same turn.
-
-    `session` is a `ManagedServer`; its `server` samples and its `tokenizer` decodes.
-
-    Raises:
-        ValueError: the server reports a prompt other than the ids it was sent (the sequence
-            would no longer be the one the policy saw).
-    """
-    input_ids = [*node.tokens, *inserted]
-    with PolicyVersions() as seen:
-        prompt, outs, lps, finishes = await session.server.tokens_and_logprobs_completion(
-            input_ids=input_ids, n=1, max_tokens=max_tokens, **sampling
-        )
-    prompt, out = [int(t) for t in prompt], [int(t) for t in outs[0]]
-    if prompt != input_ids:
-        raise ValueError(
-            f"the server answered for a prompt of {len(prompt)} ids, not the {len(input_ids)}"
-            " sent: the turn cannot be continued token-exactly"
-        )
-    finish, tokenizer = _finish(finishes[0]), session.tokenizer
-    eot = trailing_end_of_turn(out, tokenizer) if finish == "length" and out else 0
-    extended = build_node(
-        prompt_tokens=prompt,
-        output=out,
-        output_logprobs=[float(x) for x in lps[0]],
-        finish_reason=finish,
-        parent=node,
-        end_of_turn=eot,
-        policy_version=seen.lowest,
-    )
-    return chunk_of(tokenizer, extended, len(prompt))

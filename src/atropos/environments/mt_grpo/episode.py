@@ -8,7 +8,7 @@ ids, so the sequence's trained tokens are exactly the replies and the tool turns
 **Tools inside thinking** (`tools_in_think`): one assistant turn. Generation stops at each
 `</tool_call>` (`continuation.stop_at_call`); the result is inserted right after the call as a
 `<tool_response>` block, masked, inside the same turn, and the policy continues from the exact
-ids (`continuation.extend_turn`). The answer follows `</think>`.
+ids (`ManagedServer.continue_turn`). The answer follows `</think>`.
 
 Either way an episode is a list of turns, each with the span of its own token ids (a reply, or
 the stretch of the one reply up to a call), which is where turn-level credit lands. It ends
@@ -29,7 +29,6 @@ from atropos.environments.mt_grpo.continuation import (
     Chunk,
     chunk_of,
     ended_at_call,
-    extend_turn,
     stop_at_call,
 )
 from atropos.environments.mt_grpo.world import TOOLS, Task, World
@@ -226,7 +225,8 @@ async def _think_step(
         episode.stopped = "context"
         return reply, None
     episode.results, episode.cut_stops = episode.results + 1, episode.cut_stops + cut
-    following = await extend_turn(
-        session, chunk.node, inserted, min(budgets.max_reply_tokens, room), **stop, **sampling
+    extended = await session.continue_turn(
+        chunk.node, inserted, max_tokens=min(budgets.max_reply_tokens, room), **stop, **sampling
     )
+    following = chunk_of(session.tokenizer, extended, len(chunk.node.tokens) + len(inserted))
     return reply + text, following
