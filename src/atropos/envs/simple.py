@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import time
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
+from atropos.envs.evaluation import evaluate_each, report_rows
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.rewards.group import all_equal
 
@@ -240,20 +240,15 @@ class Env(BaseEnv[ConfigT]):
         Returns:
             The metrics; {} (and nothing logged) when there are no eval items.
         """
-        items, params, start = list(self.load_eval()), self.eval_params(), time.time()
-        if not items:
-            return {}
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
+        params = self.eval_params()
 
-        async def one(item: Item) -> dict[str, Any]:
-            async with limit:
-                [rollout] = await self.generate(self.prompt(item), 1, "eval", **params)
+        async def play(item: Item) -> dict[str, Any]:
+            [rollout] = await self.generate(self.prompt(item), 1, "eval", **params)
             return self.eval_sample(item, rollout, await self._score(item, rollout.text))
 
-        samples = list(await asyncio.gather(*map(one, items)))
-        metrics = self.eval_metrics(samples)
-        self.evaluate_log(metrics, None, None, start, time.time(), {**params, "n": 1}, samples)
-        return metrics
+        return await evaluate_each(
+            self, list(self.load_eval()), play, report_rows(self.eval_metrics), {**params, "n": 1}
+        )
 
     def eval_params(self) -> dict[str, Any]:
         """Sampling parameters of `evaluate`: `--env.eval_temperature` (0: greedy)."""

@@ -56,6 +56,7 @@ from typing_extensions import TypeVar
 
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.evaluation import evaluate_each, report_rows
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.proxy.app import Proxy, ProxySettings
@@ -235,20 +236,13 @@ class AgentEnv(BaseEnv[AgentConfigT]):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One rollout per `load_eval()` task, each summed up by `eval_sample`, the whole by
         `eval_metrics` (`eval/mean_score`, `eval/accuracy` (> 0), `eval/failed_runs`)."""
-        tasks, start = list(self.load_eval()), time.time()
-        if not tasks:
-            return {}
-        limit = asyncio.Semaphore(self.config.max_eval_workers)
 
-        async def one(task: Item) -> dict[str, Any]:
-            async with limit:
-                run = await self.rollout(task)
-            return await self.eval_sample(task, run)
+        async def play(task: Item) -> dict[str, Any]:
+            return await self.eval_sample(task, await self.rollout(task))
 
-        samples = list(await asyncio.gather(*map(one, tasks)))
-        metrics = self.eval_metrics(samples)
-        self.evaluate_log(metrics, start_time=start, end_time=time.time(), samples=samples)
-        return metrics
+        return await evaluate_each(
+            self, list(self.load_eval()), play, report_rows(self.eval_metrics), None
+        )
 
     async def eval_sample(self, task: Item, run: AgentRun) -> dict[str, Any]:
         """One evaluation rollout as a logged sample: the task, the output, the error and the

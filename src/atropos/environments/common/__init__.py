@@ -11,8 +11,6 @@
 - `completions`: the answer part after the think block, `\\boxed{}` contents, the conversation
   asking for a think block (the format environments).
 - `selection`: settings that name some of a fixed set, with "did you mean".
-- `evaluation`: the bounded per-item evaluation loop of the environments whose item is a
-  whole episode (`evaluate_each`).
 - `expressions`: exact values of arithmetic expressions without `eval` (`agent_tools`'s and
   `mt_grpo`'s calculators, `infinimath`'s problems).
 - `demo`: the parts of the offline demo responders (shipped rows, right and wrong in turn).

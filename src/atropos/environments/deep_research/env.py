@@ -15,7 +15,6 @@ import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.deep_research.config import DeepResearchConfig
 from atropos.environments.deep_research.corpus import Corpus, Document, load_corpus
@@ -31,6 +30,7 @@ from atropos.environments.deep_research.questions import (
 from atropos.environments.deep_research.tools import Backend, LocalSearch, Toolbox, ToolLimits
 from atropos.environments.deep_research.web import WEB_APIS, WebSearch
 from atropos.envs.base import BaseEnv
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.judge import JudgedEnv
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
@@ -180,7 +180,7 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
         """One episode per held-out question at `eval_temperature` (0: greedy); logs the means
         of the per-item metrics as `eval/<metric>` and one sample row per question.
 
-        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a conversation of
+        `envs.evaluation.evaluate_each`, not `Env.evaluate`: an item is a conversation of
         many turns. A question the judge gives no vote on is left out."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}

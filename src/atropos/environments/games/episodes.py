@@ -29,10 +29,10 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field
 from typing_extensions import TypeVar
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.managed import ChatTurn
 from atropos.inference.sequence import MASKED, PROMPT_LOGPROB, SequenceNode
@@ -234,7 +234,7 @@ class GameEnv(BaseEnv[GameConfigT]):
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples
         go to `data_dir_to_save_evals` (`metrics.json`, `samples.jsonl`).
 
-        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is a game played over
+        `envs.evaluation.evaluate_each`, not `Env.evaluate`: an item is a game played over
         many turns."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}

@@ -18,7 +18,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import (
     continue_alone,
     node_group,
@@ -37,6 +36,7 @@ from atropos.environments.mcp_tools.tasks import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import DriftKind, SequenceNode
@@ -317,7 +317,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         `max_eval_workers` at once; logs `eval/accuracy` (right final answers),
         `eval/avg_score` and `eval/tool_calls` with a sample per task.
 
-        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        `envs.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
         conversation."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import node_group, require_token_servers
 from atropos.environments.common.turn_credit import Rule, token_advantages_by_turn, turn_advantages
 from atropos.environments.mt_grpo.episode import (
@@ -32,6 +31,7 @@ from atropos.environments.mt_grpo.scoring import answer_of, judge_turns, outcome
 from atropos.environments.mt_grpo.world import Task, load_tasks, load_world
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 
@@ -179,7 +179,7 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
         """One episode per held-out task at `eval_temperature` (0: greedy); logs `eval/accuracy`
         (outcome), `eval/calls_right`, `eval/answered`, `eval/turns` and one sample per task.
 
-        `common.evaluation.evaluate_each`, not `Env.evaluate`: an item is an episode of many
+        `envs.evaluation.evaluate_each`, not `Env.evaluate`: an item is an episode of many
         turns."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_reply_tokens}

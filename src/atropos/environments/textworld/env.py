@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.games.episodes import Episode, GameConfig, episode_group, play
 from atropos.environments.textworld.credit import TurnRecorder, turn_rows
 from atropos.environments.textworld.game import TextGame, is_story_file, open_backend
@@ -27,6 +26,7 @@ from atropos.environments.textworld.generate import (
     require_textworld,
 )
 from atropos.envs.base import BaseEnv
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import SequenceNode
 
@@ -219,7 +219,7 @@ class TextWorld(BaseEnv[TextWorldConfig]):
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes, one sample each, at `eval_temperature`: the games of seeds
         `eval_seed` on (or the user's files in turn). Writes `metrics.json` and
-        `samples.jsonl` to `data_dir_to_save_evals` (`common.evaluation.evaluate_each`)."""
+        `samples.jsonl` to `data_dir_to_save_evals` (`envs.evaluation.evaluate_each`)."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
         items = [self.item(i, s.eval_seed, 0) for i in range(s.eval_episodes)]

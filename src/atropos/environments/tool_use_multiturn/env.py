@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.common.evaluation import Report, evaluate_each
 from atropos.environments.common.multiturn import (
     continue_alone,
     node_group,
@@ -39,6 +38,7 @@ from atropos.environments.tool_use_multiturn.scoring import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
@@ -269,7 +269,7 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
         """One rollout per held-out episode at `eval_temperature` (0: greedy); logs
         `eval/avg_reward` and `eval/percent_correct` (the share scoring at least 1.0).
 
-        `common.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
+        `envs.evaluation.evaluate_each`, not `Env.evaluate`: an episode is a multi-turn
         conversation."""
         s = self.config
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}

@@ -1,4 +1,4 @@
-"""`common.evaluation.evaluate_each`: each item played once, a bounded number at a time, the
+"""`envs.evaluation.evaluate_each`: each item played once, a bounded number at a time, the
 played ones reported in order, nothing logged when none was played."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from atropos.environments.common.evaluation import Report, evaluate_each
+from atropos.envs.evaluation import Report, evaluate_each
 
 
 class Logged(SimpleNamespace):

@@ -1,10 +1,9 @@
-"""The evaluation loop of environments whose item is a whole episode, not one completion.
+"""The evaluation loop: each item played once, at most `max_eval_workers` at a time.
 
-`Env.evaluate` asks for one completion per item; an env that plays a conversation of many
-turns per item (`deep_research`, `mt_grpo`, `mcp_tools`, `tool_use_multiturn`, `textworld`,
-the games) cannot use it, and runs `evaluate_each` instead: each item played once, at most
-`max_eval_workers` at a time, the played ones summed up by the env, the metrics and sample rows
-written by `evaluate_log`.
+`Env.evaluate` (one completion per item) and `AgentEnv.evaluate` (one agent run per task) run
+it, and so does an environment whose item is a whole episode of many turns (`deep_research`,
+`mt_grpo`, `mcp_tools`, `tool_use_multiturn`, `textworld`, the games): the played items are
+summed up by the env, the metrics and sample rows written by `evaluate_log`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 
 from atropos.envs.base import BaseEnv
 
-__all__ = ["Report", "evaluate_each"]
+__all__ = ["Report", "evaluate_each", "report_rows"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -28,7 +27,7 @@ async def evaluate_each(
     items: Sequence[T],
     play: Callable[[T], Awaitable[R | None]],
     report: Callable[[list[tuple[T, R]]], Report],
-    params: dict[str, Any],
+    params: dict[str, Any] | None,
 ) -> dict[str, float]:
     """Play each of `items` once (`play`; None: nothing to evaluate, e.g. its prompt does not
     fit), at most `max_eval_workers` at once; `report` turns the played `(item, result)` pairs,
@@ -52,3 +51,20 @@ async def evaluate_each(
     metrics, samples = report(played)
     env.evaluate_log(metrics, None, None, start, time.time(), params, samples)
     return metrics
+
+
+def report_rows(
+    metrics_of: Callable[[list[dict[str, Any]]], dict[str, float]],
+) -> Callable[[list[tuple[Any, dict[str, Any]]]], Report]:
+    """The `report` of a `play` that returns each item's sample row already: the rows, and
+    `metrics_of(rows)`.
+
+    >>> report_rows(lambda rows: {"n": len(rows)})([("item", {"score": 1.0})])
+    ({'n': 1}, [{'score': 1.0}])
+    """
+
+    def report(played: list[tuple[Any, dict[str, Any]]]) -> Report:
+        rows = [row for _, row in played]
+        return metrics_of(rows), rows
+
+    return report
