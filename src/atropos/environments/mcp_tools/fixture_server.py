@@ -1,6 +1,8 @@
 """The MCP server `mcp_tools` ships for its tasks: `python -m
 atropos.environments.mcp_tools.fixture_server` (stdio), built with the `mcp` package's
-`MCPServer`.
+`MCPServer`; `--http PORT` serves it over streamable HTTP instead, at
+`http://127.0.0.1:PORT/mcp` (`--sse`: the legacy HTTP+SSE transport, at `/sse`), and
+`--token T` makes it answer 401 to a request without `Authorization: Bearer T`.
 
 Six deterministic tools over three small worlds: a unit converter (`convert_units`), a shop's
 inventory (`lookup_item`, `items_in_category`) and a calendar (`add_days`, `weekday`,
@@ -21,9 +23,12 @@ policy can read it and try again. Two environment variables exist for tests:
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import hmac
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "items_in_category",
     "lookup_item",
     "main",
+    "serve_http",
     "weekday",
 ]
 
@@ -172,18 +178,65 @@ def _served(fn: Any) -> Any:
     return tool
 
 
-def main() -> None:
-    """Serve the tools over stdio until stdin closes."""
+def _server() -> Any:
+    """The SDK's `MCPServer` with the six tools."""
     from mcp.server.mcpserver import MCPServer
 
+    server: Any = MCPServer("atropos-fixture", log_level="WARNING")
+    for fn in TOOLS:
+        server.add_tool(_served(fn), structured_output=False)
+    return server
+
+
+class _RequireBearer:
+    """ASGI middleware: an HTTP request without `Authorization: Bearer TOKEN` gets 401 (the
+    lifespan and other scopes pass through)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                from starlette.responses import PlainTextResponse
+
+                response = PlainTextResponse("a valid bearer token is required", 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def serve_http(port: int, token: str | None = None, sse: bool = False) -> None:
+    """Serve the tools over HTTP on 127.0.0.1:`port` until interrupted (module docstring)."""
+    import uvicorn
+
+    server = _server()
+    app: Any = server.sse_app() if sse else server.streamable_http_app()
+    if token:
+        app = _RequireBearer(app, token)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.Server(config).run()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve the tools over stdio until stdin closes, or over HTTP with `--http PORT`."""
+    parser = argparse.ArgumentParser(description="the mcp_tools fixture MCP server")
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve over HTTP on this port")
+    parser.add_argument("--token", help="with --http: the bearer token every request must carry")
+    parser.add_argument("--sse", action="store_true", help="with --http: the legacy SSE transport")
+    args = parser.parse_args(argv)
+    if args.http is None and (args.token or args.sse):
+        parser.error("--token and --sse need --http PORT")
     pidfile = os.environ.get("ATROPOS_MCP_FIXTURE_PIDFILE")
     if pidfile:
         with open(pidfile, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
-    server: Any = MCPServer("atropos-fixture", log_level="WARNING")
-    for fn in TOOLS:
-        server.add_tool(_served(fn), structured_output=False)
-    server.run()
+    if args.http is not None:
+        serve_http(args.http, args.token, args.sse)
+    else:
+        _server().run()
 
 
 if __name__ == "__main__":

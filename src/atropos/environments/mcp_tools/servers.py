@@ -1,5 +1,5 @@
-"""The MCP servers of one `mcp_tools` process: started once, shared by every rollout, stopped
-at the end.
+"""The MCP servers of one `mcp_tools` process: started (or connected to) once, shared by every
+rollout, stopped at the end.
 
 `ToolServers.start` starts each configured server (`instances` processes of it), finishes the
 MCP handshake and lists its tools, within `start_timeout` seconds; a server that fails is one
@@ -8,13 +8,20 @@ are stopped first. Each process is held by a task of its own (the SDK's sessions
 entered and left in one task) and takes calls from any rollout: at once when its server is
 `concurrent`, else one call at a time, the calls waiting for a free instance.
 
+A server with a `url` is not ours to start or stop: its "start" is connecting (streamable HTTP,
+or HTTP+SSE), the handshake and tools/list, within the same `start_timeout`, `instances`
+sessions to it; a refused connection, an HTTP error status (401 for a bad token, 404 for a
+wrong path) or a timeout is the same one `ConfigError`, naming the server and its URL (never
+its headers). Its "stop" closes its sessions; `ToolServers.pids` lists no process for it.
+
 A tool is offered under its own name, or `SERVER__TOOL` when two servers expose the same name
 (`prefix_tools`: auto, always, never). What a call returns is text for a tool turn; an error
 the server reports (bad arguments, a tool that failed, an unknown tool) is text too, fed back
 to the policy. A server that stops answering (a call past `call_timeout`, a closed connection,
-an exited process) raises `ToolServerError`: an infrastructure failure, which fails the group
-instead of scoring it. A process that died is started again at the next call to it, up to
-`restarts` times per server (`--env.server_restarts`).
+an exited process, an HTTP error status from a url server) raises `ToolServerError`: an
+infrastructure failure, which fails the group instead of scoring it. A process that died is
+started again at the next call to it (a url server's lost session: a new session opened), up
+to `restarts` times per server (`--env.server_restarts`).
 
 >>> exposed_names({"a": ["add", "look"], "b": ["look"]}, "auto")
 {('a', 'add'): 'add', ('a', 'look'): 'a__look', ('b', 'look'): 'b__look'}
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atropos.environments.mcp_tools.config import MCPServerSpec
+from atropos.environments.mcp_tools.http_transport import HttpWatch, http_transport
 from atropos.environments.mcp_tools.transport import ServerProcess, stdio_transport
 from atropos.envs.config import ConfigError
 
@@ -53,6 +61,12 @@ log = logging.getLogger("atropos.env")
 
 SEPARATOR = "__"  # between a server's name and its tool's in a prefixed name
 _CLOSED = -32000  # JSON-RPC code the SDK gives a request whose connection closed
+_HTTP_HINTS = {  # what to check after an HTTP error status at the handshake
+    401: " (check its `headers`: a token missing or wrong?)",
+    403: " (check its `headers`: a token missing or wrong?)",
+    404: " (check the URL's path, e.g. /mcp, or /sse for `transport: sse`)",
+    405: " (check the URL's path and its `transport`)",
+}
 
 
 class ToolServerError(RuntimeError):
@@ -154,29 +168,40 @@ def _environment(spec: MCPServerSpec) -> dict[str, str]:
 
 
 class Connection:
-    """One server process and its MCP session, held open by a task of its own."""
+    """One MCP session, held open by a task of its own: with a server process we started
+    (`command`), or with a server already running at a URL (`url`)."""
 
     def __init__(self, spec: MCPServerSpec, label: str) -> None:
         self.spec = spec
-        self.process = ServerProcess(label)
+        self.process = ServerProcess(label)  # a url server's: never started
         self._client: Any = None
         self._ready: asyncio.Future[list[Any]] | None = None
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._grace = 2.0
         self._timeout = 30.0
-        self.history = [self.process]  # every process started for it, the current one last
+        self._watch = HttpWatch()  # a url server's current session
+        self._lost: str | None = None  # why a url server's last session ended by itself
+        # every process started for it, the current one last (none for a url server)
+        self.history = [] if self.remote else [self.process]
 
     @property
     def label(self) -> str:
         """The server's name (`NAME#i` for its i-th instance past the first)."""
         return self.process.name
 
+    @property
+    def remote(self) -> bool:
+        """Whether it is a server at a URL (not a process of ours)."""
+        return self.spec.url is not None
+
     async def start(self, timeout: float, stop_grace: float) -> list[Any]:
-        """Start the process, shake hands, list its tools (the SDK's `Tool` objects).
+        """Start the process (or connect to the URL), shake hands, list its tools (the SDK's
+        `Tool` objects).
 
         Raises:
-            ConfigError: it could not start, or did not get that far within `timeout` s.
+            ConfigError: it could not start (or be reached), or did not get that far within
+                `timeout` s.
         """
         self._ready = asyncio.get_running_loop().create_future()
         self._timeout, self._grace = timeout, stop_grace
@@ -190,41 +215,73 @@ class Connection:
                     f"did not finish the MCP handshake and tools/list within {timeout:g} s"
                 )
             ) from None
-        except OSError as err:
-            await self.stop()
-            raise ConfigError(self._failed(f"could not be started ({err})")) from None
         except Exception as err:
             await self.stop()
-            raise ConfigError(self._failed(f"failed to start: {_reason(err)}")) from None
+            raise ConfigError(self._failed(self._start_failure(err))) from None
+
+    def _start_failure(self, err: Exception) -> str:
+        """What went wrong in a start that raised `err`."""
+        if not self.remote:
+            if isinstance(err, OSError):
+                return f"could not be started ({err})"
+            return f"failed to start: {_reason(err)}"
+        if self._watch.status is not None:
+            hint = _HTTP_HINTS.get(self._watch.status, "")
+            return f"{self._watch.failure} during the MCP handshake{hint}"
+        if _innermost(err).__class__.__module__.startswith("httpx"):
+            return f"could not be reached ({_reason(err)}): is it running, at that URL?"
+        return f"failed to start: {_reason(err)}"
 
     def _failed(self, what: str) -> str:
-        command = " ".join([self.spec.command, *self.spec.args])
+        if self.remote:  # no process, no stderr; never the headers
+            lost = f" ({self._lost})" if self._lost and self._lost not in what else ""
+            return f"MCP server {self.label!r} ({self.spec.where}) {what}{lost}"
         return (
-            f"MCP server {self.label!r} ({command}) {what}; its process"
+            f"MCP server {self.label!r} ({self.spec.where}) {what}; its process"
             f" {self.process.describe_exit()}; its stderr ended with:\n"
             f"{self.process.stderr_tail()}"
         )
 
+    def describe_end(self) -> str:
+        """How its last session ended: its process's exit, or a url server's lost session."""
+        return "lost its session" if self.remote else self.process.describe_exit()
+
+    def _transport(self, stop_grace: float) -> tuple[Any, asyncio.Event]:
+        """The transport for `mcp.Client`, and the event set when it ends by itself."""
+        spec = self.spec
+        if spec.url is not None:
+            self._watch, self._lost = HttpWatch(), None
+            headers = {name: value.get_secret_value() for name, value in spec.headers.items()}
+            transport = http_transport(
+                spec.url, headers, spec.transport, self._timeout, self._watch
+            )
+            return transport, self._watch.ended
+        command = [spec.command or "", *spec.args]
+        env = _environment(spec)
+        transport = stdio_transport(command, env, spec.cwd, self.process, stop_grace)
+        return transport, self.process.ended
+
     async def _hold(self, stop_grace: float) -> None:
         """Open the session, publish the tools, and keep it open until `stop()` (or until the
-        server closes its stdout)."""
+        server closes its stdout, or a url server's session fails)."""
         ready = self._ready
         assert ready is not None  # set by start() before this task runs
         try:
             from mcp import Client
 
-            spec = self.spec
-            command = [spec.command, *spec.args]
-            env = _environment(spec)
-            transport = stdio_transport(command, env, spec.cwd, self.process, stop_grace)
-            async with Client(transport, mode=spec.protocol, cache=None) as client:
+            transport, ended = self._transport(stop_grace)
+            async with Client(transport, mode=self.spec.protocol, cache=None) as client:
                 tools = await _list_tools(client)
                 self._client = client
                 ready.set_result(tools)
-                await _first(self._stopping.wait(), self.process.ended.wait())
+                await _first(self._stopping.wait(), ended.wait())
                 if not self._stopping.is_set():
                     self._client = None
-                    log.error("MCP server %r closed its stdout: stopping it", self.label)
+                    if self.remote:
+                        self._lost = self._watch.failure
+                        log.error("MCP server %r %s: closing its session", self.label, self._lost)
+                    else:
+                        log.error("MCP server %r closed its stdout: stopping it", self.label)
         except asyncio.CancelledError:
             ready.cancel()
             raise
@@ -232,6 +289,8 @@ class Connection:
             if not ready.done():
                 ready.set_exception(err)
             elif not self._stopping.is_set():
+                if self.remote:
+                    self._lost = self._watch.failure or _reason(err)
                 log.error("MCP server %r stopped: %s", self.label, _reason(err))
         finally:
             self._client = None
@@ -258,6 +317,9 @@ class Connection:
                 f" {timeout:g} s (--env.call_timeout)"
             ) from None
         except MCPError as err:
+            failure = self._watch.failure if self.remote else None
+            if failure is not None:  # an HTTP error status, not the tool's answer
+                raise await self._gone(f"{failure} to tools/call {name!r}") from None
             if err.code != _CLOSED:
                 raise
         raise await self._gone(f"closed the connection during tools/call {name!r}")
@@ -277,32 +339,45 @@ class Connection:
         return task is not None and task.done() and not self._stopping.is_set()
 
     async def restart(self) -> None:
-        """Start a new process after the last one died, as `start` did the first.
+        """Start a new process after the last one died (a url server: open a new session
+        after the last one was lost), as `start` did the first.
 
         Raises:
             ConfigError: it could not start (this connection is then stopped for good).
         """
-        self.process = ServerProcess(self.process.name)
-        self.history.append(self.process)
+        if not self.remote:
+            self.process = ServerProcess(self.process.name)
+            self.history.append(self.process)
         await self.start(self._timeout, self._grace)
 
     async def stop(self) -> None:
-        """Close the session and stop the process (the transport's stop rule); idempotent."""
+        """Close the session and stop the process (the transport's stop rule; a url server's
+        session gets `stop_grace` s to close); idempotent."""
         self._stopping.set()
         task = self._task
         if task is None or task.done():
             return
         if self._ready is not None and not self._ready.done():
             task.cancel()  # still in the handshake, which waits for nothing we control
+        if self.remote:
+            await asyncio.wait({task}, timeout=self._grace)
+            task.cancel()  # a server that does not answer the session's end
         await asyncio.wait({task})
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """The first innermost error of an exception group (from the SDK's task groups), else
+    `err`."""
+    inner = getattr(err, "exceptions", None)
+    while inner:
+        err = inner[0]
+        inner = getattr(err, "exceptions", None)
+    return err
 
 
 def _reason(err: BaseException) -> str:
     """An error in one line: the innermost of an exception group's, else its own text."""
-    inner = getattr(err, "exceptions", None)  # an exception group (from the SDK's task groups)
-    while inner:
-        err = inner[0]
-        inner = getattr(err, "exceptions", None)
+    err = _innermost(err)
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
@@ -362,9 +437,10 @@ class _Server:
             if connection.dead and self.restarts_left > 0:
                 self.restarts_left -= 1
                 log.warning(
-                    "MCP server %r %s: restarting it (%d restarts left)",
+                    "MCP server %r %s: %s (%d restarts left)",
                     connection.label,
-                    connection.process.describe_exit(),
+                    connection.describe_end(),
+                    "opening a new one" if connection.remote else "restarting it",
                     self.restarts_left,
                 )
                 try:
@@ -408,7 +484,8 @@ class ToolServers:
 
     @property
     def pids(self) -> list[int]:
-        """The process ids of every server process started (running or not, restarts too)."""
+        """The process ids of every server process started (running or not, restarts too);
+        none for url servers, which we do not start."""
         return [p.pid for c in self.connections for p in c.history if p.pid is not None]
 
     async def start(self, timeout: float, stop_grace: float, prefix: str) -> None:
