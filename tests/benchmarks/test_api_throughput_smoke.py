@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from atropos.testing import load_script
 
 pytest.importorskip("aiohttp")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "api_throughput.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("api_throughput_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("store", ["sqlite", "memory"])
 def test_tiny_workload_drains_every_group(store: str) -> None:
-    bench = _load_script()
+    bench = load_script(SCRIPT)
     w = bench.Workload(
         groups=40, group_size=8, seq_len=32, batch_size=16, connections=4, envs=2, timeout=60
     )

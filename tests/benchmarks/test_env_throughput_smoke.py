@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from atropos.testing import load_script
 
 pytest.importorskip("aiohttp")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "env_throughput.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("env_throughput_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("mode", ["serve", "process"])
 def test_rollouts_flow_and_the_numbers_are_positive(tmp_path, mode):
-    bench = _load_script()
+    bench = load_script(SCRIPT)
     w = bench.Workload(latency=0.05, warmup=0.5, duration=2.0, batch_size=16, start_timeout=90)
     lines: list[str] = []
     hooks = bench.Hooks(log=lines.append)

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from atropos.envs import registry
-from atropos.testing import FakeInferenceServer
+from atropos.testing import FakeInferenceServer, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKSETS = Path(__file__).resolve().parent / "verifiers_tasksets"
@@ -52,10 +52,7 @@ def venv_bin() -> Path:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeInferenceServer]:
-    spec = importlib.util.spec_from_file_location("vf_responder", TASKSETS / "responder.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(TASKSETS / "responder.py", "vf_responder")
     with FakeInferenceServer(responder=module.respond) as server:
         yield server
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,21 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atropos.inference.tokenize import as_token_ids, end_of_turn_ids
-from atropos.testing import tiny_tokenizer_path
+from atropos.testing import load_script, tiny_tokenizer_path
 from atropos.testing.fake_engine import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOK = load_tokenizer()
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "make_tiny", ROOT / "scripts/make_tiny_tokenizer.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_files_are_small_and_shipped():
@@ -121,7 +110,7 @@ def test_offline_load_prints_nothing():
 
 
 def test_the_script_rebuilds_the_shipped_files_exactly(tmp_path):
-    written = _script().build(tmp_path)
+    written = load_script(ROOT / "scripts/make_tiny_tokenizer.py").build(tmp_path)
     for path in written:
         assert path.read_bytes() == (Path(tiny_tokenizer_path()) / path.name).read_bytes(), (
             path.name

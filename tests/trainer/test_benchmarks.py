@@ -3,33 +3,22 @@ one, in this process) runs and its report adds up."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-from atropos.testing import free_port  # noqa: E402
+from atropos.testing import free_port, load_script  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_gpu.py"
-
-
-def load_script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("trainer_gpu_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_gpu_benchmark_times_the_sharded_step_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bench = load_script()
+    bench = load_script(SCRIPT)
     torchrun = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     for name, value in (torchrun | {"MASTER_PORT": str(free_port())}).items():
         monkeypatch.setenv(name, value)

@@ -1,6 +1,7 @@
 """Test parts that ship with the package: loopback servers, a fake inference server, a tokenizer.
 
-`free_port` (from `atropos.net`) and `tiny_tokenizer_path` (`atropos.tiny.tokenizer_path`) are
+`load_script` imports a script outside the package (a benchmark) for its tests. `free_port`
+(from `atropos.net`) and `tiny_tokenizer_path` (`atropos.tiny.tokenizer_path`) are
 re-exported here for tests and env authors; library code imports them from their homes.
 
 `FakeInferenceServer` (from `atropos.testing.fake_server`) is re-exported lazily, so importing
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from atropos.net import free_port
+from atropos.testing.scripts import load_script
 from atropos.testing.serve import send_head, serve_in_thread
 from atropos.tiny import tokenizer_path
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FakeInferenceServer",
     "free_port",
+    "load_script",
     "send_head",
     "serve_in_thread",
     "tiny_tokenizer_path",
