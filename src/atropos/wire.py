@@ -125,6 +125,13 @@ class BatchAck(msgspec.Struct):
     batch_id: Name
 
 
+class PolicyPublished(msgspec.Struct):
+    """`POST /policy_version` (extension): the inference servers now serve the weights of
+    trainer step `version`; environments stamp the groups they start from now on with it."""
+
+    version: Step
+
+
 class ScoredData(msgspec.Struct):
     """One group: G sequences of one item, scored together.
 

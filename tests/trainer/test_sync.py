@@ -37,6 +37,8 @@ def test_reload_mode_pushes_each_step_to_the_local_server(tiny_model_dir: Path, 
             out = tmp_path / "run"
             cfg = config(tiny_model_dir, url, out, steps=2, sync="reload", server_url=f"{base}/v1")
             train(cfg)
+            # the trainer said which weights the server serves: environments stamp with it
+            assert httpx.get(f"{url}/status").json()["policy_version"] == 2
         assert [m["served_policy_version"] for m in metrics(out)] == [1, 2]
         assert served_version(base) == 2
         assert sorted(p.name for p in (out / "weights").iterdir()) == ["v1", "v2"]

@@ -1,9 +1,9 @@
 """The trajectory API as a Starlette app: thin routes over `Hub`.
 
 Every route of atroposlib 0.4.0 is here with its request and response shapes; the extensions
-(`/batch?lease=`, `/batch/ack`, `/health`, `/stats`, `/metrics`, `/openapi.json`, msgspec bodies)
-are invisible to old clients. Errors are 4xx JSON `{"error": {"type", "message"}, "detail"}`;
-`detail` is what FastAPI clients read.
+(`/batch?lease=`, `/batch/ack`, `/policy_version`, `/health`, `/stats`, `/metrics`,
+`/openapi.json`, msgspec bodies) are invisible to old clients. Errors are 4xx JSON
+`{"error": {"type", "message"}, "detail"}`; `detail` is what FastAPI clients read.
 
 Every route runs inside `Api.guard`: the browser and Host rules of `origin.py`, the API key,
 strict query integers, and a last line of defence: an exception a handler did not expect is
@@ -217,6 +217,12 @@ class Api:
         ack = wire.decode(await self._body(request), wire.BatchAck, body.is_msgpack(request))
         return await self._json(request, self.hub.ack(ack.batch_id))
 
+    async def policy_version(self, request: Request) -> Response:
+        said = wire.decode(
+            await self._body(request), wire.PolicyPublished, body.is_msgpack(request)
+        )
+        return await self._json(request, self.hub.publish(said.version))
+
     async def latest_example(self, request: Request) -> Response:
         return await body.respond(request, self.hub.latest or _EMPTY_EXAMPLE)
 
@@ -322,6 +328,7 @@ class Api:
             ("/info", self.info, ["GET"]),
             ("/batch", self.batch, ["GET"]),
             ("/batch/ack", self.batch_ack, ["POST"]),
+            ("/policy_version", self.policy_version, ["POST"]),
             ("/latest_example", self.latest_example, ["GET"]),
             ("/scored_data", self.scored_data, ["POST"]),
             ("/scored_data_list", self.scored_data_list, ["POST"]),

@@ -31,11 +31,12 @@ def openapi_document() -> dict[str, Any]:
         wire.RegisterEnv,
         wire.EnvIdentifier,
         wire.BatchAck,
+        wire.PolicyPublished,
         wire.Group,
         wire.EnvStatusRequest,
     ]
-    (reg, env, ident, ack, group, env_status), components = msgspec.json.schema_components(
-        kinds, ref_template=_REF
+    (reg, env, ident, ack, published, group, env_status), components = (
+        msgspec.json.schema_components(kinds, ref_template=_REF)
     )
     ok = {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}}
     bad = {"description": "the body breaks a rule; the message names the field"}
@@ -77,6 +78,9 @@ def openapi_document() -> dict[str, Any]:
         "/info": get("batch size and max token length"),
         "/batch": get("next batch", parameters=lease_query),
         "/batch/ack": post("acknowledge a leased batch", ack, {**ok, "404": bad, "422": bad}),
+        "/policy_version": post(
+            "the trainer: the servers now serve this step's weights", published, {**ok, "422": bad}
+        ),
         "/latest_example": get("most recent group"),
         "/scored_data": post("push one group", group, data),
         "/scored_data_list": post("push several groups", {"type": "array", "items": group}, data),

@@ -48,6 +48,7 @@ class TrainerClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
         self.patience = patience
+        self.takes_versions = True  # False once the API answered 404 to /policy_version
 
     def close(self) -> None:
         self.http.close()
@@ -112,6 +113,25 @@ class TrainerClient:
             time.sleep(wait)
             wait = min(wait * 1.5, 1.0)
         return None
+
+    def published(self, version: int) -> None:
+        """`POST /policy_version`: the inference servers now serve the weights of `version`
+        (said after every completed sync, so environments stamp groups with the version that
+        generated them, not with the step of the last batch handed out). An API without the
+        route (atroposlib's `run-api`) answers 404: said once in the log, then not asked again,
+        and its environments stamp groups with its step as before."""
+        if not self.takes_versions:
+            return
+        try:
+            self._call("POST", "/policy_version", wire.PolicyPublished(version))
+        except ApiError as err:
+            if " 404 " not in str(err):
+                raise
+            self.takes_versions = False
+            log.warning(
+                "the API has no POST /policy_version (an atroposlib API?): groups will be"
+                " stamped with its step, which runs ahead of the weights during a sync"
+            )
 
     def ack(self, batch_id: str, missing_ok: bool = False) -> None:
         """`POST /batch/ack`. An id already acknowledged (a retried call) is not an error.

@@ -192,6 +192,7 @@ class Session:
                     self.publish(step, interruptible=False)
             if self.api is not None:
                 self._register(wandb_group, wandb_project)
+                self._announce(step)  # what the servers serve now: resumed weights, or base
         except Interrupted as err:
             why = str(err)
         if self.ranks.any(bool(why), "starting"):
@@ -275,6 +276,7 @@ class Session:
         if cfg.sync != "none" and (self.step % cfg.sync_every == 0 or self.step == cfg.steps):
             try:
                 t_sync = self.publish(self.step)
+                self._announce(self.step)
             except Interrupted as why:  # the step is done: checkpoint it, then stop
                 log.warning("%s; stopping after step %d", why, self.step)
         if leased.batch_id:
@@ -286,6 +288,17 @@ class Session:
             self.acknowledge()
         self.last = self._metrics(leased, tally, grad_norm, lr, t_sync)
         self._log()
+
+    def _announce(self, version: int) -> None:
+        """Rank 0 tells the API which version the servers serve now (`POST /policy_version`),
+        once the sync has completed: the version a server confirmed, else `version`. With
+        `--sync none` nothing is said (whoever loads the checkpoints may say it), and groups
+        fall back to the API's step."""
+        if self.api is None or self.cfg.sync == "none":
+            return
+        served = self.sync.served_version if self.sync is not None else None
+        with self.waiting("the API"):
+            self.api.published(version if served is None else served)
 
     def publish(self, version: int, interruptible: bool = True) -> float:
         """The weights to the inference servers as policy `version` (every rank calls this:
