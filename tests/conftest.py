@@ -1,14 +1,24 @@
 """Fixtures shared across test folders: a tiny random causal LM for the trainer and its metrics
-tests. Under CI (`CI` set) hypothesis draws the same examples every run, so CI's verdict on a
-commit does not depend on luck; a developer's runs keep exploring new ones."""
+tests, and real vLLM servers (`vllm_server`, `vllm_lora_server`, `vllm_servers`). Under CI (`CI`
+set) hypothesis draws the same examples every run, so CI's verdict on a commit does not depend
+on luck; a developer's runs keep exploring new ones."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from atropos.testing.vllm import LORA_ARGS, LORA_ENV, VLLMServer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
@@ -35,3 +45,85 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     LlamaForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM venv's python (`scripts/upstream_venv.py vllm`, made on first use from
+    requirements/vllm.txt: about 2 minutes)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), "vllm"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=1800,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, "could not make the vLLM venv (see stderr)"
+    print(f"[vllm] venv ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return Path(lines[-1])
+
+
+def _frozen(value: Any) -> Any:
+    """`value` with lists as tuples and mappings as sorted item tuples (equal options, one key)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+class VLLMServers:
+    """Real vLLM servers for the whole test run, one per distinct configuration, started on
+    first request and stopped at the end of the session.
+
+    `get(**options)` takes `VLLMServer`'s keyword options (`extra_args`, `extra_env`,
+    `served_model_name`, `max_model_len`, ...) and returns the running server started with
+    them. A test that changes a server's state (weights, adapters, pause) and cannot undo it
+    asks for one of its own with `private="why"`: the key only, never an argument of vLLM.
+    """
+
+    def __init__(self, python: Path, base_dir: Path) -> None:
+        self.python, self.base_dir = python, base_dir
+        self.running: dict[str, VLLMServer] = {}
+
+    def get(self, private: str = "", **options: Any) -> VLLMServer:
+        key = repr((private, sorted((k, _frozen(v)) for k, v in options.items())))
+        server = self.running.get(key)
+        if server is None:
+            server = VLLMServer(self.python, self.base_dir, **options)
+            server.start()
+            self.running[key] = server
+            print(f"[vllm] {server!r} ready in {server.started_in:.1f} s", file=sys.stderr)
+        return server
+
+    def stop(self) -> None:
+        for server in self.running.values():
+            server.stop()
+        self.running.clear()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServers]:
+    """The session's vLLM servers (see `VLLMServers`); all stopped by pid at the end."""
+    servers = VLLMServers(vllm_python, tmp_path_factory.mktemp("vllm"))
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_servers: VLLMServers) -> VLLMServer:
+    """vLLM serving the shipped tiny policy as "atropos-tiny" in float32 (no LoRA)."""
+    return vllm_servers.get()
+
+
+@pytest.fixture(scope="session")
+def vllm_lora_server(vllm_servers: VLLMServers) -> VLLMServer:
+    """vLLM serving the tiny policy with runtime LoRA adapters on (`/v1/load_lora_adapter`).
+    A separate instance: vLLM 0.32's CPU LoRA path dies on prompt_logprobs requests."""
+    return vllm_servers.get(extra_args=LORA_ARGS, extra_env=LORA_ENV)
