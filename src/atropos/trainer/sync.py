@@ -6,7 +6,20 @@ weights in `reload` and `lora` modes, one after the other.
 
 - `reload`: save a full checkpoint, then ``POST {server}/update_weights_from_disk
   {"model_path", "policy_version"}`` (our local server; SGLang has the same endpoint). The server
-  swaps weights between generation batches, so every response comes from one version.
+  swaps weights between generation batches, so every response comes from one version. vLLM has
+  no such route (404; seen with vLLM 0.32): it reloads from disk through its dev-mode routes
+  (``VLLM_SERVER_DEV_MODE=1``), so a server that answers 404 is reloaded, from then on, by
+  ``POST /pause?mode=keep`` (requests in flight wait between two decode steps), ``POST
+  /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (every worker
+  loads the checkpoint in place), ``POST /reset_prefix_cache?reset_running_requests=true`` (no KV
+  computed by the old weights is reused: requests in flight are recomputed) and ``POST
+  /resume``. A request in flight thus finishes under the new weights; vLLM reports no version,
+  so its group keeps the older one (`docs/api.md`, "Policy versions"). vLLM 0.32 on a CPU
+  keeps the LM head it started with when a model with tied embeddings is reloaded (the head's
+  packed GEMM weights are made at load and its tied weight is not in the checkpoint, so the
+  reload never repacks it: seen as "ParallelLMHead: Failed to load weights" in its log and a
+  served head 9e-2 off after two steps): the trainer warns, and `untied_copy` makes the same
+  model with its own head, which reloads whole (the demo serves vLLM that copy).
 - `restart`: the trainer runs the server itself from `server_command` (a template with
   ``{model}``, ``{port}`` and optionally ``{version}``, e.g. ``vllm serve {model} --port
   {port} --served-model-name policy``), and on each sync stops it (SIGTERM to its process
@@ -44,7 +57,15 @@ from atropos.trainer.transfer import SyncError, TransferClient
 
 log = logging.getLogger("atropos.trainer")
 SYNC_MODES = ("none", "reload", "restart", "lora", "transfer")
-__all__ = ["SYNC_MODES", "SyncError", "WeightSync", "prune", "save_lora", "save_model"]
+__all__ = [
+    "SYNC_MODES",
+    "SyncError",
+    "WeightSync",
+    "prune",
+    "save_lora",
+    "save_model",
+    "untied_copy",
+]
 
 
 RETRY_STATUS = (502, 503, 504)  # a proxy or server saying "not now": retried until the deadline
@@ -65,6 +86,35 @@ def save_model(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | N
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
+
+
+def untied_copy(model_dir: str | Path, dest: str | Path) -> Path:
+    """The model at `model_dir` saved at `dest` with an LM head of its own: the same weights
+    (the head a copy of the embeddings), `tie_word_embeddings` false. vLLM reloads such a model
+    whole; a tied one keeps its old head on a CPU (module docstring). Trained from this copy, the
+    head and the embeddings learn apart. Returns `dest` (made once; kept when it exists)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dest = Path(dest)
+    if (dest / "config.json").exists():
+        return dest
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if model.config.tie_word_embeddings:
+        head = model.get_output_embeddings()
+        head.weight = type(head.weight)(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+    return save_model(model, AutoTokenizer.from_pretrained(model_dir), dest)
+
+
+def _tied(model_dir: Path) -> bool:
+    """Whether the checkpoint at `model_dir` ties its LM head to its embeddings."""
+    import json
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("tie_word_embeddings", False))
 
 
 def save_lora(
@@ -143,6 +193,8 @@ class WeightSync:
         self.health_timeout = health_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.served_version: int | None = None  # as the server confirmed it (reload mode)
+        self.vllm_reload: set[str] = set()  # servers without /update_weights_from_disk (vLLM)
+        self.warned_tied = False
         headers = {"Authorization": f"Bearer {server_key}"} if server_key else {}
         self.http = httpx.Client(timeout=600.0, headers=headers)
         self.transfer = (
@@ -204,10 +256,7 @@ class WeightSync:
         t0 = time.perf_counter()
         if self.mode == "reload":
             path = save_model(model, tokenizer, self.out_dir / "weights" / f"v{version}", state)
-            body = {"model_path": str(path.resolve()), "policy_version": version}
-            answer = self._post("/update_weights_from_disk", body, waiting)
-            version_seen = answer.get("policy_version") if isinstance(answer, dict) else None
-            self.served_version = int(version_seen) if version_seen is not None else version
+            self.served_version = self._reload(path.resolve(), version, waiting)
             prune(path.parent, "v", self.keep)
         elif self.mode == "restart":
             self.stop_server()
@@ -235,42 +284,111 @@ class WeightSync:
             prune(path.parent, "v", self.keep)
         return time.perf_counter() - t0
 
+    def _reload(self, path: Path, version: int, waiting: Any = None) -> int:
+        """Every server loads the checkpoint at `path` as `version`; the version the first
+        server reports (ours and SGLang's route), else `version`."""
+        body = {"model_path": str(path), "policy_version": version}
+        reported: list[Any] = []
+        for root in self.roots:
+            if root not in self.vllm_reload:
+                r = self._post_one(root, "/update_weights_from_disk", body, waiting)
+                if r.status_code != 404:
+                    answer = _json(self._check(root, "/update_weights_from_disk", r))
+                    reported.append(
+                        answer.get("policy_version") if isinstance(answer, dict) else None
+                    )
+                    continue
+                log.info("%s has no /update_weights_from_disk (vLLM): reloading through its"
+                         " /collective_rpc", root)  # fmt: skip
+                self.vllm_reload.add(root)
+            self._reload_vllm(root, path, waiting)
+            reported.append(None)
+        first = reported[0] if reported else None
+        return int(first) if first is not None else version
+
+    def _reload_vllm(self, root: str, path: Path, waiting: Any = None) -> None:
+        """vLLM's reload from disk (see the module docstring): pause, load, forget the prefix
+        cache, resume; resumed whatever happens once paused."""
+        if not self.warned_tied and _tied(path):
+            self.warned_tied = True
+            log.warning(
+                "%s is vLLM and the model ties its LM head to its embeddings: vLLM 0.32 on a"
+                " CPU does not reload a tied head (it keeps the one it started with); serve an"
+                " untied copy (atropos.trainer.sync.untied_copy), or use --sync restart or"
+                " --sync lora (docs/trainer.md)",
+                root,
+            )
+        paused = self._post_one(root, "/pause", None, waiting, params={"mode": "keep"})
+        if paused.status_code == 404:
+            raise SyncError(
+                f"{root} answers 404 to /update_weights_from_disk and /pause: a vLLM server"
+                " reloads weights from disk only through its dev-mode routes; start it with"
+                " VLLM_SERVER_DEV_MODE=1 (or use --sync restart, or --sync lora with"
+                " --enable-lora)"
+            )
+        self._check(root, "/pause", paused)
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            self._check(root, "/collective_rpc", self._post_one(root, "/collective_rpc", rpc))
+            reset = self._post_one(
+                root, "/reset_prefix_cache", None, params={"reset_running_requests": "true"}
+            )
+            answer = _json(self._check(root, "/reset_prefix_cache", reset))
+            if isinstance(answer, dict) and answer.get("success") is False:
+                raise SyncError(
+                    f"POST {root}/reset_prefix_cache: vLLM could not forget the KV cache of the"
+                    " old weights; responses would reuse it"
+                )
+        finally:
+            self._check(root, "/resume", self._post_one(root, "/resume", None))
+
     def _post(self, path: str, body: dict[str, Any], waiting: Any = None) -> Any:
         """POST to every server; the first one's JSON answer (None when the answer is not JSON,
-        as vLLM's LoRA text).
-
-        A server that cannot be reached or answers 502/503/504 (restarting, e.g. under
-        `atropos launch`) is retried with a growing pause until `health_timeout` seconds have
-        passed; `waiting(what)` (the trainer's) lets a signal end such a pause at once."""
-        answers = []
-        for root in self.roots:
-            deadline = time.monotonic() + self.health_timeout
-            pause = 0.5
-            while True:
-                try:
-                    r = self.http.post(f"{root}{path}", json=body)
-                except httpx.TransportError as err:
-                    problem = f"{type(err).__name__}: {err}"
-                else:
-                    if r.status_code not in RETRY_STATUS:
-                        break
-                    problem = f"{r.status_code} {r.text[:200]}"
-                if time.monotonic() + pause > deadline:
-                    raise SyncError(
-                        f"POST {root}{path}: {problem}; the server did not come back within"
-                        f" {self.health_timeout:.0f} s"
-                    )
-                log.warning("POST %s%s: %s; retrying in %.1f s", root, path, problem, pause)
-                with waiting(f"the inference server at {root}") if waiting else _nothing():
-                    time.sleep(pause)
-                pause = min(pause * 2, 5.0)
-            if r.status_code >= 400:
-                raise SyncError(f"POST {root}{path}: {r.status_code} {r.text[:300]}")
-            try:
-                answers.append(r.json())
-            except ValueError:
-                answers.append(None)
+        as vLLM's LoRA text)."""
+        answers = [
+            _json(self._check(root, path, self._post_one(root, path, body, waiting)))
+            for root in self.roots
+        ]
         return answers[0]
+
+    @staticmethod
+    def _check(root: str, path: str, r: httpx.Response) -> httpx.Response:
+        if r.status_code >= 400:
+            raise SyncError(f"POST {root}{path}: {r.status_code} {r.text[:300]}")
+        return r
+
+    def _post_one(
+        self,
+        root: str,
+        path: str,
+        body: dict[str, Any] | None,
+        waiting: Any = None,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST to one server; its answer, whatever the status, but for one that cannot be
+        reached or answers 502/503/504 (restarting, e.g. under `atropos launch`): retried with
+        a growing pause until `health_timeout` seconds have passed; `waiting(what)` (the
+        trainer's) lets a signal end such a pause at once."""
+        deadline = time.monotonic() + self.health_timeout
+        pause = 0.5
+        while True:
+            try:
+                r = self.http.post(f"{root}{path}", json=body, params=params)
+            except httpx.TransportError as err:
+                problem = f"{type(err).__name__}: {err}"
+            else:
+                if r.status_code not in RETRY_STATUS:
+                    return r
+                problem = f"{r.status_code} {r.text[:200]}"
+            if time.monotonic() + pause > deadline:
+                raise SyncError(
+                    f"POST {root}{path}: {problem}; the server did not come back within"
+                    f" {self.health_timeout:.0f} s"
+                )
+            log.warning("POST %s%s: %s; retrying in %.1f s", root, path, problem, pause)
+            with waiting(f"the inference server at {root}") if waiting else _nothing():
+                time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     def close(self) -> None:
         if self.mode == "restart":
@@ -278,3 +396,11 @@ class WeightSync:
         if self.transfer is not None:
             self.transfer.close()
         self.http.close()
+
+
+def _json(r: httpx.Response) -> Any:
+    """The answer's JSON; None when it is not JSON (vLLM's LoRA route answers text)."""
+    try:
+        return r.json()
+    except ValueError:
+        return None

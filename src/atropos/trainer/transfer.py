@@ -278,9 +278,13 @@ class TransferClient:
 
         if backend != "nccl" or device.type != "cuda":
             raise SyncError(
-                "a vLLM server takes weights over NCCL from a model on a GPU (its engine has no"
-                f" gloo); the model is on {device} with backend {backend}: put it on a GPU, or"
-                " use --transfer-backend ipc on the server's GPU, or --sync reload"
+                "vLLM takes --sync transfer weights only over NCCL from a trainer on a GPU (its"
+                f" engine has no gloo group); this trainer's model is on {device} (backend"
+                f" {backend}). With vLLM on a CPU use --sync reload (vLLM's /collective_rpc"
+                " reload_weights; start vLLM with VLLM_SERVER_DEV_MODE=1), --sync lora (vLLM"
+                " with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) or --sync"
+                " restart; on a GPU, --transfer-backend nccl, or ipc when vLLM shares the"
+                " trainer's GPU"
             )
         if not all(self._is_vllm(root) for root in self.roots):
             raise SyncError(
