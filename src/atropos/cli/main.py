@@ -66,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.add_argument(
         "--teacher-steps", type=int, default=100, help="RL steps of that teacher (default 100)"
     )
+    demo_p.add_argument(
+        "--server",
+        choices=("local", "vllm"),
+        default="local",
+        help="the inference server: ours (default) or vLLM itself (docs/inference.md)",
+    )
+    demo_p.add_argument(
+        "--vllm-python",
+        default="",
+        help="--server vllm: a Python with vLLM installed (default: $ATROPOS_VLLM_PYTHON, this"
+        " one, or the checkout's .cache/vllm-venv)",
+    )
     demo_p.set_defaults(run=_demo)
     return p
 
@@ -207,6 +219,15 @@ def _demo(args: argparse.Namespace) -> int:
     from atropos.demo.run import DemoConfig, run
 
     cfg = DemoConfig(out=Path(args.out), seed=args.seed)
+    cfg.server, cfg.vllm_python = args.server, args.vllm_python
+    if cfg.server == "vllm":
+        from atropos.inference.engines import VllmNotFound, find_vllm_python
+
+        try:
+            find_vllm_python(cfg.vllm_python)
+        except VllmNotFound as err:
+            print(f"atropos demo: error: {err}", file=sys.stderr)
+            return 2
     cfg.teacher, cfg.teacher_steps = args.teacher, args.teacher_steps
     if args.teacher and not Path(args.teacher, "config.json").is_file():
         print(

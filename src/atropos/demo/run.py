@@ -2,8 +2,10 @@
 
 1. Held-out accuracy of the warm-start policy (greedy decoding, plain transformers).
 2. Start, each as its own process with a log under the run directory: the trajectory API
-   (SQLite store), the local inference server on the warm start, the `arithmetic` environment
-   in serve mode, and the reference trainer syncing weights to the server after every step.
+   (SQLite store), the local inference server on the warm start (or, with `--server vllm`,
+   vLLM itself on a copy of it with an untied head, see `vllm_policy`), the `arithmetic`
+   environment in serve mode, and the reference trainer syncing weights to the server after
+   every step.
 3. Show progress from the trainer's metrics until it reaches `--steps`, then stop everything
    (SIGTERM, in reverse order of start) and check that each exited cleanly.
 4. Held-out accuracy of the trained policy, and `report.html` with the reward curve, the
@@ -53,6 +55,8 @@ class DemoConfig:
     extra_env_flags: list[str] = field(default_factory=list)
     teacher: str = ""  # `--distill`'s teacher checkpoint (default: trained by the RL demo first)
     teacher_steps: int = 100  # RL steps of that teacher
+    server: str = "local"  # the inference server: "local" (ours) or "vllm"
+    vllm_python: str = ""  # a Python with vLLM (default: `atropos.inference.engines`' search)
 
 
 def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dict[str, list[str]]:
@@ -64,11 +68,7 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
             "api", "serve", "--port", str(ports["api"]), "--store",
             f"sqlite:{cfg.out / 'api.db'}", "--max-staleness", "2",
         ],
-        "server": [
-            "local", "serve", policy, "--port", str(ports["server"]),
-            "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
-            *cfg.extra_server_flags,
-        ],
+        "server": _server_argv(cfg, policy, ports["server"]),
         "env": [
             "env", "serve", cfg.env, "--env.rollout_server_url", api,
             "--env.group_size", str(cfg.group_size), "--env.max_num_workers", str(cfg.max_workers),
@@ -86,6 +86,39 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
             "--seq-len", "64", "--lr", str(cfg.lr), "--sync", "reload",
             "--checkpoint-every", "50", "--seed", str(cfg.seed), *cfg.extra_trainer_flags,
         ],
+    }  # fmt: skip
+
+
+def _server_argv(cfg: DemoConfig, policy: str, port: int) -> list[str]:
+    """Our CPU server's `atropos` arguments, or with `--server vllm` vLLM's whole command line
+    (float32, as the trainer computes; eager; one OpenMP thread so the trainer keeps a core)."""
+    if cfg.server == "vllm":
+        from atropos.inference.engines import find_vllm_python, vllm_argv
+
+        extra = ["--dtype", "float32", "--enforce-eager", "--seed", str(cfg.seed)]
+        extra += ["--max-model-len", "512", "--max-num-seqs", "64"]
+        python = find_vllm_python(cfg.vllm_python)
+        extra += cfg.extra_server_flags
+        return vllm_argv(python, policy, port=port, served_model_name=SERVED_NAME, extra=extra)
+    return [
+        "local", "serve", policy, "--port", str(port),
+        "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
+        *cfg.extra_server_flags,
+    ]  # fmt: skip
+
+
+def _server_env(cfg: DemoConfig) -> dict[str, str]:
+    """The environment of vLLM (`--server vllm`): dev-mode routes for the trainer's reload,
+    offline, one thread, a small KV cache."""
+    if cfg.server != "vllm":
+        return {}
+    from atropos.inference.engines import VLLM_ENV
+
+    return {
+        **VLLM_ENV, "VLLM_HOST_IP": "127.0.0.1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
     }  # fmt: skip
 
 
@@ -110,6 +143,8 @@ def run_loop(
 
     Long because it is the demo's whole supervision: start, wait, watch, stop in order."""
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.server == "vllm":
+        policy = vllm_policy(policy, cfg)
     ports = {"api": free_port(), "server": free_port()}
     argv = service_commands(cfg, policy, ports)
     if teacher is not None:
@@ -123,15 +158,20 @@ def run_loop(
     services = {
         name: Service.atropos(name, args, logs / f"{name}.log") for name, args in argv.items()
     }
+    if cfg.server == "vllm":  # not one of ours: its own interpreter and environment
+        services["server"] = Service("server", argv["server"], logs / "server.log")
+    environ = {"server": _server_env(cfg)}
     (cfg.out / "commands.json").write_text(json.dumps(argv, indent=2))
     metrics_path = cfg.out / "trainer" / "metrics.jsonl"
     started: list[Service] = []
     try:
         for name in servers:
-            started.append(services[name].start())
+            started.append(services[name].start(environ.get(name)))
         for name in servers:
             url = f"http://127.0.0.1:{ports[name]}/health"
-            wait_until_up(url, cfg.startup_timeout, services[name])
+            slow = name == "server" and cfg.server == "vllm"  # vLLM: ~40 s, more when loaded
+            wait_until_up(url, max(cfg.startup_timeout, 300.0) if slow else cfg.startup_timeout,
+                          services[name])  # fmt: skip
         for name in ("trainer", "env"):
             started.append(services[name].start())
         console.print(f"[dim]logs: {logs}/{{{','.join(argv)}}}.log[/dim]")
@@ -182,6 +222,14 @@ def _teacher_server(cfg: DemoConfig, teacher: str, port: int) -> list[str]:
         "local", "serve", teacher, "--port", str(port),
         "--served-model-name", TEACHER_NAME, "--seed", str(cfg.seed),
     ]  # fmt: skip
+
+
+def vllm_policy(policy: str, cfg: DemoConfig) -> str:
+    """The policy vLLM serves and the trainer trains: `policy` with a head of its own (vLLM 0.32
+    on a CPU does not reload a tied head; `atropos.trainer.sync.untied_copy`)."""
+    from atropos.trainer.sync import untied_copy
+
+    return str(untied_copy(policy, cfg.out / "policy-untied").resolve())
 
 
 def held_out(model: str, cfg: DemoConfig) -> tuple[float, list[dict[str, Any]]]:
