@@ -1,11 +1,14 @@
 """The demo with 3 seeds: held-out accuracy of the warm start and of the trained policy.
 
-    .venv/bin/python benchmarks/demo_seeds.py [--seeds 0 1 2] [--steps N]
+    .venv/bin/python benchmarks/demo_seeds.py [--seeds 0 1 2] [--steps N] [--servers local vllm]
 
-Runs `atropos demo --seed S --out runs/demo-seeds/S` one seed after another, reads each run's
-summary.json, and writes benchmarks/results/demo_seeds.{json,md}. The claim it checks: the mean
-trained accuracy beats the warm start by more than the spread (max - min) of the trained
-accuracy across seeds, and the mean on-policy logprob mismatch stays at most 1e-3.
+Runs `atropos demo --server SERVER --seed S --out runs/demo-seeds/SERVER/S` one seed after
+another (each server in turn, in one run: side by side), reads each run's summary.json, and
+writes benchmarks/results/demo_seeds.{json,md} (`demo_seeds_vllm.*` when vLLM is among the
+servers). The claim it checks, per server: the mean trained accuracy beats the warm start by
+more than the spread (max - min) of the trained accuracy across seeds, and the mean on-policy
+logprob mismatch stays at most 1e-3. `--server vllm` needs a Python with vLLM
+(`python scripts/upstream_venv.py vllm` makes the checkout's; or $ATROPOS_VLLM_PYTHON).
 """
 
 from __future__ import annotations
@@ -23,10 +26,23 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--servers", nargs="+", choices=("local", "vllm"), default=["local"])
     p.add_argument("--out", default=str(ROOT / "runs" / "demo-seeds"))
-    p.add_argument("--json", default=str(HERE / "results" / "demo_seeds.json"))
+    p.add_argument("--json", default="")
     args = p.parse_args()
-    rows = run_seeds([], args.seeds, Path(args.out), args.steps)
+    name = "demo_seeds_vllm.json" if "vllm" in args.servers else "demo_seeds.json"
+    results = {}
+    for server in args.servers:
+        out = Path(args.out) if args.servers == ["local"] else Path(args.out) / server
+        rows = run_seeds(["--server", server], args.seeds, out, args.steps)
+        results[server] = summarize(rows)
+    result = results["local"] if args.servers == ["local"] else {"servers": results}
+    write_result(result, Path(args.json or HERE / "results" / name), render)
+    return 0
+
+
+def summarize(rows: list[dict]) -> dict:
+    """One server's seeds: the rows, the mean gain over the warm start and its spread."""
     before = rows[0]["held-out accuracy, warm start"]
     after = [r["held-out accuracy, trained"] for r in rows]
     mismatch = [r["logprob mismatch, mean (on-policy tokens)"] for r in rows]
@@ -39,11 +55,14 @@ def main() -> int:
         "mismatch_max": max(m for m in mismatch if m is not None),
     }
     result["gain_beats_spread"] = result["gain"] > result["trained_spread"]
-    write_result(result, Path(args.json), render)
-    return 0
+    return result
 
 
 def render(result: dict) -> str:
+    if "servers" in result:
+        return "\n".join(
+            f"### server: {server}\n\n{render(one)}" for server, one in result["servers"].items()
+        )
     lines = [
         "| seed | steps | warm start | trained | reward first 10 | reward last 10 "
         "| mismatch (mean) | wall s |",

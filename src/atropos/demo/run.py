@@ -272,6 +272,7 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
         "logprob mismatch, max step": max(on_policy) if on_policy else None,
         "on-policy share of sequences": mean([m["on_policy_fraction"] for m in metrics]),
         "seed": cfg.seed,
+        "inference server": cfg.server,
         "wall time (s)": round(time.monotonic() - t0, 1),
     }
     samples = sample_rows(before_rows, after_rows, cfg.samples_shown)
