@@ -34,6 +34,17 @@ def test_the_vllm_lock_is_the_whole_venv_without_the_media_packages() -> None:
         assert needed in pins, needed
 
 
+def test_a_context_past_the_trained_positions_gets_a_longer_rotary_table(tmp_path: Path) -> None:
+    """Never VLLM_ALLOW_LONG_MAX_MODEL_LEN: with it vLLM 0.32 on CPU answers NaN logprobs past
+    the model's 128 positions, and every request after (see atropos.testing.vllm)."""
+    server = VLLMServer(tmp_path / "python", tmp_path)
+    command = server.command()
+    at = command.index("--hf-overrides")
+    assert json.loads(command[at + 1]) == {"max_position_embeddings": 4096}
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in server.environ()
+    assert "--hf-overrides" not in VLLMServer(tmp_path / "p", tmp_path, max_model_len=128).command()
+
+
 def get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return answer.status, answer.read().decode()
@@ -50,6 +61,7 @@ def test_vllm_serves_the_tiny_policy_on_loopback_in_float32(vllm_server: VLLMSer
     assert get(vllm_server.root + "/get_world_size")[0] == 200  # dev mode's RL routes
     log = vllm_server.log_path.read_text(errors="replace")
     assert "dtype=torch.float32" in log
+    assert "'hf_overrides': {'max_position_embeddings': 4096}" in log
     for route in ("/pause", "/resume", "/update_weights", "/init_weight_transfer_engine"):
         assert f"Route: {route}," in log, route
 

