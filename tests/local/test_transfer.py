@@ -197,6 +197,33 @@ def test_a_refused_update_is_a_sync_error_at_once_and_the_server_goes_on(
     assert bad.status_code == 400 and "mode must be one of abort, wait, keep" in bad.text
 
 
+def test_sglang_sessions_and_a_refused_push_leave_the_server_generating(
+    server: Server, trainer_model: Any, model_dir: Path
+) -> None:
+    """SGLang 0.5.23's begin/end: one session at a time, no end without a begin. A push whose
+    update is refused ends its session and lifts its pause (the trainer's `try/finally`)."""
+    import torch
+
+    refused = server.http.post("/end_weight_update", json={})
+    assert refused.status_code == 400 and "no weight-update session" in refused.text
+    assert server.http.post("/begin_weight_update", json={"selector": "all"}).status_code == 200
+    again = server.http.post("/begin_weight_update", json={})
+    assert again.status_code == 400 and "already open" in again.text
+    assert server.http.post("/end_weight_update").status_code == 200
+    client = connect(server, trainer_model, server_type="sglang", pause="keep")
+    try:
+        wrong = load_fp32(str(model_dir))
+        wrong.lm_head.weight = torch.nn.Parameter(torch.zeros(3, 3))  # untied, another shape
+        with pytest.raises(SyncError, match="lm_head.weight: shape"):
+            client.push(wrong, 99)
+    finally:
+        client.close()
+    assert server.http.get("/is_paused").json() == {"is_paused": False}
+    assert server.http.post("/begin_weight_update", json={}).status_code == 200  # it was ended
+    assert server.http.post("/end_weight_update", json={}).status_code == 200
+    assert server.version() != 99
+
+
 def test_updates_need_a_group_first(start_server: Any, model_dir: Path) -> None:
     with start_server(model_dir) as live:
         info = {"names": [], "dtype_names": [], "shapes": []}

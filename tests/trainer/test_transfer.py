@@ -121,7 +121,7 @@ def test_a_vllm_server_gets_the_nccl_unique_id_and_the_tensors_in_order(
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     calls: list[tuple[str, Any]] = []
     with serve_in_thread(_fake_vllm(calls)) as url, httpx.Client() as http:
-        with pytest.raises(SyncError, match="over NCCL from a model on a GPU .* ipc"):
+        with pytest.raises(SyncError, match="over NCCL from a trainer on a GPU .* ipc"):
             TransferClient([url], http, timeout=5).connect(_Model())
         client = TransferClient([url], http, timeout=5, pause="wait")
         client.connect(OnGpu())
@@ -145,6 +145,126 @@ def test_a_vllm_server_gets_the_nccl_unique_id_and_the_tensors_in_order(
     }  # fmt: skip
     assert [t.shape for t in sent] == [torch.Size([3, 2]), torch.Size([3])]
     assert calls[4][1] == {"policy_version": 7}
+
+
+def _fake_sglang(calls: list[tuple[str, Any]], *, sessions: bool, refuse: str = "") -> Any:
+    """A stand-in for SGLang's HTTP side that records each weight-update call: with `sessions`
+    (0.5.23) the update is refused outside begin/end, as SGLang refuses it; without, the begin
+    and end routes answer 404, as in older SGLang. The route named `refuse` answers 400."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    state = {"session": False}
+
+    async def record(request: Request) -> JSONResponse:
+        raw = await request.body()
+        path = request.url.path
+        calls.append((path, json.loads(raw) if raw else None))
+        if path == refuse:
+            return JSONResponse({"success": False, "message": "refused"}, status_code=400)
+        if path == "/update_weights_from_distributed" and sessions and not state["session"]:
+            message = "must run between begin_weight_update() and end_weight_update()"
+            return JSONResponse({"success": False, "message": message}, status_code=400)
+        if path in ("/begin_weight_update", "/end_weight_update"):
+            if not sessions:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            state["session"] = path == "/begin_weight_update"
+        return JSONResponse({"success": True, "message": "Success"})
+
+    paths = ["/pause_generation", "/update_weights_from_distributed", "/continue_generation"]
+    paths += ["/begin_weight_update", "/end_weight_update"]
+    return Starlette(routes=[Route(p, record, methods=["POST"]) for p in paths])
+
+
+class _SentGroup:
+    """A group that keeps what is broadcast (the fake servers join none)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, tensor: Any) -> None:
+        self.sent.append(tensor)
+
+    def close(self) -> None:
+        pass
+
+
+def _sglang_client(url: str, http: httpx.Client, pause: str) -> Any:
+    from atropos.trainer.transfer import TransferClient
+
+    client = TransferClient([url], http, server_type="sglang", pause=pause, timeout=5)
+    client.group, client.group_name = _SentGroup(), "g"  # as connect() leaves them
+    return client
+
+
+def test_sglang_updates_inside_a_weight_update_session() -> None:
+    """SGLang 0.5.23 takes `update_weights_from_distributed` only between `begin_weight_update`
+    and `end_weight_update`: each push is pause, begin, update (the tensors broadcast
+    meanwhile), end, continue; `wait` sends no pause (the update waits)."""
+    import torch
+
+    calls: list[tuple[str, Any]] = []
+    model = torch.nn.Linear(2, 3)
+    with serve_in_thread(_fake_sglang(calls, sessions=True)) as url, httpx.Client() as http:
+        client = _sglang_client(url, http, "keep")
+        assert client.push(model, 7) is None  # SGLang's answers carry no version
+        client.pause = "wait"
+        client.push(model, 8)
+    assert [path for path, _ in calls] == [
+        "/pause_generation", "/begin_weight_update", "/update_weights_from_distributed",
+        "/end_weight_update", "/continue_generation",
+        "/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update",
+    ]  # fmt: skip
+    assert calls[0][1] == {"mode": "in_place"}
+    assert calls[1][1] == {"selector": "all"} and calls[3][1] == {}
+    assert calls[2][1] == {
+        "names": ["weight", "bias"], "dtypes": ["float32", "float32"], "shapes": [[3, 2], [3]],
+        "group_name": "g", "flush_cache": True, "weight_version": "7",
+    }  # fmt: skip
+    assert [list(t.shape) for t in client.group.sent] == [[3, 2], [3]] * 2
+
+
+def test_an_older_sglang_without_sessions_gets_the_update_alone() -> None:
+    """A 404 to `begin_weight_update` (SGLang before sessions): the update is sent without one,
+    and that server is not asked to begin again."""
+    import torch
+
+    calls: list[tuple[str, Any]] = []
+    model = torch.nn.Linear(2, 3)
+    with serve_in_thread(_fake_sglang(calls, sessions=False)) as url, httpx.Client() as http:
+        client = _sglang_client(url, http, "abort")
+        client.push(model, 1)
+        client.push(model, 2)
+    assert [path for path, _ in calls] == [
+        "/pause_generation", "/begin_weight_update", "/update_weights_from_distributed",
+        "/continue_generation",
+        "/pause_generation", "/update_weights_from_distributed", "/continue_generation",
+    ]  # fmt: skip
+    assert calls[0][1] == {"mode": "abort"} and calls[5][1]["weight_version"] == "2"
+
+
+@pytest.mark.parametrize(
+    "refuse", ["/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update"]
+)
+def test_a_failed_sglang_push_still_ends_the_session_and_resumes(refuse: str) -> None:
+    """Whichever step SGLang refuses, the push raises it, and the server is not left paused
+    (SGLang's /health would hang) nor inside a session (the next begin would be refused)."""
+    import torch
+
+    from atropos.trainer.transfer import SyncError
+
+    calls: list[tuple[str, Any]] = []
+    app = _fake_sglang(calls, sessions=True, refuse=refuse)
+    with serve_in_thread(app) as url, httpx.Client() as http:
+        client = _sglang_client(url, http, "keep")
+        with pytest.raises(SyncError, match=f"{refuse}: 400"):
+            client.push(torch.nn.Linear(2, 3), 3)
+    paths = [path for path, _ in calls]
+    assert paths[0] == "/pause_generation" and paths[-1] == "/continue_generation"
+    began = "/update_weights_from_distributed" in paths
+    assert paths.count("/end_weight_update") == int(began)  # not after a refused begin
 
 
 class _Model:

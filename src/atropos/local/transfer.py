@@ -16,7 +16,9 @@ each `update_info` carries the tensors' CUDA IPC handles (``ipc_handles_pickled`
   world_size, group_name, backend}``, ``POST /update_weights_from_distributed {names, dtypes,
   shapes, group_name, weight_version}`` (start, receive and finish in one call), ``POST
   /pause_generation {"mode": abort|retract|in_place}`` (retract and in_place are our `keep`),
-  ``POST /continue_generation``.
+  ``POST /continue_generation``; ``POST /begin_weight_update {"selector": "all"}`` and ``POST
+  /end_weight_update`` open and close a session as SGLang 0.5.23's do (one at a time), which
+  an update may run inside or, as with older SGLang, without.
 - ``GET /weights_checksum``: SHA-256 of the served weights, to check a transfer bit for bit.
 
 An update started without a pause pauses in `wait` mode itself and resumes when it finishes. A
@@ -338,6 +340,7 @@ class TransferRoutes:
         """Answer for `engine` (`backend`: see `TransferReceiver`)."""
         self.engine = engine
         self.receiver = TransferReceiver(engine, backend)
+        self.session = False  # between SGLang's /begin_weight_update and /end_weight_update
 
     def routes(self) -> list[tuple[str, Handler, list[str]]]:
         """(path, handler, methods) of every route in the module docstring."""
@@ -353,6 +356,8 @@ class TransferRoutes:
             ("/get_world_size", self.world_size, get),
             ("/init_weights_update_group", self.init_sglang, post),
             ("/update_weights_from_distributed", self.update_sglang, post),
+            ("/begin_weight_update", self.begin_sglang, post),
+            ("/end_weight_update", self.end_sglang, post),
             ("/pause_generation", self.pause_sglang, post),
             ("/continue_generation", self.resume, post),
             ("/weights_checksum", self.checksum, get),
@@ -416,6 +421,29 @@ class TransferRoutes:
         count = await self._run(self.receiver.receive, wanted)
         new = await self._run(self.receiver.finish, version)
         return _ok(f"Succeeded to update {count} parameters.", policy_version=new)
+
+    async def begin_sglang(self, request: Request) -> Response:
+        """SGLang's `POST /begin_weight_update {"selector": "all"}`: open a session (refused
+        while one is open, as SGLang does)."""
+        selector = _str(await _body(request), "selector", "all")
+        if selector not in ("target", "draft", "all"):
+            raise RequestError(
+                f"selector must be target, draft or all, got {selector!r}", "selector"
+            )
+        if self.session:
+            raise RequestError(
+                "a weight-update session is already open: call /end_weight_update first"
+            )
+        self.session = True
+        return _ok("Success")
+
+    async def end_sglang(self, request: Request) -> Response:
+        """SGLang's `POST /end_weight_update`: close the session (refused without one)."""
+        await _body(request)
+        if not self.session:
+            raise RequestError("no weight-update session is open: call /begin_weight_update first")
+        self.session = False
+        return _ok("Success")
 
     async def finish(self, request: Request) -> Response:
         """vLLM's `POST /finish_weight_update`; ours takes `{"policy_version": N}` too."""

@@ -15,8 +15,13 @@ HTTP only steers. Two dialects, by `server_type`:
 - ``sglang``: once ``POST /init_weights_update_group {master_address, master_port,
   rank_offset, world_size, group_name, backend}``; per sync ``POST /pause_generation {"mode":
   "in_place"|"abort"}`` (none for `wait`: SGLang's update itself waits for running requests),
-  ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, weight_version}``,
-  ``POST /continue_generation``.
+  ``POST /begin_weight_update {"selector": "all"}``, ``POST /update_weights_from_distributed
+  {names, dtypes, shapes, group_name, weight_version}``, ``POST /end_weight_update {}``, ``POST
+  /continue_generation``. SGLang 0.5.23 refuses the update outside a begin/end session (400);
+  a server that answers 404 to the begin (an older SGLang) is sent the update alone from then on.
+
+A push that fails still ends an open session and lifts its pause (a server left paused would
+serve nothing, SGLang's ``/health`` included), then raises.
 
 Several servers share one group: world size = 1 + every server's workers (``GET
 /get_world_size``, or SGLang's ``GET /get_server_info`` tp_size x dp_size), each server's
@@ -45,7 +50,12 @@ SGLANG_PAUSE = {"keep": "in_place", "abort": "abort"}  # wait: no pause (the upd
 
 
 class SyncError(RuntimeError):
-    """The inference server did not take the new weights."""
+    """The inference server did not take the new weights (`status`: its HTTP answer's, if any)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        """Keep the message and the status."""
+        super().__init__(message)
+        self.status = status
 
 
 def _in_thread(fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
@@ -135,6 +145,7 @@ class TransferClient:
         self.group: Any = None
         self.group_name = ""
         self.broken: str | None = None
+        self.sessionless: set[str] = set()  # SGLang servers without /begin_weight_update
 
     # ----- HTTP ----------------------------------------------------------------------------
 
@@ -149,17 +160,19 @@ class TransferClient:
         except httpx.HTTPError as exc:
             raise SyncError(f"{method} {root}{path}: {type(exc).__name__}: {exc}") from exc
         if r.status_code >= 400:
-            raise SyncError(f"{method} {root}{path}: {r.status_code} {r.text[:500]}")
+            raise SyncError(f"{method} {root}{path}: {r.status_code} {r.text[:500]}", r.status_code)
         try:
             return r.json()
         except ValueError:
             return None
 
-    def _post_all(self, path: str, body: Any = None, **kwargs: Any) -> list[Any]:
-        """POST to every server at once; their answers, or the first failure."""
+    def _post_all(
+        self, path: str, body: Any = None, roots: list[str] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """POST to every server (or `roots`) at once; their answers, or the first failure."""
         futures = [
             _in_thread(functools.partial(self._call, "POST", root, path, json=body, **kwargs))
-            for root in self.roots
+            for root in (self.roots if roots is None else roots)
         ]
         return [self._result(f, f"POST {path}") for f in futures]
 
@@ -343,21 +356,68 @@ class TransferClient:
         tensors = named_tensors(model)
         paused = self._pause_all()
         try:
-            if self.server_type == "vllm":
-                self._post_all("/start_weight_update", {})
-        except SyncError:
+            answers = self._update(tensors, version)
+        except BaseException:
             if paused:
-                self._resume_all()
+                self._quietly(self._resume_all)
             raise
-        answers = self._send(tensors, version)  # SGLang's answers carry our version
-        if self.server_type == "vllm":
-            answers = self._post_all("/finish_weight_update", {"policy_version": version})
         if paused:
             self._resume_all()
         reported = (
             answers[0].get("policy_version") if answers and isinstance(answers[0], dict) else None
         )
         return int(reported) if isinstance(reported, int) else None
+
+    def _update(self, tensors: list[tuple[str, Any]], version: int) -> list[Any]:
+        """vLLM's start, update, finish; SGLang's begin, update, end (the end also after a
+        failed update); the answers that may carry the version (ours do)."""
+        if self.server_type == "vllm":
+            self._post_all("/start_weight_update", {})
+            self._send(tensors, version)
+            return self._post_all("/finish_weight_update", {"policy_version": version})
+        opened = self._begin_sglang()
+        try:
+            answers = self._send(tensors, version)
+        except BaseException:
+            self._quietly(self._post_all, "/end_weight_update", {}, opened)
+            raise
+        self._post_all("/end_weight_update", {}, opened)
+        return answers
+
+    def _begin_sglang(self) -> list[str]:
+        """``POST /begin_weight_update`` to every server; those that opened a session. A 404
+        marks an older SGLang (no sessions) in `sessionless`; another failure ends the sessions
+        opened and is raised."""
+        roots = [root for root in self.roots if root not in self.sessionless]
+        body = {"selector": "all"}
+        futures = [
+            _in_thread(
+                functools.partial(self._call, "POST", root, "/begin_weight_update", json=body)
+            )
+            for root in roots
+        ]
+        opened, failure = [], None
+        for root, future in zip(roots, futures, strict=True):
+            try:
+                self._result(future, "POST /begin_weight_update")
+                opened.append(root)
+            except SyncError as exc:
+                if exc.status == 404:
+                    log.info("%s has no /begin_weight_update: updating without a session", root)
+                    self.sessionless.add(root)
+                elif failure is None:
+                    failure = exc
+        if failure is not None:
+            self._quietly(self._post_all, "/end_weight_update", {}, opened)
+            raise failure
+        return opened
+
+    def _quietly(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Clean up after a failure: `fn(*args)`, its own failure logged, not raised."""
+        try:
+            fn(*args)
+        except SyncError as exc:
+            log.warning("weight transfer: after a failed push: %s", exc)
 
     def _pause_all(self) -> bool:
         """Pause every server in the chosen mode; whether a pause was asked for."""
