@@ -96,7 +96,9 @@ def _server_argv(cfg: DemoConfig, policy: str, port: int) -> list[str]:
         from atropos.inference.engines import find_vllm_python, vllm_argv
 
         extra = ["--dtype", "float32", "--enforce-eager", "--seed", str(cfg.seed)]
-        extra += ["--max-model-len", "512", "--max-num-seqs", "64"]
+        # the model's own 128 positions: past them vLLM 0.32 on a CPU answers NaN with
+        # VLLM_ALLOW_LONG_MAX_MODEL_LEN (the demo's sequences are under 64 tokens)
+        extra += ["--max-model-len", "128", "--max-num-seqs", "64"]
         python = find_vllm_python(cfg.vllm_python)
         extra += cfg.extra_server_flags
         return vllm_argv(python, policy, port=port, served_model_name=SERVED_NAME, extra=extra)
@@ -115,8 +117,8 @@ def _server_env(cfg: DemoConfig) -> dict[str, str]:
     from atropos.inference.engines import VLLM_ENV
 
     return {
-        **VLLM_ENV, "VLLM_HOST_IP": "127.0.0.1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        **VLLM_ENV, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
     }  # fmt: skip
