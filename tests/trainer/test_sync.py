@@ -143,3 +143,60 @@ def test_every_server_gets_the_version_and_one_restarting_is_waited_for(tmp_path
     gone.close()
     with pytest.raises(ValueError, match="restart' runs one server"):
         WeightSync("restart", tmp_path, "http://a/v1,http://b/v1", server_command="x {model}")
+
+
+def _vllm_stand_in(calls: list[str], dev_mode: bool = True):
+    """vLLM's HTTP side as the reload sees it: no /update_weights_from_disk (404), and with
+    dev mode the pause, RPC, prefix-cache and resume routes."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def route(request: Request) -> JSONResponse:
+        query = f"?{request.url.query}" if request.url.query else ""
+        body = (await request.body()).decode()
+        calls.append(f"{request.url.path}{query} {body}".strip())
+        if request.url.path == "/reset_prefix_cache":
+            return JSONResponse({"success": True})
+        return JSONResponse({"results": [None]} if "rpc" in request.url.path else {})
+
+    paths = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"] if dev_mode else []
+    return Starlette(routes=[Route(p, route, methods=["POST"]) for p in paths])
+
+
+def test_reload_into_vllm_pauses_reloads_forgets_the_cache_and_resumes(tmp_path, caplog):
+    """The call sequence against vLLM's routes (tests/vllm/test_sync.py runs it against vLLM
+    itself): detected once by the 404, then pause(keep), reload_weights, reset, resume; a
+    checkpoint that ties its head is warned about once."""
+    import json
+    import logging
+
+    from atropos.trainer.sync import WeightSync
+
+    calls: list[str] = []
+    with serve_in_thread(_vllm_stand_in(calls)) as url:
+        sync = WeightSync("reload", tmp_path, f"{url}/v1")
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        (ckpt / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+        with caplog.at_level(logging.WARNING, "atropos.trainer"):
+            assert sync._reload(ckpt, 3) == 3
+            assert sync._reload(ckpt, 4) == 4
+        sync.close()
+    rpc = json.dumps({"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}})
+    one = ["/pause?mode=keep", "/collective_rpc", "/reset_prefix_cache?reset_running_requests=true"]
+    assert [c.split(" ")[0] for c in calls] == [*one, "/resume"] * 2
+    assert json.loads(calls[1].split(" ", 1)[1]) == json.loads(rpc)
+    assert sum("ties its LM head" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_reload_into_vllm_without_dev_mode_says_how_to_start_it(tmp_path):
+    from atropos.trainer.sync import SyncError, WeightSync
+
+    calls: list[str] = []
+    with serve_in_thread(_vllm_stand_in(calls, dev_mode=False)) as url:
+        sync = WeightSync("reload", tmp_path, f"{url}/v1")
+        with pytest.raises(SyncError, match="VLLM_SERVER_DEV_MODE=1"):
+            sync._reload(tmp_path, 1)
+        sync.close()
