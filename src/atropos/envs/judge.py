@@ -4,7 +4,10 @@ Environments that score by asking a model (rlaif, npc_arena) declare a `judge: J
 field on their config; it is configured under its own namespace (`--judge.base_url URL`,
 `judge:` in a `--config` file, `ATROPOS_JUDGE__BASE_URL`). With no `base_url` the judge is the
 policy's own servers, as upstream's environments did. Such an environment also has
-`JudgedEnv` among its bases, for its `judge` property.
+`JudgedEnv` among its bases, for its `judge` property. A failure of the judge's own server that
+will repeat for every call (a model it does not serve, a refused key, a judge server never
+reached, or all of them unreachable for `--server_wait` seconds in a row) is a `JudgeError`
+naming the `--judge.*` flags, and the runners stop the run with it, as with the policy's servers.
 
 Verdicts come in two shapes:
 
@@ -42,6 +45,7 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.config import Namespace
 from atropos.envs.types import Message
 from atropos.inference.config import APIServerConfig, ServerType
+from atropos.inference.errors import FatalError, InferenceError
 
 if TYPE_CHECKING:
     from atropos.inference.manager import ServerManager
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Judge",
     "JudgeConfig",
+    "JudgeError",
     "JudgedEnv",
     "PairVerdict",
     "RubricVerdict",
@@ -86,6 +91,11 @@ class JudgeConfig(Namespace):
         )
 
 
+class JudgeError(FatalError):
+    """A failure of the judge's own server that will repeat for every call (the runners stop
+    the run)."""
+
+
 class Judge:
     """Asks the judge model; owns a server manager when the judge has its own server.
 
@@ -111,17 +121,31 @@ class Judge:
         if self._own is None:
             from atropos.inference.manager import ServerManager
 
-            self._own = ServerManager([self.config.server()], self._env.manager_config)
+            self._own = ServerManager(
+                [self.config.server()], self._env.manager_config, role="judge"
+            )
         return self._own
 
     async def complete(self, messages: list[Message], n: int) -> list[str]:
-        """`n` judge answers to `messages` (their text; an empty answer is "")."""
-        reply = await self._manager().chat_completion(
-            messages=messages,
-            n=n,
-            max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature,
-        )
+        """`n` judge answers to `messages` (their text; an empty answer is "").
+
+        Raises:
+            JudgeError: a failure of the judge's own server that will repeat for every call
+                (a model it does not serve, a refused key, a judge server never reached or
+                unreachable for `--server_wait` seconds): the runners stop the run with it.
+            InferenceError: any other failed call (the policy's servers' errors as they are).
+        """
+        try:
+            reply = await self._manager().chat_completion(
+                messages=messages,
+                n=n,
+                max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+        except InferenceError as err:
+            if self.separate and err.fatal:  # name the judge's flags, not the policy's
+                raise JudgeError(f"judge: {err}".replace("--openai.", "--judge.")) from err
+            raise
         return [choice.message.content or "" for choice in reply.choices]
 
     async def aclose(self) -> None:

@@ -25,7 +25,8 @@ status 2) that says what differs and why it matters.
 (`dropped/teacher_failed`; `dropped/teacher_bad_answer` for an answer that does not line up
 with the tokens sent): a group is never sent without its teacher logprobs. An error that will
 repeat for every group (a model the teacher does not serve, a refused key, a teacher never
-reached) stops the run like the policy's own (`TeacherError`, a `FatalError`).
+reached, teacher servers all unreachable for `--server_wait` seconds in a row) stops the run like
+the policy's own (`TeacherError`, a `FatalError`).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class Teacher:
         from atropos.inference.manager import ServerManager
 
         await check_teacher_tokenizer(env, config)
-        manager = ServerManager(config.servers(), env.manager_config)
+        manager = ServerManager(config.servers(), env.manager_config, role="teacher")
         made = cls(config, manager)
         env.on_close(made.aclose)
         log.warning("teacher: top-%d logprobs from %s", config.top_k, ", ".join(config.base_url))

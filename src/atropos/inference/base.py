@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
+import sys
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
@@ -264,6 +265,7 @@ class HTTPBackend:
         self._bos: tuple[Any, int | None] = (None, None)
         self._session: HTTPClient | None = None
         self._closed = False
+        self.health_error = ""  # what the last failed health probe met
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url} model={self.config.model_name!r}>"
@@ -348,12 +350,22 @@ class HTTPBackend:
         return await self._request("POST", url, body, decoder=decoder)
 
     async def check_health(self, timeout: float = 5.0) -> bool:
-        """True when `GET health_url` answers 2xx within `timeout` seconds. Spends no tokens."""
+        """True when `GET health_url` answers 2xx within `timeout` seconds. Spends no tokens.
+
+        What a failed probe met is kept in `health_error` ("" after a passing one), for the
+        pool's messages about an unreachable server.
+        """
         try:
             answer = await self._http().request("GET", self.health_url, timeout=timeout)
-        except (TimeoutError, OSError):
+        except TimeoutError:
+            self.health_error = f"no answer within {timeout:g} s"
             return False
-        return 200 <= answer.status < 300  # any body (JSON, text or none); only the status counts
+        except OSError as exc:
+            self.health_error = f"{type(exc).__name__}: {exc}"
+            return False
+        ok = 200 <= answer.status < 300  # any body (JSON, text or none); only the status counts
+        self.health_error = "" if ok else f"HTTP {answer.status}"
+        return ok
 
     async def aclose(self) -> None:
         """Close the connection pool; the backend cannot be used afterwards."""
@@ -474,6 +486,26 @@ def check_choice_counts(
             raise InferenceError(
                 f"choice {i}: {len(ids)} tokens but {len(lps)} logprobs", server=server
             )
+
+
+if sys.version_info >= (3, 11):
+
+    async def within(deadline: float, call: Awaitable[T]) -> T:
+        """Await `call`, raising TimeoutError at loop time `deadline` (no extra task).
+
+        Unlike `asyncio.wait_for` on Python 3.11, a cancellation of the caller that lands while
+        `call` is being cancelled for its timeout is never lost nor raised early: an
+        `asyncio.Condition.wait()` in `call` gets its lock back before the error leaves.
+        """
+        async with asyncio.timeout_at(deadline):
+            return await call
+
+else:  # pragma: no cover - Python 3.10
+
+    async def within(deadline: float, call: Awaitable[T]) -> T:
+        """Await `call`, raising TimeoutError at loop time `deadline`."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await asyncio.wait_for(call, max(0.0, remaining))
 
 
 async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:

@@ -60,8 +60,8 @@ class ServerManagerConfig(BaseModel):
     server_wait: float | None = Field(
         None,
         gt=0,
-        description="seconds a call waits while no server is healthy before it fails; a server"
-        " never reached then ends the run (None: 60, or 300 in serve mode)",
+        description="seconds every server of a role (policy, teacher, judge) may be unreachable"
+        " in a row before calls fail and the run stops (None: 60, or 300 in serve mode)",
     )
     health_check_interval: float = Field(5.0, gt=0, description="seconds between probes")
     health_check_timeout: float = Field(5.0, gt=0, description="seconds one probe may take")

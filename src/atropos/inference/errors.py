@@ -11,7 +11,8 @@ True
 False
 
 Some errors repeat for every request and item, whatever is retried: a model the server does not
-serve (404), a refused key (401/403), a call the backend cannot make, a server never reached. They
+serve (404), a refused key (401/403), a call the backend cannot make, a server never reached, or
+every server of a role unreachable for `server_wait` seconds in a row (`pool.ServerPool`). They
 carry `fatal=True`, and `fatal_reason(err)` is how the runners tell them from per-item errors:
 they stop the run at the first one with its message, instead of failing every item the same way.
 A 400 is *not* fatal: it is usually about one request (a prompt longer than the context), and a
@@ -35,7 +36,8 @@ ErrorKind = Literal[
     "http_4xx",  # the request is wrong: never retried
     "protocol",  # a 2xx answer we cannot read (not retried)
     "unsupported",  # the backend cannot do this at all (not retried)
-    "unavailable",  # no healthy server had room before the deadline (retryable by the caller)
+    "unavailable",  # no healthy server had room before the deadline (retryable by the caller;
+    # fatal once every server has been unreachable for `server_wait` seconds)
 ]
 
 RETRYABLE_STATUS = frozenset({408, 429})

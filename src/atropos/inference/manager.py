@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sys
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -34,6 +33,7 @@ from atropos.inference.base import (
     TokensAndLogprobs,
     create_backend,
     gather_or_cancel,
+    within,
 )
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
@@ -43,29 +43,14 @@ from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnO
 from atropos.inference.retry import RetryPolicy
 from atropos.inference.slurm import resolve_server_configs
 
-T = TypeVar("T")
 NEEDS = {
     "tokens_and_logprobs_completion": "supports_tokens",
     "get_logprobs": "supports_prompt_logprobs",
 }
 """Calls only some backends can answer, and the backend flag that says so."""
 DEFAULT_SERVER_WAIT = 60.0
-"""Seconds a call waits while no server is healthy, when `server_wait` is not set."""
-
-
-if sys.version_info >= (3, 11):
-
-    async def within(deadline: float, call: Awaitable[T]) -> T:
-        """Await `call`, raising TimeoutError at loop time `deadline` (no extra task)."""
-        async with asyncio.timeout_at(deadline):
-            return await call
-
-else:  # pragma: no cover - Python 3.10
-
-    async def within(deadline: float, call: Awaitable[T]) -> T:
-        """Await `call`, raising TimeoutError at loop time `deadline`."""
-        remaining = deadline - asyncio.get_running_loop().time()
-        return await asyncio.wait_for(call, max(0.0, remaining))
+"""Seconds every server may be unreachable in a row before calls fail (and the run stops), when
+`server_wait` is not set."""
 
 
 class PinnedServer:
@@ -163,6 +148,11 @@ class ServerManager:
             to every chat request and every `managed_server` session the way each server
             takes them (`atropos.inference.reasoning`); what a server cannot take is logged
             once, here.
+        role: whose servers these are, named in the messages about them: "policy" (the
+            env's own), "teacher" or "judge". When every server has been unreachable for
+            `server_wait` seconds in a row, calls fail with a fatal error that names the role,
+            the URLs, how long and the last error, and the env runners stop the run with it
+            (`atropos.inference.pool`).
     """
 
     def __init__(
@@ -173,6 +163,7 @@ class ServerManager:
         tokenizer: Any = None,
         environ: Mapping[str, str] | None = None,
         reasoning: Reasoning | None = None,
+        role: str = "policy",
     ) -> None:
         self.config = manager or ServerManagerConfig()
         server_configs = resolve_server_configs(configs, self.config, environ)
@@ -196,6 +187,7 @@ class ServerManager:
             health_interval=self.config.health_check_interval,
             health_timeout=self.config.health_check_timeout,
             server_wait=self.config.server_wait or DEFAULT_SERVER_WAIT,
+            role=role,
         )
         self._weight = 1.0
         self._closed = False

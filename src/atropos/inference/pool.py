@@ -7,11 +7,16 @@ when none has room it waits on that split's `asyncio.Condition` until a release 
 weight change wakes it (no polling). Health is probed with the backend's cheap GET
 (`check_health`), by one task per server started lazily and cancelled by `aclose()`.
 
-While no server a call may use is healthy, the call waits at most `server_wait` seconds (not its
-whole deadline): the probe of each unhealthy server logs every `note_every` seconds for how long
-it has been unreachable and why, and a call that gives up raises `kind="unavailable"`, marked
-`fatal` when no server has ever answered (a wrong address or a server that was never started:
-every item would wait the same way, so the run should stop and say so).
+While no server a call may use is healthy, the call waits for one until those servers have all
+been unreachable for `server_wait` seconds in a row (an outage: counted from when the last of
+them went down; one coming back starts the count again), and each unhealthy server's probe logs
+every `note_every` seconds for how long and why. Then the call raises `kind="unavailable"` marked
+`fatal`, and the runners stop the run with its one message (`errors.fatal_reason`), which names
+the role (policy, teacher, judge), the URLs, how long and the last error, or, for servers that
+never answered, says to check the address. One setting serves as both deadlines: while every
+server is down no call can be served, so failing calls earlier would only lose items. A restart
+shorter than `server_wait` (60 s; 300 s in serve mode) changes nothing. Servers without a probe
+(`health_check` off) are never marked down, so this rule never stops their runs.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections import Counter, deque
 from collections.abc import Set
 from typing import Any
 
-from atropos.inference.base import InferenceServer, Split
+from atropos.inference.base import InferenceServer, Split, within
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError
 
@@ -118,12 +123,14 @@ class ServerPool:
         health_timeout: float,
         server_wait: float = 60.0,
         note_every: float = 10.0,
+        role: str = "policy",
     ) -> None:
         self.slots = [ServerSlot(i, b) for i, b in enumerate(backends)]
         self.health_interval = health_interval
         self.health_timeout = health_timeout
         self.server_wait = server_wait
         self.note_every = note_every
+        self.role = role  # whose servers these are, for messages: "policy", "teacher", "judge"
         self._room = {s: asyncio.Condition() for s in SPLITS}
         self._waiting: Counter[Split] = Counter()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -209,21 +216,22 @@ class ServerPool:
     ) -> ServerSlot:
         loop = asyncio.get_running_loop()
         room = self._room[split]
-        started = loop.time()
         async with room:
             self._waiting[split] += 1
             try:
                 while (slot := self.pick(split, prefer, avoid, only)) is None:
                     limit = deadline
-                    if not any(s.healthy for s in self.slots if only is None or s.index in only):
-                        limit = min(deadline, started + self.server_wait)
-                        if limit < deadline and loop.time() >= limit:
-                            raise self._unreachable(only)
+                    outage = self.outage_since(only)
+                    if outage is not None:  # every server it may use is down: an outage
+                        if loop.time() >= outage + self.server_wait:
+                            raise self._unreachable(only, loop.time() - outage)
+                        limit = min(deadline, outage + self.server_wait)
                     remaining = limit - loop.time()
                     if remaining <= 0:
                         raise self._unavailable(split)
-                    try:
-                        await asyncio.wait_for(room.wait(), remaining)
+                    try:  # not wait_for: see `within` (all waiters of an outage time out
+                        # together, and the runner cancels them as the first one stops the run)
+                        await within(loop.time() + remaining, room.wait())
                     except TimeoutError:
                         pass  # the loop re-checks, then gives up
                 return slot
@@ -243,23 +251,35 @@ class ServerPool:
             kind="unavailable",
         )
 
-    def _unreachable(self, only: Set[int] | None) -> InferenceError:
+    def outage_since(self, only: Set[int] | None = None) -> float | None:
+        """Loop time since which every server in `only` (default: all) is unhealthy, i.e. when
+        the last of them went down; None while one of them is healthy."""
         slots = [s for s in self.slots if only is None or s.index in only]
-        never = not any(s.answered for s in slots)
-        where = "; ".join(f"{s.config.base_url}{s.why}" for s in slots)
-        check = (
-            "check that the server is running and --openai.base_url (the address ends in /v1"
-            " for OpenAI-compatible servers)"
-            if never
-            else "it answered before: it may be restarting"
-        )
-        return InferenceError(
-            f"no inference server was healthy for {self.server_wait:g} s ({where}); {check}"
-            " (--server_wait sets how long to wait)",
-            retryable=True,
-            kind="unavailable",
-            fatal=never,
-        )
+        if not slots or any(s.healthy or s.down_since is None for s in slots):
+            return None
+        return max(s.down_since for s in slots if s.down_since is not None)
+
+    def _unreachable(self, only: Set[int] | None, down: float) -> InferenceError:
+        """The fatal error of an outage of every server in `only` that lasted `down` seconds."""
+        slots = [s for s in self.slots if only is None or s.index in only]
+        if not any(s.answered for s in slots):  # a wrong address, or a server never started
+            where = "; ".join(f"{s.config.base_url}{s.why}" for s in slots)
+            message = (
+                f"no inference server was healthy for {self.server_wait:g} s ({where}); check"
+                " that the server is running and --openai.base_url (the address ends in /v1"
+                " for OpenAI-compatible servers) (--server_wait sets how long to wait)"
+            )
+        else:
+            one = len(slots) == 1
+            whose = f"the {self.role}'s inference server{'' if one else 's'}"
+            urls = ", ".join(s.config.base_url for s in slots)
+            why = "; ".join(dict.fromkeys(s.why.removeprefix(": ") for s in slots if s.why))
+            message = (
+                f"{whose} ({urls}) {'has' if one else 'have'} been unreachable for {down:.0f} s"
+                f"{f' ({why})' if why else ''}; start {'it' if one else 'them'} again, or raise"
+                f" --server_wait (now {self.server_wait:g} s) to wait longer"
+            )
+        return InferenceError(message, retryable=True, kind="unavailable", fatal=True)
 
     async def release(self, slot: ServerSlot, split: Split) -> None:
         """Give the unit back and wake one waiter of this split, if any."""
@@ -297,22 +317,27 @@ class ServerPool:
         """Record a health change; a server coming back wakes the waiters."""
         if healthy:
             slot.answered = True
+        elif why:
+            slot.why = why  # the latest reason, for the messages
         if slot.healthy == healthy:
             return
         slot.healthy = healthy
         if healthy:
             slot.down_since = None
-            log.info("inference server %s is healthy again", slot.config.base_url)
+            log.info(
+                "the %s's inference server %s is healthy again", self.role, slot.config.base_url
+            )
         else:
-            slot.why = why
             slot.down_since = asyncio.get_running_loop().time()
-            log.warning("inference server %s is unhealthy%s", slot.config.base_url, why)
-        self.wake_all()  # back: waiters can go; down: waiters start their server_wait
+            log.warning(
+                "the %s's inference server %s is unhealthy%s", self.role, slot.config.base_url, why
+            )
+        self.wake_all()  # back: waiters can go; down: waiters may now be in an outage
 
     def mark_failed(self, slot: ServerSlot, error: InferenceError) -> None:
         """After a connection failure, take the server out until its probe passes again."""
         if error.kind == "connection" and slot.config.health_check and self._started:
-            self.set_health(slot, False, f": {error}")
+            self.set_health(slot, False, f": {error.message}")
 
     async def _watch(self, slot: ServerSlot) -> None:
         failures = 0
@@ -320,17 +345,20 @@ class ServerPool:
         noted = loop.time()
         while not self._closing:
             ok = await slot.backend.check_health(timeout=self.health_timeout)
-            self.set_health(slot, ok, ": health probe failed")
+            error = getattr(slot.backend, "health_error", "")  # what the failed probe met
+            self.set_health(slot, ok, f": health probe failed{f': {error}' if error else ''}")
             failures = 0 if ok else failures + 1
             now = loop.time()
             if slot.down_since is not None and now - noted >= self.note_every:
                 noted = now
                 log.warning(
-                    "waiting for inference server %s: unreachable for %.0f s%s (calls give up"
-                    " after %g s without a healthy server)",
+                    "waiting for the %s's inference server %s: unreachable for %.0f s%s (the run"
+                    " stops once all the %s's servers have been unreachable for %g s)",
+                    self.role,
                     slot.config.base_url,
                     now - slot.down_since,
                     slot.why,
+                    self.role,
                     self.server_wait,
                 )
             delay = self.health_interval if ok else 0.25 * 2 ** min(failures - 1, 10)

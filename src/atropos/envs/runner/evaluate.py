@@ -2,11 +2,12 @@
 
 The folder is `data_dir_to_save_evals`, or `runs/<name>`. An error that will repeat for every
 item (a missing package, a model the server does not serve, an inference server never reached
-within `--server_wait` seconds: `errors.fatal_reason`) ends the run with one message naming the
-fix and status 1; another error is logged with its traceback, status 1. SIGINT or SIGTERM, in
-any state (setup, waiting for a server, mid-evaluation), cancels the evaluation after `grace`
-seconds (at once after a second signal), closes the metrics, prints the summary and exits 130
-(SIGINT) or 143 (SIGTERM) (`stop.Stopper`).
+within `--server_wait` seconds, or every server of the policy or the judge unreachable that long
+in a row: `errors.fatal_reason`) ends the run with one message naming the fix and status 1;
+another error is logged with its traceback, status 1. SIGINT or SIGTERM, in any state (setup,
+waiting for a server, mid-evaluation), cancels the evaluation after `grace` seconds (at once
+after a second signal), closes the metrics, prints the summary and exits 130 (SIGINT) or 143
+(SIGTERM) (`stop.Stopper`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ distinct message, `watch.FailureLog`) and the run goes on; a run whose last
 `max(100, 2 x max_num_workers)` items all gave no group (every one dropped or failed) stops with
 status 1 and the drop counts, rather than sampling forever. An error that will repeat for every
 item (a missing package, a tokenizer that cannot load, a model the server does not serve, an
-inference server never reached within `--server_wait` seconds: `errors.fatal_reason`) stops the
-run at the first one, with one message naming the fix and status 1. While most groups are
+inference server never reached within `--server_wait` seconds, or every server of the policy,
+the teacher or the judge unreachable that long in a row: `errors.fatal_reason`) stops the run at
+the first one, with one message naming the fix and status 1. While most groups are
 dropped, a line says so every 30 s (`watch.DropReport`).
 
 With `--teacher.*`, each group gets the teacher's logprobs before it is written
