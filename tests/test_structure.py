@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ----- the table ----------------------------------------------------------------------------
 # The part of a module is its first name below `atropos` (`atropos.envs.runner.serve` -> envs),
-# with four leaves named on their own: `wire` (the protocol), `net` (free ports), `names`
-# (the one "did you mean" hint and the one loopback check) and
+# with five leaves named on their own: `wire` (the protocol), `net` (free ports), `names`
+# (the one "did you mean" hint and the one loopback check), `engines` (how vLLM is started) and
 # `tiny-data` (`atropos.tiny` itself, which only names the shipped tokenizer and policy files;
 # `atropos.tiny.model` and `.warmstart` are the part `tiny`). `root` is `atropos/__init__.py`
 # (the version and nothing else).
-LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root"})
+LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root", "engines"})
 """Parts anyone may import: they import nothing of ours."""
 
 LAYERS: dict[str, frozenset[str]] = {
@@ -45,6 +45,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "wire": frozenset(),
     "net": frozenset(),
     "names": frozenset(),
+    "engines": frozenset(),  # how vLLM is started (the demo, launch and the tests share it)
     "tiny-data": frozenset(),
     # the first floor: reward functions, inference clients, metrics sinks, the rollout viewer
     "rewards": frozenset(),

@@ -15,9 +15,10 @@ import pytest
 pytest.importorskip("torch")
 
 from atropos.api.app import create_app  # noqa: E402
+from atropos.local.weights import untied_copy  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
 from atropos.testing.vllm import LORA_ARGS, LORA_ENV, VLLMServer, tiny_policy_path  # noqa: E402
-from atropos.trainer.sync import SyncError, untied_copy  # noqa: E402
+from atropos.trainer.sync import SyncError  # noqa: E402
 from atropos.trainer.train import train  # noqa: E402
 
 from ..trainer.helpers import config, metrics, push_groups  # noqa: E402

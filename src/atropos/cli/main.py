@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         noun_p.add_argument("flags", nargs=argparse.REMAINDER)
         noun_p.set_defaults(run=_delegate(f"atropos.cli.{noun}"))
 
+    _demo_parser(nouns)
+    return p
+
+
+def _demo_parser(nouns: argparse._SubParsersAction[Parser]) -> None:
+    """`atropos demo`'s flags."""
     demo_p = nouns.add_parser(
         "demo", help="a tiny model learning by RL on this machine (API, server, env, trainer)"
     )
@@ -79,7 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         " one, or the checkout's .cache/vllm-venv)",
     )
     demo_p.set_defaults(run=_demo)
-    return p
 
 
 _DELEGATED = {  # nouns with their own parser (train's: TrainConfig, read by pydantic-settings)
@@ -221,7 +226,7 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(out=Path(args.out), seed=args.seed)
     cfg.server, cfg.vllm_python = args.server, args.vllm_python
     if cfg.server == "vllm":
-        from atropos.inference.engines import VllmNotFound, find_vllm_python
+        from atropos.engines import VllmNotFound, find_vllm_python
 
         try:
             find_vllm_python(cfg.vllm_python)

@@ -56,7 +56,7 @@ class DemoConfig:
     teacher: str = ""  # `--distill`'s teacher checkpoint (default: trained by the RL demo first)
     teacher_steps: int = 100  # RL steps of that teacher
     server: str = "local"  # the inference server: "local" (ours) or "vllm"
-    vllm_python: str = ""  # a Python with vLLM (default: `atropos.inference.engines`' search)
+    vllm_python: str = ""  # a Python with vLLM (default: `atropos.engines`' search)
 
 
 def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dict[str, list[str]]:
@@ -93,7 +93,7 @@ def _server_argv(cfg: DemoConfig, policy: str, port: int) -> list[str]:
     """Our CPU server's `atropos` arguments, or with `--server vllm` vLLM's whole command line
     (float32, as the trainer computes; eager; one OpenMP thread so the trainer keeps a core)."""
     if cfg.server == "vllm":
-        from atropos.inference.engines import find_vllm_python, vllm_argv
+        from atropos.engines import find_vllm_python, vllm_argv
 
         extra = ["--dtype", "float32", "--enforce-eager", "--seed", str(cfg.seed)]
         # the model's own 128 positions: past them vLLM 0.32 on a CPU answers NaN with
@@ -114,7 +114,7 @@ def _server_env(cfg: DemoConfig) -> dict[str, str]:
     offline, one thread, a small KV cache."""
     if cfg.server != "vllm":
         return {}
-    from atropos.inference.engines import VLLM_ENV
+    from atropos.engines import VLLM_ENV
 
     return {
         **VLLM_ENV, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -228,8 +228,8 @@ def _teacher_server(cfg: DemoConfig, teacher: str, port: int) -> list[str]:
 
 def vllm_policy(policy: str, cfg: DemoConfig) -> str:
     """The policy vLLM serves and the trainer trains: `policy` with a head of its own (vLLM 0.32
-    on a CPU does not reload a tied head; `atropos.trainer.sync.untied_copy`)."""
-    from atropos.trainer.sync import untied_copy
+    on a CPU does not reload a tied head; `atropos.local.weights.untied_copy`)."""
+    from atropos.local.weights import untied_copy
 
     return str(untied_copy(policy, cfg.out / "policy-untied").resolve())
 

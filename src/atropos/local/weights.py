@@ -6,8 +6,10 @@ that on the chosen device for inference.
 listed in `model.safetensors.index.json`) and make sure it fits the served model (same tensor
 names and shapes; weights tied to another, which `save_pretrained` omits, may be absent) before
 the engine copies it in between batches.
-`weights_checksum` fingerprints a state dict, so two processes can tell their weights are equal
-bit for bit (the local server's `GET /weights_checksum`, the trainer's tests and benchmark).
+`untied_copy` writes a model whose LM head is tied to its embeddings with a head of its own
+(vLLM on a CPU does not reload a tied head). `weights_checksum` fingerprints a state dict, so
+two processes can tell their weights are equal bit for bit (the local server's `GET
+/weights_checksum`, the trainer's tests and benchmark).
 """
 
 from __future__ import annotations
@@ -110,3 +112,28 @@ def weights_checksum(state: dict[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def untied_copy(model_dir: str | Path, dest: str | Path) -> Path:
+    """The model at `model_dir` saved at `dest` with an LM head of its own: the same weights
+    (the head a copy of the embeddings), `tie_word_embeddings` false. vLLM reloads such a model
+    whole; a tied one keeps its old head on a CPU (module docstring). Trained from this copy, the
+    head and the embeddings learn apart. Returns `dest` (made once; kept when it exists)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    dest = Path(dest)
+    if (dest / "config.json").exists():
+        return dest
+    model = load_fp32(str(model_dir))
+    if model.config.tie_word_embeddings:
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest

@@ -18,7 +18,8 @@ weights in `reload` and `lora` modes, one after the other.
   keeps the LM head it started with when a model with tied embeddings is reloaded (the head's
   packed GEMM weights are made at load and its tied weight is not in the checkpoint, so the
   reload never repacks it: seen as "ParallelLMHead: Failed to load weights" in its log and a
-  served head 9e-2 off after two steps): the trainer warns, and `untied_copy` makes the same
+  served head 9e-2 off after two steps): the trainer warns, and
+  `atropos.local.weights.untied_copy` makes the same
   model with its own head, which reloads whole (the demo serves vLLM that copy).
 - `restart`: the trainer runs the server itself from `server_command` (a template with
   ``{model}``, ``{port}`` and optionally ``{version}``, e.g. ``vllm serve {model} --port
@@ -64,7 +65,6 @@ __all__ = [
     "prune",
     "save_lora",
     "save_model",
-    "untied_copy",
 ]
 
 
@@ -86,24 +86,6 @@ def save_model(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | N
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
-
-
-def untied_copy(model_dir: str | Path, dest: str | Path) -> Path:
-    """The model at `model_dir` saved at `dest` with an LM head of its own: the same weights
-    (the head a copy of the embeddings), `tie_word_embeddings` false. vLLM reloads such a model
-    whole; a tied one keeps its old head on a CPU (module docstring). Trained from this copy, the
-    head and the embeddings learn apart. Returns `dest` (made once; kept when it exists)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dest = Path(dest)
-    if (dest / "config.json").exists():
-        return dest
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    if model.config.tie_word_embeddings:
-        head = model.get_output_embeddings()
-        head.weight = type(head.weight)(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-    return save_model(model, AutoTokenizer.from_pretrained(model_dir), dest)
 
 
 def _tied(model_dir: Path) -> bool:
@@ -314,7 +296,7 @@ class WeightSync:
             log.warning(
                 "%s is vLLM and the model ties its LM head to its embeddings: vLLM 0.32 on a"
                 " CPU does not reload a tied head (it keeps the one it started with); serve an"
-                " untied copy (atropos.trainer.sync.untied_copy), or use --sync restart or"
+                " untied copy (atropos.local.weights.untied_copy), or use --sync restart or"
                 " --sync lora (docs/trainer.md)",
                 root,
             )

