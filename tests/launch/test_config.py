@@ -122,7 +122,8 @@ def test_shipped_examples_dry_run(name: str, monkeypatch: pytest.MonkeyPatch) ->
     assert "step 2: start trainer, " in text
     if name == "gpu-vllm":
         assert [p.gpu_ids for p in plan.processes if p.gpus] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-        assert text.count("vllm serve Qwen/Qwen3-4B") == 3
+        assert text.count("-m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-4B") == 3
+        assert text.count("VLLM_SERVER_DEV_MODE=1") == 3
         assert (
             "--server-url http://127.0.0.1:" in text and text.count("/v1,http") == 4
         )  # --server-url and ATROPOS_SERVER_URLS
@@ -134,3 +135,50 @@ def test_too_many_gpus_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> None
     plan = build(config.load(EXAMPLES / "gpu-vllm.yaml"))
     with pytest.raises(local.PlacementError, match="asks for 8 GPUs .* this machine has 1"):
         local.place(plan)
+
+
+VLLM = {"name": "vllm", "type": "vllm", "model": "Qwen/Qwen3-4B"}
+
+
+def test_vllm_runs_as_a_module_in_dev_mode_with_its_own_python(tmp_path: Path) -> None:
+    venv = tmp_path / "vllm-venv" / "bin" / "python"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("#!/bin/sh\n")
+    venv.chmod(0o755)
+    servers = [
+        {**VLLM, "python": str(venv), "environ": {"OMP_NUM_THREADS": "1"}},
+        {**VLLM, "name": "plain", "environ": {"VLLM_SERVER_DEV_MODE": "0"}},
+    ]
+    plan = local.place(build(config.parse({**MINIMAL, "inference": servers}), tmp_path))
+    book = local.book_of(plan)
+
+    def argv(name: str) -> list[str]:
+        proc = plan.get(name)
+        return [fill(a, proc, book, python="/our/python", run_dir=tmp_path) for a in proc.argv]
+
+    port = book["vllm"][1]
+    assert argv("vllm") == [
+        str(venv), "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen3-4B",
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "Qwen/Qwen3-4B",
+        "--tensor-parallel-size", "1",
+    ]  # fmt: skip
+    assert plan.get("vllm").environ == {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    assert plan.get("plain").environ == {"VLLM_SERVER_DEV_MODE": "0"}  # the user's wins
+    assert argv("plain")[0] == "/our/python"  # no python: of its own
+    for other in ("api", "trainer", "arithmetic"):
+        assert argv(other)[0] == "/our/python"  # python: is that server's only
+    shown = describe(plan, book, python="/our/python")
+    assert f"{venv} -m vllm.entrypoints.openai.api_server" in shown
+
+
+def test_a_servers_python_must_exist_here_on_the_local_backend(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "python"
+    run = config.parse({**MINIMAL, "inference": [{**VLLM, "python": str(missing)}]})
+    with pytest.raises(local.PlacementError) as err:
+        local.place(build(run, tmp_path))
+    assert str(err.value).startswith(f"vllm: python: no Python at {missing} (")
+    assert local.place(build(run, tmp_path), strict=False).get("vllm").python == str(missing)
+    url = {**MINIMAL, "inference": [{"type": "url", "url": "http://h/v1", "python": "py"}]}
+    assert problems(url) == [
+        "run.yaml: inference[0]: python is for a server launch starts; a url server is running"
+    ]

@@ -151,6 +151,15 @@ def test_script_lines_and_bash_syntax(tmp_path: Path) -> None:
     assert "#SBATCH --signal" not in script_of("run.slurm.time='00:05:00'")
 
 
+def test_a_servers_own_python_runs_its_step_only() -> None:
+    vllm = {"name": "vllm", "type": "vllm", "model": "m", "python": "/opt/vllm/bin/python"}
+    text = script_of(f"inference={json.dumps([vllm])}")
+    (shown,) = [line for line in text.splitlines() if "vllm.entrypoints" in line]
+    assert shown.startswith("#   $ /opt/vllm/bin/python -m vllm.entrypoints.openai.api_server ")
+    assert "#   env VLLM_SERVER_DEV_MODE=1" in text.splitlines()
+    assert "#   $ /opt/py/bin/python -m atropos train " in text  # the others: run.slurm.python
+
+
 def test_addresses_and_gpus_inside_the_job() -> None:
     plan = placed(RUN)
     environ = {

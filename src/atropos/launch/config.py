@@ -178,7 +178,12 @@ class InferenceServer(Placement):
     command: str | None = Field(
         None,
         description="vllm/sglang: the command template; {model}, {served_model_name}, {host},"
-        " {port}, {gpus} are filled in (default: the engine's own server command)",
+        " {port}, {gpus}, {python} are filled in (default: the engine's own server command)",
+    )
+    python: str | None = Field(
+        None,
+        description="the Python that fills {python} in this server's command, e.g. the"
+        " interpreter of vLLM's own venv (default: the one with atropos, as for every process)",
     )
     replicas: int = Field(1, ge=1, description="copies of this server")
     port: int | None = Field(None, ge=0, le=65535, description="first replica's port")
@@ -199,6 +204,10 @@ class InferenceServer(Placement):
                 raise ValueError(f"type {self.type} needs model: what the server loads")
         if self.type != "vllm" and self.type != "sglang" and self.command:
             raise ValueError("command is for vllm and sglang servers")
+        if self.type == "url" and self.python:
+            raise ValueError("python is for a server launch starts; a url server is running")
+        if self.python is not None and not self.python.strip():
+            raise ValueError("python: give the path of an interpreter, or leave it out")
         return self
 
 

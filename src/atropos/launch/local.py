@@ -29,6 +29,9 @@ def place(plan: Plan, strict: bool = True) -> Plan:
     """`plan` with ports picked and GPUs assigned for this machine; with `strict` False, a
     shortage of GPUs leaves them unassigned instead of failing (for `--dry-run`)."""
     plan = plan.model_copy(deep=True)
+    missing = missing_pythons(plan)
+    if missing and strict:
+        raise PlacementError("; ".join(missing))
     for proc in plan.processes:
         if proc.role in LISTENS and not proc.host:
             proc.host = "127.0.0.1"
@@ -48,6 +51,25 @@ def place(plan: Plan, strict: bool = True) -> Plan:
         for proc in plan.processes:
             proc.gpu_ids, gpus = gpus[: proc.gpus], gpus[proc.gpus :]
     return plan
+
+
+def missing_pythons(plan: Plan) -> list[str]:
+    """One line per process whose own interpreter (an inference server's `python:`) is not
+    an executable here: a path that is not there, or a bare name not on PATH."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for proc in plan.processes:
+        python = proc.python
+        if not python or python in seen:
+            continue
+        seen.add(python)
+        found = shutil.which(python) if os.sep not in python else python
+        if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            lines.append(
+                f"{proc.name}: python: no Python at {python} (the run file's python: of this"
+                " server names the interpreter of its command, e.g. .../vllm-venv/bin/python)"
+            )
+    return lines
 
 
 def visible_gpus() -> list[int]:

