@@ -251,3 +251,28 @@ def test_chat_completion_answers_with_the_template_and_logprobs(
     content = [t.logprob for t in choice.logprobs.content]
     out = tokenizer.encode(choice.message.content, add_special_tokens=False) + [EOS]
     assert worst(content, reference(ids, out)) < TOLERANCE
+
+
+def test_concurrent_calls_each_get_their_own_answer(
+    target: Target, tokenizer: Any, reference: Callable[..., list[float]]
+) -> None:
+    """32 calls in flight at once (batched together by the server): every answer is for its
+    own prompt, and its logprobs are still the policy's for its own ids."""
+    prompts = [tokenizer.encode(f"Question: {i} + {i} = ") for i in range(32)]
+
+    async def main() -> list[Any]:
+        async with target.manager() as m:
+            return await asyncio.gather(
+                *(
+                    m.tokens_and_logprobs_completion(
+                        input_ids=ids, n=2, max_tokens=6, temperature=1.0, seed=i
+                    )
+                    for i, ids in enumerate(prompts)
+                )
+            )
+
+    answers = run(main())
+    for ids, (prompt, outputs, logprobs, _) in zip(prompts, answers, strict=True):
+        assert prompt == ids
+        for out, lps in zip(outputs, logprobs, strict=True):
+            assert worst(lps, reference(ids, out)) < TOLERANCE
