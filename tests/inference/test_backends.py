@@ -484,6 +484,39 @@ def status_app() -> Starlette:
     )
 
 
+def aborted(answer: dict[str, Any], where: str = "choices") -> dict[str, Any]:
+    """`answer` with its first choice ended by the server (a pause in mode abort)."""
+    if where == "meta_info":
+        answer["meta_info"]["finish_reason"] = {"type": "abort", "message": "Abort"}
+    else:
+        answer["choices"][-1]["finish_reason"] = "abort"
+    return answer
+
+
+def test_an_aborted_generation_is_a_retryable_error_not_a_completion():
+    """vLLM answers a request ended by /pause?mode=abort with 200, its partial output and
+    finish_reason "abort" (SGLang likewise): that is no rollout, but an error worth a retry."""
+    rec = (
+        Recorder()
+        .route("/v1/completions", lambda b: aborted(vllm_completions(b)))
+        .route("/v1/chat/completions", lambda b: aborted(chat_answer(b)))
+        .route("/generate", lambda b: aborted(sglang_generate(b), "meta_info"))
+    )
+    calls = {
+        VLLMBackend: lambda b: b.tokens_and_logprobs_completion(input_ids=[1, 7], max_tokens=3),
+        OpenAIBackend: lambda b: b.chat_completion(messages=[{"role": "user", "content": "x"}]),
+        SGLangBackend: lambda b: b.tokens_and_logprobs_completion(input_ids=[1, 4], max_tokens=2),
+    }
+    for cls, call in calls.items():
+
+        async def body(backend: HTTPBackend, call: Any = call) -> None:
+            with pytest.raises(InferenceError, match="aborted the generation") as err:
+                await call(backend)
+            assert err.value.retryable and err.value.kind == "http_5xx" and not err.value.fatal
+
+        run_with(rec, cls, body)
+
+
 def test_http_failures_become_inference_errors():
     async def call(url: str, timeout: float = 5.0) -> InferenceError:
         backend = OpenAIBackend(APIServerConfig(base_url=url, timeout=timeout))

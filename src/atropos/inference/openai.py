@@ -20,10 +20,17 @@ server ignores `n` and fetch the missing `n - 1` in parallel.
 
 Token ids and logprobs (`tokens_and_logprobs_completion`, `get_logprobs`) are not part of the
 OpenAI API: this backend raises `UnsupportedOperation`; use server_type "vllm" or "sglang".
+
+An answer with a choice whose finish reason is `abort` is a retryable error (`check_not_aborted`),
+never a completion: vLLM (0.32) answers a request that `POST /pause?mode=abort` (a weight update)
+ended with 200 and the partial output so far, SGLang likewise after `/pause_generation` in mode
+abort; scored, that cut rollout would be a reward the policy never earned. Our local server says
+503 for the same event, so both count as `http_5xx`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import pydantic
@@ -35,6 +42,29 @@ from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError
 
 R = TypeVar("R", ChatCompletion, Completion)
+ABORTED = "abort"  # the finish reason of a generation the server ended (vLLM, SGLang)
+
+
+def check_not_aborted(server: str, reasons: Iterable[Any]) -> None:
+    """Raise a retryable `InferenceError` when any of the finish `reasons` is `abort`.
+
+    >>> check_not_aborted("http://s/v1", ["stop", "length"])
+    >>> check_not_aborted("http://s/v1", ["length", "abort"])
+    Traceback (most recent call last):
+    ...
+    atropos.inference.errors.InferenceError: the server aborted the generation (finish_reason \
+'abort': a pause in mode abort for a weight update, or a shutdown); its partial output is no \
+rollout, so the request is retried [http://s/v1]
+    """
+    if any(str(reason) == ABORTED for reason in reasons):
+        raise InferenceError(
+            "the server aborted the generation (finish_reason 'abort': a pause in mode abort for"
+            " a weight update, or a shutdown); its partial output is no rollout, so the request"
+            " is retried",
+            retryable=True,
+            kind="http_5xx",
+            server=server,
+        )
 
 
 def merge_completions(results: list[R]) -> R:
@@ -104,6 +134,8 @@ class OpenAIBackend(HTTPBackend):
                 f"POST {path}: expected an object with 'choices', got {str(data)[:200]}",
                 server=self.base_url,
             )
+        reasons = [c.get("finish_reason") for c in data["choices"] if isinstance(c, dict)]
+        check_not_aborted(self.base_url, reasons)
         try:
             return kind.model_validate(data)  # fast (pydantic-core)
         except pydantic.ValidationError:

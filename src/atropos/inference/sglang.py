@@ -44,7 +44,7 @@ from atropos.inference.base import (
     normalize_max_tokens,
 )
 from atropos.inference.errors import InferenceError
-from atropos.inference.openai import OpenAIBackend
+from atropos.inference.openai import OpenAIBackend, check_not_aborted
 
 
 def _triples(entries: Any) -> tuple[list[int], list[float]]:
@@ -88,6 +88,7 @@ class SGLangBackend(OpenAIBackend):
             finish.append(_finish(meta.get("finish_reason")))
         if ids is None:
             ids = _triples(results[0].get("meta_info", {}).get("input_token_logprobs"))[0]
+        check_not_aborted(self.base_url, finish)  # a pause_generation in mode abort
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         return ids, outputs, logprobs, finish
 

@@ -13,6 +13,8 @@ Token ids and logprobs, `config.vllm_token_api == "completions"` (the default; s
   `logprobs.token_logprobs` (one per output token) and `finish_reason`. When `token_ids` is
   absent (a vLLM without `return_token_ids`) the ids are parsed from `logprobs.tokens`, which
   `return_tokens_as_token_ids` renders as `"token_id:<id>"`.
+- A choice with finish reason `abort` (the request was in flight when a pause in mode abort
+  began) makes the whole answer a retryable error (`openai.check_not_aborted`).
 - `get_logprobs`: the same endpoint with `max_tokens: 1`, `temperature: 0`,
   `prompt_logprobs: top_k`; we read `choices[0].prompt_logprobs`, a list with one entry per
   prompt token (`null` for the first), each `{"<token id>": {"logprob", "rank",
@@ -53,7 +55,7 @@ from atropos.inference.base import (
     normalize_max_tokens,
 )
 from atropos.inference.errors import InferenceError
-from atropos.inference.openai import OpenAIBackend
+from atropos.inference.openai import OpenAIBackend, check_not_aborted
 
 
 class _GenerateAnswer(msgspec.Struct):
@@ -171,6 +173,7 @@ class VLLMBackend(OpenAIBackend):
                     server=self.base_url,
                 )
             prompt_ids = ids
+        check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         return [int(t) for t in prompt_ids], outputs, logprobs, finish
 
@@ -214,6 +217,7 @@ class VLLMBackend(OpenAIBackend):
         except (ValueError, IndexError):
             outputs, logprobs, reasons = self._read_generate(data)
         finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
+        check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, int(body["n"]), outputs, logprobs, finish)
         return ids, outputs, logprobs, finish
 
