@@ -227,14 +227,15 @@ def chat_stream(result: TurnResult, include_usage: bool = False) -> Iterator[byt
 
 
 def completion_from_turn(result: TurnResult) -> dict[str, Any]:
-    """The `text_completion` answer (the raw text: no tool calls are read from it)."""
+    """The `text_completion` answer (the raw text up to its stop string: no tool calls are read
+    from it)."""
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": result.model,
         "choices": [
-            {"index": i, "text": c.raw, "finish_reason": c.finish_reason, "logprobs": None}
+            {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
             for i, c in enumerate(result.choices)
         ],
         "usage": _usage(result),
@@ -246,7 +247,7 @@ def completion_stream(result: TurnResult) -> Iterator[bytes]:
     whole = completion_from_turn(result)
     head = {k: whole[k] for k in ("id", "object", "created", "model")}
     for i, choice in enumerate(result.choices):
-        for piece in _pieces(choice.raw):
+        for piece in _pieces(choice.text):
             part = {"index": i, "text": piece, "finish_reason": None, "logprobs": None}
             yield _sse({**head, "choices": [part]})
         end = {"index": i, "text": "", "finish_reason": choice.finish_reason, "logprobs": None}

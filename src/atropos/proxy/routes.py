@@ -240,11 +240,11 @@ class Routes:
         session = self.session_for(request, request.path_params.get("sid"))
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
         result = await session.complete(anthropic_api.to_turn(body))
+        model = str(body.get("model") or result.model)
+        stop = result.choices[0].stop_sequence if result.choices else None
         if body.get("stream"):
-            return _sse(anthropic_api.stream_events(result, str(body.get("model") or result.model)))
-        return json_response(
-            anthropic_api.from_turn(result, str(body.get("model") or result.model))
-        )
+            return _sse(anthropic_api.stream_events(result, model, stop_sequence=stop))
+        return json_response(anthropic_api.from_turn(result, model, stop_sequence=stop))
 
     # --- upstream's ManagedServerProxy ---
 

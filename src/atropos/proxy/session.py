@@ -31,7 +31,7 @@ from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_call
 from atropos.proxy.trajectory import BREAK_KINDS, Sequence, Span, Trajectory
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
-__all__ = ["Limits", "Session", "new_session_id", "new_session_key"]
+__all__ = ["Limits", "Session", "cut_at_stop", "new_session_id", "new_session_key"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,29 @@ def assistant_key(message: Mapping[str, Any]) -> str:
         fn = call.get("function", call) if isinstance(call, Mapping) else {}
         calls.append(call_key(str(fn.get("name")), fn.get("arguments", {})))
     return json.dumps([_text(message.get("content")).strip(), calls], ensure_ascii=False)
+
+
+def cut_at_stop(raw: str, finish: str, stops: Any) -> tuple[str, str | None]:
+    """The text an API answers with, and the stop string that ended it (None: none did).
+
+    The token ids the server returns keep the tokens that spelled a stop string (they were
+    sampled, and are trained on), so the decoded completion holds it; OpenAI's and Anthropic's
+    APIs answer without it, as vLLM does. The server stops at the first stop string its text
+    shows, so a completion that finished with "stop" is cut where the first one begins.
+
+    >>> cut_at_stop("12 + 3 = 15.", "stop", ["=", "."])
+    ('12 + 3 ', '=')
+    >>> cut_at_stop("12 + 3 = 15.", "length", "=")
+    ('12 + 3 = 15.', None)
+    """
+    if finish != "stop" or not stops:
+        return raw, None
+    found = [(raw.find(s), s) for s in ([stops] if isinstance(stops, str) else stops) if s]
+    found = [(at, s) for at, s in found if at >= 0]
+    if not found:
+        return raw, None
+    at, stop = min(found)
+    return raw[:at], stop
 
 
 class Session:
@@ -188,11 +211,12 @@ class Session:
             return chosen
         return tools
 
-    def _read(self, raw: str, finish: str, tools: bool) -> TurnChoice:
-        parsed = parse_tool_calls(raw, self.tool_parser) if tools else ParsedOutput(raw)
+    def _read(self, raw: str, finish: str, tools: bool, stops: Any = None) -> TurnChoice:
+        text, stop = cut_at_stop(raw, finish, stops)
+        parsed = parse_tool_calls(text, self.tool_parser) if tools else ParsedOutput(text)
         self.unparsed_tool_calls += parsed.malformed
         reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
-        choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed)
+        choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed, stop)
         self._raw_of[assistant_key(choice.message())] = raw
         return choice
 
@@ -231,7 +255,10 @@ class Session:
             self._spans[id(node)] = spans
         live = {id(n) for n in self.managed.nodes}
         self._spans = {k: v for k, v in self._spans.items() if k in live}
-        choices = [self._read(r, f, tools is not None) for r, f in zip(raws, finishes, strict=True)]
+        stops = request.sampling.get("stop")
+        choices = [
+            self._read(r, f, tools is not None, stops) for r, f in zip(raws, finishes, strict=True)
+        ]
         done = sum(len(n.tokens) - prompt_len for n in nodes)
         return TurnResult(choices, prompt_len, done, self.model, version)
 

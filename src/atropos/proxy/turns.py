@@ -67,6 +67,8 @@ class TurnChoice:
         finish_reason: "stop", "length" or "tool_calls" (calls were read and it stopped).
         raw: the completion exactly as decoded (what the tokens say).
         malformed: call-shaped pieces that could not be read (left in `content`).
+        stop_sequence: the request's stop string that ended it (cut from `content`, kept in
+            `raw`); None when none did.
     """
 
     content: str
@@ -74,6 +76,12 @@ class TurnChoice:
     finish_reason: str = "stop"
     raw: str = ""
     malformed: int = 0
+    stop_sequence: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The completion as the text completions API answers it: `raw` up to its stop string."""
+        return self.raw.split(self.stop_sequence, 1)[0] if self.stop_sequence else self.raw
 
     def message(self) -> dict[str, Any]:
         """The OpenAI chat assistant message of this choice."""
