@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS = 3
 # the CPU recipe of `VLLMServer` (one thread, no binding, a small KV cache, loopback, offline)
 RECIPE = ("VLLM_", "OMP_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "DO_NOT_TRACK")
-# the launch's own: dev mode comes from launch's default; long contexts go by --hf-overrides
+# dev mode comes from launch's default; positions past the tiny policy's 128 from --hf-overrides
 NOT_COPIED = ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
 

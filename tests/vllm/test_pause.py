@@ -6,15 +6,15 @@ landing mid-request: the request finishes, its tokens before the reload are the 
 and after it the new weights', and the server then serves the new weights.
 
 One vLLM for the module (weights are replaced in the last test; the pause tests do not care
-which weights it serves): the untied tiny policy, with its context stretched through
-`--hf-overrides` so that one request runs long enough (`GENERATED` tokens) to be paused midway.
+which weights it serves): the untied tiny policy, with a context (`VLLMServer`'s 4096, its
+positions stretched by `--hf-overrides`) where one request runs long enough (`GENERATED`
+tokens) to be paused midway.
 Progress is read from vLLM's own counters (`/metrics`), never from the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,9 +36,6 @@ from .helpers import Target  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test starts the server
 PROMPT = [11, 40, 300, 77, 5, 210, 99, 4, 18, 400]
 GENERATED = 2000  # tokens of the long request: seconds of decoding on a CPU
-CONTEXT = 4096
-# positions past the tiny policy's 128 through its config (VLLMServer's docstring)
-LONG_CONTEXT = ("--hf-overrides", json.dumps({"max_position_embeddings": CONTEXT}))
 TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 
@@ -51,7 +48,7 @@ def untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(vllm_servers: Any, untied: Path) -> VLLMServer:
     found: VLLMServer = vllm_servers.get(
-        private="paused in every mode, then reloaded", model=untied, extra_args=LONG_CONTEXT
+        private="paused in every mode, then reloaded", model=untied
     )
     return found
 
