@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from atropos.api.app import create_app  # noqa: E402
 from atropos.local.weights import untied_copy  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
-from atropos.testing.vllm import LORA_ARGS, LORA_ENV, VLLMServer, tiny_policy_path  # noqa: E402
+from atropos.testing.vllm import VLLMServer, tiny_policy_path  # noqa: E402
 from atropos.trainer.sync import SyncError  # noqa: E402
 from atropos.trainer.train import train  # noqa: E402
 
@@ -117,25 +117,28 @@ def test_restart_runs_the_documented_vllm_command(vllm_python, tmp_path):
         httpx.get(f"{template.root}/health", timeout=2)
 
 
-def test_lora_hot_swaps_adapters_into_vllm(vllm_servers, tmp_path):
-    server = vllm_servers.get(private="adapters are loaded", extra_args=LORA_ARGS,
-                              extra_env=LORA_ENV)  # fmt: skip
+def test_lora_hot_swaps_adapters_into_vllm(vllm_lora_server, tmp_path):
+    """On the session's LoRA server (shared: an adapter name of its own, unloaded after)."""
+    server, name = vllm_lora_server, f"policy-{tmp_path.name[-8:]}"
     out = tmp_path / "run"
-    rows, status = trained(
-        server.base_url, out, sync="lora", lora_r=4, lora_alpha=8.0,
-        lora_targets=["q_proj", "v_proj"], lora_name="policy", lr=1e-2,
-    )  # fmt: skip
-    assert [r["served_policy_version"] for r in rows] == [1, 2]
-    assert status["policy_version"] == 2
-    models = httpx.get(f"{server.base_url}/models").json()["data"]
-    policy = [m for m in models if m["id"] == "policy"]
-    assert policy and Path(policy[0]["root"]).name == "v2", models
-    answer = httpx.post(
-        f"{server.base_url}/completions",
-        json={"model": "policy", "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
-        timeout=60,
-    )
-    assert answer.status_code == 200, answer.text
+    try:
+        rows, status = trained(
+            server.base_url, out, sync="lora", lora_r=4, lora_alpha=8.0,
+            lora_targets=["q_proj", "v_proj"], lora_name=name, lr=1e-2,
+        )  # fmt: skip
+        assert [r["served_policy_version"] for r in rows] == [1, 2]
+        assert status["policy_version"] == 2
+        models = httpx.get(f"{server.base_url}/models").json()["data"]
+        policy = [m for m in models if m["id"] == name]
+        assert policy and Path(policy[0]["root"]).name == "v2", models
+        answer = httpx.post(
+            f"{server.base_url}/completions",
+            json={"model": name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+    finally:
+        httpx.post(f"{server.base_url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 
 def test_transfer_on_a_cpu_is_refused_with_advice_that_works(vllm_server, tmp_path):
