@@ -123,7 +123,11 @@ def _local(plan: object, args: argparse.Namespace) -> int:
         if not args.dry_run:
             print(f"{PROG}: error: {err}", file=sys.stderr)
             return 2
-        placed, shortage = local.place(plan, strict=False), f"note: {err}"
+        try:
+            placed, shortage = local.place(plan, strict=False), f"note: {err}"
+        except local.PlacementError as again:  # not a shortage: a host it cannot bind
+            print(f"{PROG}: error: {again}", file=sys.stderr)
+            return 2
     if args.dry_run:
         notes = [shortage] if shortage else []
         if needs_key(placed):
@@ -142,6 +146,5 @@ def _local(plan: object, args: argparse.Namespace) -> int:
             )
         )
         return 0
-    placed.run_dir.mkdir(parents=True, exist_ok=True)
-    (placed.run_dir / "plan.json").write_text(placed.model_dump_json(indent=2))
+    local.write_plan(placed)
     return local.run(placed, live=_live(args))

@@ -23,12 +23,21 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from atropos.names import did_you_mean
 
@@ -52,6 +61,92 @@ class LaunchConfigError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# ----- text that ends up in the Slurm script or a process's environment -------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# names of environment variables whose values are secret unless the run file says otherwise
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def _control(text: str, allowed: str = "") -> str | None:
+    """What the first control character of `text` is, in words; None when it has none."""
+    for char in _CONTROL.findall(text):
+        if char in allowed:
+            continue
+        if char in "\n\r":
+            return "a newline"
+        return "a NUL" if char == "\0" else f"a control character ({char!r})"
+    return None
+
+
+def one_line(text: str, what: str, allowed: str = "") -> str:
+    """`text` when it holds no control character (but those in `allowed`); ValueError naming
+    `what` otherwise.
+
+    >>> one_line("gpu", "a Slurm partition name")
+    'gpu'
+    """
+    found = _control(text, allowed)
+    if found is not None:
+        raise ValueError(f"{found} cannot be part of {what}")
+    return text
+
+
+def sbatch_word(text: str, what: str) -> str:
+    """`text` as an #SBATCH option's value may hold it: one word, no quotes, `#` or `\\`.
+
+    sbatch reads `#SBATCH` lines itself (not the shell), word by word.
+    """
+    one_line(text, what)
+    bad = re.search(r"[\s'\"#\\`$]", text)
+    if bad is not None:
+        raise ValueError(f"{bad.group(0)!r} cannot be part of {what} (an #SBATCH line's value)")
+    if not text:
+        raise ValueError(f"give {what}, or leave the key out")
+    return text
+
+
+class SecretValue(Strict):
+    """An environment variable's value with its secrecy said outright.
+
+    A secret value reaches its process through a private file (docs/launch.md, "What launch
+    writes and who can read it"), never a file launch writes for others to read, and is shown as
+    `***`.
+    """
+
+    value: str = Field(description="the value")
+    secret: bool = Field(
+        True, description="hidden everywhere launch writes or prints (false: shown in full)"
+    )
+
+
+def is_secret(name: str, value: str | SecretValue) -> bool:
+    """Whether environment variable `name` is secret: as its entry says, else when its name
+    holds KEY, TOKEN, SECRET or PASSWORD.
+
+    >>> is_secret("WANDB_API_KEY", "x"), is_secret("HF_HOME", "x")
+    (True, False)
+    >>> is_secret("TOKENIZERS_PARALLELISM", SecretValue(value="false", secret=False))
+    False
+    """
+    if isinstance(value, SecretValue):
+        return value.secret
+    return SECRET_NAME.search(name) is not None
+
+
+def _check_environ(environ: dict[str, str | SecretValue]) -> dict[str, str | SecretValue]:
+    for name, value in environ.items():
+        if not name or "=" in name or _control(name) is not None:
+            raise ValueError(
+                f"{name!r} is not an environment variable's name (no =, spaces or control"
+                " characters)"
+            )
+        text = value.value if isinstance(value, SecretValue) else value
+        if "\0" in text:
+            raise ValueError(f"{name}: a NUL cannot be part of an environment variable's value")
+    return environ
 
 
 class Restart(Strict):
@@ -86,13 +181,49 @@ class Placement(Strict):
     resources: dict[str, float] = Field(
         default_factory=dict, description="ray: custom resources, e.g. {env_node: 1}"
     )
-    environ: dict[str, str] = Field(
-        default_factory=dict, description="environment variables of its process"
+    environ: dict[str, str | SecretValue] = Field(
+        default_factory=dict,
+        description="environment variables of its process; {value: ..., secret: true} marks"
+        " one secret (names holding KEY, TOKEN, SECRET or PASSWORD are, unless secret: false)",
     )
     restart: Restart = Field(default_factory=Restart)
     ready_timeout: float | None = Field(
         None, gt=0, description="seconds to become ready (default: run.ready_timeout)"
     )
+
+    @field_validator("environ")
+    @classmethod
+    def _environ(cls, value: dict[str, str | SecretValue]) -> dict[str, str | SecretValue]:
+        return _check_environ(value)
+
+    def environ_split(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Its environment: (plain values, secret values), each name -> value."""
+        plain: dict[str, str] = {}
+        hidden: dict[str, str] = {}
+        for name, value in self.environ.items():
+            text = value.value if isinstance(value, SecretValue) else value
+            (hidden if is_secret(name, value) else plain)[name] = text
+        return plain, hidden
+
+
+def command_text(text: str | None) -> str | None:
+    """`text` when it splits into words as a shell would (launch runs it as those words)."""
+    if text is None:
+        return None
+    one_line(text, "a command", allowed="\t")
+    try:
+        shlex.split(text)
+    except ValueError as err:
+        raise ValueError(f"cannot split it into words: {err}") from None
+    return text
+
+
+def host_text(text: str) -> str:
+    """`text` when it can be a host name or address: one word, no control characters."""
+    one_line(text, "a host name or address")
+    if re.search(r"[\s'\"$`;\\]", text):
+        raise ValueError(f"{text!r} is not a host name or address")
+    return text
 
 
 class RaySettings(Strict):
@@ -135,6 +266,48 @@ class SlurmSettings(Strict):
             )
         return value
 
+    # Every value below is written into job.sbatch: on an #SBATCH line (read by sbatch, word
+    # by word), in a quoted shell word, or (setup) as the run file's own shell lines.
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        return None if value is None else sbatch_word(value, "a Slurm partition name")
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        return None if value is None else sbatch_word(value, "a Slurm account name")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        return sbatch_word(value, "a Slurm time limit")
+
+    @field_validator("sbatch")
+    @classmethod
+    def _sbatch(cls, value: list[str]) -> list[str]:
+        for option in value:
+            one_line(option, "an #SBATCH option")
+            if not option.startswith("-"):
+                raise ValueError(f"{option!r} is not an sbatch option like --qos=high")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value: list[str]) -> list[str]:
+        for line in value:  # the user's own shell code, one line an entry
+            if "\n" in line or "\r" in line:
+                raise ValueError(
+                    "a newline cannot be part of one setup line: give each line as its own entry"
+                )
+            one_line(line, "a setup line", allowed="\t")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        return None if value is None else one_line(value, "an interpreter's path")
+
 
 class RunSection(Strict):
     name: Name = Field("atropos", description="the run's name (log files, Ray namespace, job)")
@@ -164,6 +337,11 @@ class ApiSection(Placement):
     store: str = Field("sqlite", description="sqlite (RUN_DIR/api.db), sqlite:PATH or memory")
     args: Args = Field(default_factory=dict, description=ARGS_HELP)
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return None if value is None else host_text(value)
+
 
 class InferenceServer(Placement):
     name: Name | None = Field(None, description="handle for envs.servers (default: TYPE + index)")
@@ -189,6 +367,27 @@ class InferenceServer(Placement):
     port: int | None = Field(None, ge=0, le=65535, description="first replica's port")
     host: str | None = Field(None, description="address it binds (default: as api.host)")
     args: Args = Field(default_factory=dict, description=ARGS_HELP)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return None if value is None else host_text(value)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str | None) -> str | None:
+        return command_text(value)
+
+    @field_validator("model", "served_model_name", "python", "url")
+    @classmethod
+    def _one_line(cls, value: str | None, info: ValidationInfo) -> str | None:
+        what = {
+            "model": "a model's name or path",
+            "served_model_name": "a model name",
+            "python": "an interpreter's path",
+            "url": "a URL",
+        }[str(info.field_name)]
+        return None if value is None else one_line(value, what)
 
     @model_validator(mode="after")
     def _fields_of_type(self) -> InferenceServer:
@@ -253,6 +452,11 @@ class TrainerSection(Placement):
         None, description="inference servers it syncs weights into (default: all it can)"
     )
     restart: Restart = Field(default_factory=lambda: Restart(policy="never"))
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str | None) -> str | None:
+        return command_text(value)
 
     @model_validator(mode="after")
     def _one_of(self) -> TrainerSection:

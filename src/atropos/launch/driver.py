@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from atropos.launch.keys import write_private
 from atropos.launch.plan import Plan, Process
 from atropos.launch.supervise import State, Status
 
@@ -177,9 +178,7 @@ class Record:
             "exit_code": self.exit_code, "error": self.error, **self.extra,
             "api_stats": self.api_stats, "processes": procs,
         }  # fmt: skip
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=2))
-        tmp.replace(self.path)
+        write_private(self.path, json.dumps(doc, indent=2))
 
 
 def drive(

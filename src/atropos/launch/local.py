@@ -16,7 +16,7 @@ import sys
 from rich.console import Console
 
 from atropos.launch.driver import drive
-from atropos.launch.keys import run_key
+from atropos.launch.keys import run_key, write_private
 from atropos.launch.plan import Book, Plan
 from atropos.launch.supervise import LISTENS, Supervisor, free_port
 
@@ -36,7 +36,13 @@ def place(plan: Plan, strict: bool = True) -> Plan:
         if proc.role in LISTENS and not proc.host:
             proc.host = "127.0.0.1"
         if proc.role in LISTENS and not proc.port:
-            proc.port = free_port(proc.host)
+            try:
+                proc.port = free_port(proc.host)
+            except OSError as err:
+                raise PlacementError(
+                    f"{proc.name}: cannot listen on {proc.host} here ({err.strerror or err});"
+                    " give an address of this machine as its host"
+                ) from None
     wanted = sum(p.gpus for p in plan.processes)
     if wanted:
         gpus = visible_gpus()
@@ -99,12 +105,25 @@ def book_of(plan: Plan) -> Book:
     return book
 
 
+def write_plan(plan: Plan) -> None:
+    """`RUN_DIR/plan.json`, readable by its owner only (it holds no secret value, but the
+    run's command lines and environment)."""
+    write_private(plan.run_dir / "plan.json", plan.model_dump_json(indent=2))
+
+
 def run(plan: Plan, console: Console | None = None, live: bool | None = None) -> int:
     """Run the (placed) plan here; the run's exit status."""
     key = run_key(plan)
     book = book_of(plan)
     handles = {
-        proc.name: Supervisor(proc, run_dir=plan.run_dir, book=book, python=sys.executable, key=key)
+        proc.name: Supervisor(
+            proc,
+            run_dir=plan.run_dir,
+            book=book,
+            python=sys.executable,
+            key=key,
+            secrets=plan.secrets(proc.name),  # in memory: this process starts them all
+        )
         for proc in plan.processes
     }
     placements = {p.name: {"host": "localhost", "gpus": p.gpu_ids or []} for p in plan.processes}

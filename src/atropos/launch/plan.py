@@ -13,6 +13,10 @@ environment values and files are templates, filled in just before a process star
   atropos installed);
 - `{key}`: the run's API key (from the key file; never on a command line).
 
+Secret environment values (`config.is_secret`) are not part of the plan: a process names them
+in `secret_environ`, and their values travel beside the plan (`Plan.secrets`, never dumped),
+to the process through the supervisor (`keys.write_secrets` for a Slurm job's steps).
+
 Start order: the API and the inference servers first, then the trainer and the environments
 together (an environment's registration waits until the trainer has asked for its first batch,
 so its readiness follows the trainer's). Stop order: trainer (it checkpoints), envs (they
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from atropos.engines import VLLM_ENV, VLLM_MODULE
 from atropos.launch.config import Args, InferenceServer, Placement, Restart, RunFile, RunSection
@@ -76,6 +80,10 @@ class Process(BaseModel):
         None, description="what fills {python} in its templates (default: the supervisor's)"
     )
     environ: dict[str, str] = Field(default_factory=dict)
+    secret_environ: list[str] = Field(
+        default_factory=list,
+        description="names of its secret environment variables (values: Plan.secrets)",
+    )
     files: dict[str, str] = Field(
         default_factory=dict, description="run-dir-relative path -> content, written at start"
     )
@@ -119,6 +127,22 @@ class Plan(BaseModel):
     run_dir: Path
     processes: list[Process]
     key_file: Path | None = None
+    # process name -> its secret environment (name -> value); never part of a dump
+    _secrets: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
+
+    def secrets(self, name: str) -> dict[str, str]:
+        """The secret environment of process `name` (empty when it has none or the plan was
+        read back from plan.json)."""
+        return dict(self._secrets.get(name, {}))
+
+    def all_secrets(self) -> dict[str, dict[str, str]]:
+        """Every process's secret environment, by process name."""
+        return {name: dict(values) for name, values in self._secrets.items() if values}
+
+    def set_secrets(self, name: str, values: Mapping[str, str]) -> None:
+        """Give process `name` the secret environment `values`."""
+        self.get(name).secret_environ = sorted(values)
+        self._secrets[name] = dict(values)
 
     def get(self, name: str) -> Process:
         for proc in self.processes:
@@ -160,6 +184,7 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
     run_dir = (run_dir or run.run.run_dir).resolve()
     rs = run.run
     procs: list[Process] = [_api(run, run_dir)]
+    sections: dict[str, Placement] = {"api": run.api}  # process name -> its run-file section
     servers: dict[str, list[str]] = {}  # run-file server name -> its processes' base URLs
     for server in run.inference:
         assert server.name is not None  # named by RunFile's validator
@@ -170,8 +195,10 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
         servers[server.name] = [f"{{url:{n}}}/v1" for n in names]
         for i, name in enumerate(names):
             procs.append(_inference(server, name, i, rs))
+            sections[name] = server
     trainer = _trainer(run, run_dir, servers)
     procs.append(trainer)
+    sections["trainer"] = run.trainer
     used: set[str] = set()
     for entry in run.envs:
         handle = entry.handle
@@ -182,7 +209,15 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
         entry_servers = entry.servers or [s.name for s in run.inference if s.name]
         for name in names:
             procs.append(_env(run, entry, name, entry_servers, servers))
-    return Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
+            sections[name] = entry
+    plan = Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
+    for name, section in sections.items():
+        hidden = section.environ_split()[1]
+        if hidden:
+            for variable in hidden:
+                plan.get(name).environ.pop(variable, None)
+            plan.set_secrets(name, hidden)
+    return plan
 
 
 def _replica_names(base: str, replicas: int) -> list[str]:
@@ -241,7 +276,7 @@ def _api(run: RunFile, run_dir: Path) -> Process:
         name="api",
         role="api",
         argv=argv,
-        environ=dict(api.environ),
+        environ=api.environ_split()[0],
         host=api.host or "",
         port=api.port or None,
         gate=Gate(kind="http", url="{url:api}/health"),
@@ -287,7 +322,8 @@ def _inference(server: InferenceServer, name: str, index: int, run: RunSection) 
         }
         argv = [_format(part, values) for part in shlex.split(template)] + flags(server.args)
     # vLLM's RL routes (pause, reload, weight transfer) are what the trainer syncs through
-    environ = {**VLLM_ENV, **server.environ} if server.type == "vllm" else dict(server.environ)
+    plain = server.environ_split()[0]
+    environ = {**VLLM_ENV, **plain} if server.type == "vllm" else plain
     return Process(
         name=name,
         role="inference",
@@ -318,7 +354,7 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
     all_urls = [url for urls in servers.values() for url in urls]
     targets = _sync_targets(run, servers)
     environ = {"ATROPOS_API_URL": "{url:api}", "ATROPOS_SERVER_URLS": ",".join(all_urls)}
-    environ.update(t.environ)
+    environ.update(t.environ_split()[0])
     after = ["api"] + [
         n for n in _process_names(run) if n != "api" and any(f"{{url:{n}}}" in u for u in all_urls)
     ]
@@ -409,7 +445,7 @@ def _env(
         name=name,
         role="env",
         argv=argv,
-        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name, **entry.environ},
+        environ={ENV_RUN_DIR: "{run_dir}/envs/" + name, **entry.environ_split()[0]},
         files=files,
         gate=Gate(kind="env", url="{url:api}", env_key=env_key),
         after=list(dict.fromkeys(after)),

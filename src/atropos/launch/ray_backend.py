@@ -37,7 +37,7 @@ from typing import Any
 
 from atropos.launch.config import RunFile
 from atropos.launch.driver import drive
-from atropos.launch.keys import run_key
+from atropos.launch.keys import run_key, write_private
 from atropos.launch.plan import Plan, Process, symbolic_book
 from atropos.launch.show import describe
 from atropos.launch.supervise import LISTENS, Status, Supervisor
@@ -50,12 +50,20 @@ LOG_PULL = 1.0
 class ProcessActor:
     """Runs one process of the plan under a `Supervisor` on the node Ray placed it on."""
 
-    def __init__(self, proc: dict[str, Any], run_dir: str, key: str | None, run_name: str):
+    def __init__(
+        self,
+        proc: dict[str, Any],
+        run_dir: str,
+        key: str | None,
+        run_name: str,
+        secrets: dict[str, str] | None = None,
+    ):
         import ray
 
         self.proc = Process.model_validate(proc)
         self.run_dir = Path(run_dir)
         self.key = key
+        self.secrets = dict(secrets or {})  # its secret environment, as the key: never on disk
         self.node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.node_id = ray.get_runtime_context().get_node_id()
         base = Path(tempfile.gettempdir()) / "atropos-launch" / run_name / self.node_id[:12]
@@ -81,6 +89,7 @@ class ProcessActor:
             book=dict(book),
             python=sys.executable,
             key=self.key,
+            secrets=self.secrets,
             log_dir=self.log_dir,
             advertise=self.node_ip if proc.host in ("", "0.0.0.0", "::") else proc.host,
         )
@@ -149,7 +158,11 @@ class RayHandle:
             options["scheduling_strategy"] = "SPREAD"
         actor_class = ray.remote(ProcessActor)
         self.actor = actor_class.options(**options).remote(
-            self.proc.model_dump(mode="json"), str(self.plan.run_dir), self.key, self.plan.name
+            self.proc.model_dump(mode="json"),
+            str(self.plan.run_dir),
+            self.key,
+            self.plan.name,
+            self.plan.secrets(self.proc.name),
         )
         self.actor.begin.remote(dict(self.book))
         self.asked_at = time.monotonic()
@@ -299,7 +312,7 @@ def main(plan: Plan, run_file: RunFile, *, dry_run: bool, live: bool | None) -> 
         print(f"{PROG}: error: {RAY_EXTRA}", file=sys.stderr)
         return 2
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    (plan.run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    write_private(plan.run_dir / "plan.json", plan.model_dump_json(indent=2))
     key = run_key(plan, force=True)
     assert key is not None
     address, started = _connect(run_file, plan)

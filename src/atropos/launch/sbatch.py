@@ -18,6 +18,12 @@
 `ATROPOS_ADDR_<NAME>` variable per listening process, then one `srun` step per process, tier
 by tier with `atropos launch --await` between tiers, a watch loop, and the ordered stop. Each
 step runs `atropos launch --step NAME RUN_DIR` (`slurm_job`), the supervisor of every backend.
+
+Nothing from the run file reaches the shell unquoted: the run file's models refuse control
+characters (and, for #SBATCH values, spaces and quotes) in every value written here; values in
+shell words are `shlex.quote`d; comments show values with control characters escaped
+(`comment`); secret environment values are never written (`***`): the steps read them from
+`RUN_DIR/secrets.json`. The setup lines (`run.slurm.setup`) are the user's own shell code.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from atropos.launch.config import RunFile
+from atropos.launch.config import RunFile, one_line
 from atropos.launch.plan import Plan, Process, fill
+from atropos.launch.show import SECRET_SHOWN
 from atropos.launch.supervise import LISTENS, WILDCARD, free_port
 from atropos.names import is_loopback
 
@@ -136,9 +143,9 @@ def _assign_ports(plan: Plan) -> None:
         if not proc.host:
             proc.host = "0.0.0.0"
         if not proc.port:
-            port = free_port(proc.host)
+            port = _free_port(proc.host)
             while port in picked or (proc.node, port) in taken:
-                port = free_port(proc.host)
+                port = _free_port(proc.host)
             picked.add(port)
             proc.port = port
         other = taken.setdefault((proc.node, proc.port), proc.name)
@@ -149,6 +156,15 @@ def _assign_ports(plan: Plan) -> None:
             )
     if problems:
         raise SlurmPlanError(problems)
+
+
+def _free_port(host: str) -> int:
+    """A port free here on `host`, or on all addresses when `host` is not this machine's (a
+    node's name or address)."""
+    try:
+        return free_port(host)
+    except OSError:
+        return free_port("0.0.0.0")
 
 
 def _check_hosts(plan: Plan) -> None:
@@ -221,8 +237,18 @@ def node_cpus(plan: Plan) -> int:
     return max(1, math.ceil(max(per_node.values(), default=1.0)))
 
 
+def comment(text: str) -> str:
+    """`text` as one comment line may hold it: control characters (a newline would end the
+    comment and start a command) written as escapes.
+
+    >>> comment("a\\nb\\x00")
+    'a\\\\nb\\\\x00'
+    """
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: m.group(0).encode("unicode_escape").decode(), text)
+
+
 def _check_paths(*paths: Path) -> None:
-    bad = [str(p) for p in paths if re.search(r"[\s'\"\\$`]", str(p))]
+    bad = [str(p) for p in paths if re.search(r"[\s'\"\\$`\x00-\x1f\x7f]", str(p))]
     if bad:
         raise SlurmPlanError(
             [
@@ -238,11 +264,15 @@ def script(plan: Plan, run: RunFile, *, python: str, cwd: Path) -> str:
     settings = run.run.slurm
     run_dir = plan.run_dir
     _check_paths(run_dir, cwd)
-    for option in settings.sbatch:
-        if not option.startswith("-") or "\n" in option:
+    for option in settings.sbatch:  # the run file's models check these; a changed model too
+        if not option.startswith("-") or re.search(r"[\x00-\x1f\x7f]", option):
             raise SlurmPlanError(
                 [f"run.slurm.sbatch: {option!r} is not an sbatch option like --qos=high"]
             )
+    try:
+        one_line(python, "an interpreter's path")
+    except ValueError as err:
+        raise SlurmPlanError([f"run.slurm.python: {err}"]) from None
     lines = _header(plan, run)
     lines += _sbatch_lines(plan, run, cwd)
     lines += [
@@ -278,10 +308,12 @@ def _header(plan: Plan, run: RunFile) -> list[str]:
     for proc in plan.processes:
         assert proc.node is not None
         by_node.setdefault(proc.node, []).append(proc.name)
-    layout = [f"#   node {node}: {', '.join(names)}" for node, names in sorted(by_node.items())]
+    layout = [
+        comment(f"#   node {node}: {', '.join(names)}") for node, names in sorted(by_node.items())
+    ]
     return [
         "#!/bin/bash",
-        f"# atropos launch: the run {plan.name!r} as one Slurm job.",
+        comment(f"# atropos launch: the run {plan.name!r} as one Slurm job."),
         "#",
         "# Written by `atropos launch` (backend: slurm) as RUN_DIR/job.sbatch and submitted with",
         "# sbatch; docs/launch.md, section Slurm, explains it. Every process of the run is one",
@@ -369,9 +401,16 @@ def _addresses(plan: Plan) -> list[str]:
                 " rename one of them"
             )
         seen[variable] = proc.name
+        where = advertised(proc)
+        # a node's name from the node list is expanded by the shell; a run file's host is not
+        value = (
+            f'"{where}:{proc.port}"'
+            if proc.host in WILDCARD
+            else shlex.quote(f"{where}:{proc.port}")
+        )
         lines.append(
-            f'export {variable}="{advertised(proc)}:{proc.port}"'
-            f"   # {proc.name} binds {proc.host}:{proc.port}"
+            f"export {variable}={value}"
+            + comment(f"   # {proc.name} binds {proc.host}:{proc.port}")
         )
     if problems:
         raise SlurmPlanError(problems)
@@ -558,7 +597,7 @@ def _stop_function(plan: Plan) -> list[str]:
         "# the environments (they drain), the inference servers, the API.",
         "stop() {",
     ]
-    lines += [f"  stop_steps {' '.join(p.name for p in tier)}" for tier in plan.stop_tiers()]
+    lines += [f"  stop_steps {_names(tier)}" for tier in plan.stop_tiers()]
     lines.append("}")
     return lines
 
@@ -573,12 +612,17 @@ def _tiers(plan: Plan, python: str, job_gpus: bool) -> list[str]:
         "# (the steps read it from RUN_DIR/api.key).",
     ]
     for number, tier in enumerate(plan.tiers(), 1):
-        names = " ".join(p.name for p in tier)
-        lines += ["", f"# tier {number}: {names}"]
+        names = _names(tier)
+        lines += ["", comment(f"# tier {number}: {names}")]
         for proc in tier:
             lines += _step_lines(plan, proc, book, python, job_gpus)
         lines += [f"await_ready {names} || finish 1", "record"]
     return lines
+
+
+def _names(procs: list[Process]) -> str:
+    """Process names as shell words (names are letters, digits, `_.-` already: quoted anyway)."""
+    return " ".join(shlex.quote(p.name) for p in procs)
 
 
 def _shown(arg: str) -> str:
@@ -594,12 +638,13 @@ def _step_lines(
 
     gpus = f", GPUs {','.join(map(str, proc.gpu_ids))} of the node" if proc.gpu_ids else ""
     lines = [
-        f"# {proc.headline(f'on node {proc.node}', gpus)}",
-        f"#   $ {' '.join(_shown(render(a)) for a in proc.argv)}",
+        comment(f"# {proc.headline(f'on node {proc.node}', gpus)}"),
+        comment(f"#   $ {' '.join(_shown(render(a)) for a in proc.argv)}"),
     ]
     for name, value in proc.environ.items():
-        lines.append(f"#   env {name}={render(value)}")
-    call = f'start {proc.name} "${{NODES[{proc.node}]}}"'
+        lines.append(comment(f"#   env {name}={render(value)}"))
+    lines += [comment(f"#   env {name}={SECRET_SHOWN}") for name in proc.secret_environ]
+    call = f'start {shlex.quote(proc.name)} "${{NODES[{int(proc.node or 0)}]}}"'
     if job_gpus and not proc.gpus:
         call += " --gres=none"  # no GPUs for it (a step gets all of the node's by default)
     lines.append(call)

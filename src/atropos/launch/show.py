@@ -9,6 +9,8 @@ from typing import Any
 
 from atropos.launch.plan import Plan, Process, fill
 
+SECRET_SHOWN = "***"  # a secret environment value, wherever launch shows one
+
 
 def describe(
     plan: Plan,
@@ -59,6 +61,7 @@ def _block(
         out.append(f"    listens on {bind}:{port}, reached at http://{host}:{port}")
     for name, value in proc.environ.items():
         out.append(f"    env {name}={render(value)}")
+    out += [f"    env {name}={SECRET_SHOWN}" for name in proc.secret_environ]
     for rel, content in proc.files.items():
         out.append(f"    file {plan.run_dir / rel}:")
         out += [f"      {line}" for line in render(content).splitlines()]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.launch.config import RunFile
-from atropos.launch.keys import run_key
+from atropos.launch.keys import run_key, write_private, write_secrets
 from atropos.launch.plan import Plan
 from atropos.launch.sbatch import SlurmPlanError, place, script, stop_budget
 from atropos.launch.slurm_job import read_status
@@ -149,11 +149,11 @@ def _submit(plan: Plan, text: str) -> str:
     (run_dir / "status").mkdir(exist_ok=True)
     for old in (run_dir / "status").glob("*.json"):
         old.unlink()
-    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    write_private(run_dir / "plan.json", plan.model_dump_json(indent=2))
+    write_secrets(run_dir, plan.all_secrets())
     run_key(plan, force=True)
     path = run_dir / SCRIPT_FILE
-    path.write_text(text)
-    path.chmod(0o755)
+    write_private(path, text, mode=0o700)  # sbatch copies it; only the owner needs to read it
     submitted = slurm_command(["sbatch", "--parsable", str(path)], timeout=60)
     if submitted.returncode != 0:
         raise SlurmError(f"sbatch refused {path}:\n{submitted.stderr.strip()}")

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from atropos.launch.driver import Record
-from atropos.launch.keys import KEY_FILE
+from atropos.launch.keys import KEY_FILE, read_secrets
 from atropos.launch.plan import Book, Plan
 from atropos.launch.sbatch import NODES_VARIABLE, address_variable
 from atropos.launch.supervise import LISTENS, Status, Supervisor
@@ -191,6 +191,7 @@ def step(run_dir: Path, name: str) -> int:
         book=book,
         python=sys.executable,
         key=read_key(run_dir),
+        secrets=read_secrets(run_dir, name),
         advertise=advertise,
         extra_environ=extra_environ,
     )

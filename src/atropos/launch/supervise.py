@@ -27,7 +27,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -89,6 +89,7 @@ class Supervisor:
         log_dir: Path | None = None,
         advertise: str | None = None,
         extra_environ: dict[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         self.proc = proc
         self.run_dir = run_dir
@@ -99,6 +100,7 @@ class Supervisor:
         bind = proc.host
         self.advertise = advertise or ("127.0.0.1" if bind in WILDCARD else bind)
         self.extra_environ = dict(extra_environ or {})
+        self.secrets = dict(secrets or {})  # its secret environment, never written or shown
         self.state: State = "waiting"
         self.restarts = 0
         self.exit_codes: list[int] = []
@@ -269,6 +271,7 @@ class Supervisor:
             for name in FOREIGN_PYTHON_DROPS:
                 environ.pop(name, None)
         environ.update({k: render(v) for k, v in proc.environ.items()})
+        environ.update(self.secrets)
         if self.key:
             environ.update(dict.fromkeys(KEY_VARIABLES, self.key))
         if proc.gpu_ids is not None:
