@@ -55,6 +55,57 @@ def test_the_unpickler_reads_a_cuda_handle_and_nothing_else() -> None:
             read_handles(bad)
 
 
+def _handle_args() -> tuple[Any, ...]:
+    return (
+        torch.Tensor, torch.Size([2, 3]), (3, 1), 0, torch.storage.TypedStorage,
+        torch.float32, 0, b"h" * 64, 2**40, 0, False, b"r" * 20, 0, b"", True,
+    )  # fmt: skip
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, ("touch pwned",))
+
+
+def test_the_opcode_walk_passes_a_handle_in_every_protocol() -> None:
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    handles = [{"GPU-1": (rebuild_cuda_tensor, _handle_args())}] * 2  # memo references too
+    for protocol in range(3, pickle.HIGHEST_PROTOCOL + 1):  # 2 spells bytes by a call
+        raw = base64.b64encode(pickle.dumps(handles, protocol=protocol)).decode()
+        assert read_handles(raw)[1]["GPU-1"][1] == _handle_args()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        # BUILD on an allowed class: __setstate__ / setattr with the attacker's dict
+        (b"\x80\x04ctorch\nTensor\n}\x8c\x01a\x8c\x01bsb.", "opcode BUILD"),
+        (b"\x80\x04ctorch\nSize\n)\x81}b.", "opcode NEWOBJ"),  # NEWOBJ, then BUILD
+        (pickle.dumps(_Evil(), protocol=4), "posix.system is not part"),  # REDUCE of os.system
+        (b"(Vtouch pwned\nios\nsystem\n.", "opcode INST"),
+        (b"(ctorch\nTensor\nVx\no.", "opcode OBJ"),
+        # a nested global: an attribute path below an allowed name
+        (b"\x80\x04\x8c\x05torch\x8c\x0fTensor.__init__\x93.", "torch.Tensor.__init__"),
+        (b"\x80\x04\x8c\x05torch\x8c\x0bfloat32.foo\x93.", "torch.float32.foo"),
+        (b"\x80\x04ctorch\nTensor\n)R.", "a call of torch.Tensor"),  # REDUCE of a non-Size
+        (b"\x80\x04\x82\x01.", "opcode EXT1"),
+        (b"\x80\x04\x8c\x01xQ.", "opcode BINPERSID"),
+        (b"\x80\x04N\x94N\x93.", "two strings"),  # a global named by non-strings
+        (b"\x80\x04h\x07.", "cannot be read"),  # a memo slot never written
+    ],
+)
+def test_crafted_pickles_are_refused_before_anything_runs(
+    raw: bytes, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(IpcError, match=reason):
+        read_handles(base64.b64encode(raw).decode())
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_ipc_is_refused_where_it_cannot_work(start_server: Any, model_dir: Path) -> None:
     class OnGpu:  # a model whose parameters say cuda, enough to reach the server-type check
         def parameters(self) -> Iterator[Any]:

@@ -93,7 +93,7 @@ A, B = f"base_model.model.{Q}.lora_A.weight", f"base_model.model.{Q}.lora_B.weig
     ("config", "tensors", "needle"),
     [
         (GOOD, None, "adapter_model.safetensors is missing"),
-        (GOOD | {"peft_type": "IA3"}, {}, "not 'LORA'"),
+        (GOOD | {"peft_type": "IA3"}, {}, "peft_type must be 'LORA'"),
         (GOOD | {"r": 0}, {}, "r must be a positive integer"),
         (GOOD | {"lora_alpha": "x"}, {}, "lora_alpha must be a number"),
         (GOOD | {"use_dora": True}, {}, "use_dora"),

@@ -74,7 +74,7 @@ def test_update_weights_from_disk_reloads_in_place_and_counts_versions(
     ("body", "needle"),
     [
         ({}, "model_path"),
-        ({"model_path": "/no/such/dir"}, "not a directory"),
+        ({"model_path": "no/such/dir"}, "not a directory"),  # under the working dir
         ({"model_path": "."}, "no model.safetensors"),
         ({"model_path": "MODEL", "policy_version": "7"}, "policy_version"),
     ],

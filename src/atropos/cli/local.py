@@ -66,6 +66,29 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         " trainer on the same GPU sends CUDA IPC handles instead (no group; the handles are"
         " read by a restricted unpickler)",
     )
+    p.add_argument(
+        "--allowed-paths",
+        default=None,
+        metavar="DIR[,DIR]",
+        help="the directories LoRA adapters and reloaded checkpoints may be read from, after"
+        " symlinks are resolved (default: the working directory and the system temp"
+        " directory; give the trainer's --out-dir)",
+    )
+    p.add_argument(
+        "--transfer-allow",
+        default=None,
+        metavar="HOST[,HOST]",
+        help="the addresses (IPs, CIDR networks or host names as the trainer sends them) a"
+        " weight-transfer rendezvous may be at (default: loopback only)",
+    )
+    p.add_argument(
+        "--transfer-rendezvous-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long an init route waits for the trainer's group to form (default"
+        " %(default)s); a later init or /resume cancels the wait",
+    )
     add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
@@ -81,6 +104,19 @@ def check_args(args: argparse.Namespace) -> None:
             " generate with your model and replace its weights. Pass --api-key KEY (or set"
             " ATROPOS_LOCAL_API_KEY), or --insecure if this network is trusted.",
         )
+    from atropos.local.guard import AddressPolicy, split_list
+
+    try:
+        args.transfer_allow = AddressPolicy.parse(args.transfer_allow)
+    except ValueError as err:
+        usage_error(PROG, f"--transfer-allow: {err}")
+    if args.allowed_paths is not None:
+        args.allowed_paths = split_list(args.allowed_paths)
+        missing = [d for d in args.allowed_paths if not os.path.isdir(os.path.expanduser(d))]
+        if missing or not args.allowed_paths:
+            usage_error(PROG, f"--allowed-paths: not a directory: {', '.join(missing) or '(none)'}")
+    if not args.transfer_rendezvous_timeout > 0:
+        usage_error(PROG, "--transfer-rendezvous-timeout must be above 0")
     if args.max_batch_size < 1:
         usage_error(PROG, f"--max-batch-size must be at least 1, got {args.max_batch_size}")
     if args.max_model_len is not None and args.max_model_len < 2:
@@ -115,6 +151,9 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or None,
             log_level=args.log_level,
             transfer_backend=args.transfer_backend,
+            allowed_paths=args.allowed_paths,
+            transfer_allow=args.transfer_allow,
+            rendezvous_timeout=args.transfer_rendezvous_timeout,
             device=args.device,
             max_batch_size=args.max_batch_size,
             max_model_len=args.max_model_len,

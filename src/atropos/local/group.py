@@ -144,10 +144,12 @@ def join_group(
     group_name: str | None = None,
     timeout: float = 300.0,
     listener: socket.socket | None = None,
+    rendezvous_timeout: float | None = None,
 ) -> WeightGroup:
     """Join (rank 0: open, on `listener` or a new `store_listener`) the group named
     `group_name` (default: `group_name_for(port)`); blocks until all `world_size` members are
-    in, or raises `GroupError` after `timeout` seconds (which also bounds every broadcast)."""
+    in, or raises `GroupError` after `timeout` seconds (which also bounds every broadcast;
+    `rendezvous_timeout`, when given, bounds the store's rendezvous instead)."""
     from torch.distributed import distributed_c10d
 
     if backend not in BACKENDS:
@@ -164,7 +166,10 @@ def join_group(
     if rank == 0 and listener is None:
         listener = store_listener(master_address, master_port)
     try:
-        store = _store(master_address, master_port, rank, world_size, limit, listener)
+        meet = (
+            limit if rendezvous_timeout is None else datetime.timedelta(seconds=rendezvous_timeout)
+        )
+        store = _store(master_address, master_port, rank, world_size, meet, listener)
         new_group: Any = distributed_c10d._new_process_group_helper  # SGLang's recipe
         made = new_group(
             world_size,

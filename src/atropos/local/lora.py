@@ -186,20 +186,20 @@ def load_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
 def _read_config(config_path: Path) -> dict[str, Any]:
     try:
         config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AdapterError(f"{config_path} is not valid JSON: {exc}") from exc
+    except (OSError, ValueError):  # the parser's message may quote the file: say no more
+        raise AdapterError(f"{config_path} is not valid JSON") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{config_path} must hold a JSON object")
     if config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"{config_path}: peft_type is {config['peft_type']!r}, not 'LORA'")
+        raise AdapterError(f"{config_path}: peft_type must be 'LORA'")
     r, alpha = config.get("r"), config.get("lora_alpha")
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-        raise AdapterError(f"{config_path}: r must be a positive integer, got {r!r}")
+        raise AdapterError(f"{config_path}: r must be a positive integer")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):
-        raise AdapterError(f"{config_path}: lora_alpha must be a number, got {alpha!r}")
+        raise AdapterError(f"{config_path}: lora_alpha must be a number")
     for key, default in _UNSUPPORTED.items():
         if config.get(key) not in (default, None, {}, []):
-            raise AdapterError(f"{config_path}: {key}={config[key]!r} is not supported")
+            raise AdapterError(f"{config_path}: {key} other than {default!r} is not supported")
     return config
 
 

@@ -16,8 +16,10 @@ Endpoints (docs/local.md has every field):
   failed by a pause in mode abort gets 503 with `Retry-After`.
 
 Errors are `{"error": {"message", "type", "param", "code"}}`. With an API key every endpoint but
-`/health` needs `Authorization: Bearer KEY`. Nothing here imports torch: the engine is built by
-`serve` (or handed to `create_app`).
+`/health` needs `Authorization: Bearer KEY`, on loopback too; without one (a loopback server
+only, as vLLM's) every route is open. Files are read only from under `allowed_paths`, and a
+weight transfer joins only a rendezvous `transfer_allow` names (`atropos.local.guard`). Nothing
+here imports torch: the engine is built by `serve` (or handed to `create_app`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from atropos.local.guard import AddressPolicy, PathPolicy
 from atropos.local.protocol import (
     Aborted,
     RequestError,
@@ -45,7 +48,7 @@ from atropos.local.protocol import (
     parse_completion,
 )
 from atropos.local.responses import Shaper, models_body
-from atropos.local.transfer import TransferRoutes
+from atropos.local.transfer import RENDEZVOUS_TIMEOUT, TransferRoutes
 
 if TYPE_CHECKING:
     import socket
@@ -87,6 +90,10 @@ class LocalServer:
         api_key: when set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
         transfer_backend: the weight-transfer group's backend when the init route names none
             ("auto": nccl for a model on cuda, else gloo; "ipc": CUDA IPC handles, no group).
+        allowed_paths: the directories LoRA adapters and reloaded checkpoints must lie under
+            (None: the working directory and the system temp directory).
+        transfer_allow: the rendezvous addresses a transfer may join (None: loopback only).
+        rendezvous_timeout: seconds an init route waits for its group to form.
     """
 
     def __init__(
@@ -96,14 +103,23 @@ class LocalServer:
         served_model_name: str | None = None,
         api_key: str | None = None,
         transfer_backend: str = "auto",
+        allowed_paths: list[str] | None = None,
+        transfer_allow: AddressPolicy | None = None,
+        rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
     ) -> None:
         """Build the app; serving is uvicorn's job (`serve`, or `serve_in_thread` in tests)."""
         self.engine = engine
+        self.paths = PathPolicy(allowed_paths)
         self.name = served_model_name or engine.model_dir
         self.api_key = api_key
         self.shaper = Shaper(engine.codec)
         self.created = int(time.time())
-        transfer = TransferRoutes(engine, transfer_backend)
+        transfer = TransferRoutes(
+            engine,
+            transfer_backend,
+            allow=transfer_allow or AddressPolicy.parse(None),
+            rendezvous_timeout=rendezvous_timeout,
+        )
         routes = [
             Route("/health", self._wrap(self.health, public=True), methods=["GET"]),
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
@@ -196,7 +212,7 @@ class LocalServer:
 
         try:
             body = await _body(request)
-            path = _name(body, "model_path")
+            path = self.paths.check(_name(body, "model_path"), "model_path")
             version = body.get("policy_version")
             if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
                 raise RequestError(
@@ -206,6 +222,8 @@ class LocalServer:
                 new = await asyncio.to_thread(self.engine.reload_weights, path, version)
             except WeightsError as exc:
                 raise RequestError(str(exc), "model_path") from exc
+            except OSError:
+                raise RequestError("model_path cannot be read", "model_path") from None
         except RequestError as exc:
             return JSONResponse(
                 {"success": False, "message": exc.message} | exc.body(), status_code=exc.status
@@ -231,7 +249,7 @@ class LocalServer:
                     key,
                     kind="InvalidUserInput",
                 )
-        name, path = body["lora_name"], body["lora_path"]
+        name, path = body["lora_name"], self.paths.check(body["lora_path"], "lora_path")
         inplace = body.get("load_inplace") is True  # vLLM: replace an adapter of that name
         if name == self.name or (name in self.engine.adapters and not inplace):
             raise self._taken(name)
@@ -241,6 +259,8 @@ class LocalServer:
             raise RequestError(str(exc), "lora_path", status=404) from exc
         except lora.AdapterError as exc:
             raise RequestError(str(exc), "lora_path") from exc
+        except OSError:
+            raise RequestError("lora_path cannot be read", "lora_path") from None
         except KeyError:
             raise self._taken(name) from None
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
@@ -280,6 +300,9 @@ def run(
     api_key: str | None = None,
     log_level: str = "warning",
     transfer_backend: str = "auto",
+    allowed_paths: list[str] | None = None,
+    transfer_allow: AddressPolicy | None = None,
+    rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
     **engine_options: Any,
 ) -> None:
     """Load the model, then serve on `sock` (bound by the caller, so a busy port fails before
@@ -299,6 +322,9 @@ def run(
             served_model_name=served_model_name,
             api_key=api_key,
             transfer_backend=transfer_backend,
+            allowed_paths=allowed_paths,
+            transfer_allow=transfer_allow,
+            rendezvous_timeout=rendezvous_timeout,
         ).app
         print(
             f"atropos local: {base_url(sock)}/v1 model={served_model_name or model_dir}"

@@ -21,6 +21,11 @@ each `update_info` carries the tensors' CUDA IPC handles (``ipc_handles_pickled`
   an update may run inside or, as with older SGLang, without.
 - ``GET /weights_checksum``: SHA-256 of the served weights, to check a transfer bit for bit.
 
+A rendezvous must be at an address the server accepts (``--transfer-allow``, default loopback:
+403 otherwise) and forms within ``--transfer-rendezvous-timeout`` seconds (504 otherwise); a
+later init, `/resume` or `/continue_generation` cancels one still waiting (409 for the waiting
+call), so nobody can hold the server by naming a rendezvous that never answers.
+
 An update started without a pause pauses in `wait` mode itself and resumes when it finishes. A
 broadcast that fails midway leaves the weights mixed: generation stays paused and `/resume` is
 refused until a whole update succeeds.
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from atropos.local.guard import AddressPolicy
 from atropos.local.protocol import PAUSE_MODES, RequestError, json_object
 
 if TYPE_CHECKING:
@@ -45,7 +51,8 @@ if TYPE_CHECKING:
     from atropos.local.engine import Engine
     from atropos.local.group import WeightGroup
 
-TRANSFER_TIMEOUT = 300.0  # seconds for the rendezvous and for each broadcast
+TRANSFER_TIMEOUT = 300.0  # seconds for each broadcast
+RENDEZVOUS_TIMEOUT = 30.0  # seconds for a group to form (--transfer-rendezvous-timeout)
 SGLANG_PAUSE = {"abort": "abort", "retract": "keep", "in_place": "keep"}
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -147,12 +154,22 @@ class TransferReceiver:
     Every method blocks (run them in a thread); one call at a time (`TransferError` 409 for a
     second)."""
 
-    def __init__(self, engine: Engine, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        backend: str = "auto",
+        allow: AddressPolicy | None = None,
+        rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
+    ) -> None:
         """Serve `engine`'s model; groups whose init names no backend use `backend` ("auto":
-        nccl for a model on cuda, else gloo). No group yet."""
+        nccl for a model on cuda, else gloo), at addresses `allow` accepts (default loopback),
+        formed within `rendezvous_timeout` seconds. No group yet."""
         import threading
 
         self.engine = engine
+        self.allow = allow or AddressPolicy.parse(None)
+        self.rendezvous_timeout = rendezvous_timeout
+        self.pending: _Rendezvous | None = None  # a group being formed
         if backend == "auto":
             backend = "nccl" if engine.device == "cuda" else "gloo"
         self.backend = backend
@@ -163,6 +180,7 @@ class TransferReceiver:
         self.written = False  # this update has begun to write tensors
         self.broken: str | None = None  # why the weights are mixed, after a failed broadcast
         self._lock = threading.Lock()
+        self._handoff = threading.Lock()  # guards `pending` and the group it hands over
 
     @contextlib.contextmanager
     def _one_at_a_time(self) -> Iterator[None]:
@@ -176,8 +194,6 @@ class TransferReceiver:
     def init(self, info: dict[str, Any], backend: str | None, group_name: str | None) -> None:
         """Join the trainer's group as rank `rank_offset` (leaving any older group); no
         `group_name`: `group.group_name_for(master_port)`."""
-        from atropos.local.group import GroupError, join_group
-
         if self.backend == "ipc" and backend is None:
             self._init_ipc(info)
             return
@@ -188,21 +204,36 @@ class TransferReceiver:
                 "init_info",
             )
         address, port = _str(info, "master_address"), _int(info, "master_port", 1)
+        self.allow.check(address)
         rank, world = _int(info, "rank_offset", 1), _int(info, "world_size", 2)
         if rank >= world:
             raise RequestError(f"rank_offset {rank} must be below world_size {world}")
         chosen = backend or self.backend
-        with self._one_at_a_time():
+        with self._one_at_a_time(), self._handoff:
+            self._cancel_pending()
             if self.group is not None:
                 self.group.close()
                 self.group = None
-            try:
-                self.group = join_group(
-                    address, port, rank, world, backend=chosen,
-                    group_name=group_name, timeout=TRANSFER_TIMEOUT,
-                )  # fmt: skip
-            except GroupError as exc:
-                raise TransferError(str(exc)) from exc
+            pending = self.pending = _Rendezvous(
+                address, port, rank, world, chosen, group_name, self.rendezvous_timeout
+            )
+        group = pending.wait()
+        with self._handoff:
+            if self.pending is pending:
+                self.pending, self.group = None, group
+                return
+        group.close()  # superseded between forming and here
+        raise TransferError(f"the rendezvous at {pending.where} was cancelled by a later call", 409)
+
+    def cancel_rendezvous(self) -> None:
+        """Give up a group still forming (its init call answers 409)."""
+        with self._handoff:
+            self._cancel_pending()
+
+    def _cancel_pending(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.cancel()
 
     def _init_ipc(self, info: dict[str, Any]) -> None:
         """Take updates by CUDA IPC (`atropos.local.ipc`): nothing to join, the GPU is shared."""
@@ -216,6 +247,7 @@ class TransferReceiver:
                 " process group: start the trainer with --transfer-backend ipc",
                 "init_info",
             )
+        self.cancel_rendezvous()
         with self._one_at_a_time():
             if self.group is not None:
                 self.group.close()
@@ -328,6 +360,7 @@ class TransferReceiver:
             )
         if self.updating and self.written:
             raise TransferError("a weight update is under way: finish it, then resume", 409)
+        self.cancel_rendezvous()
         with self._one_at_a_time():
             self.updating = self.own_pause = False
             self.engine.resume()
@@ -336,10 +369,17 @@ class TransferReceiver:
 class TransferRoutes:
     """The HTTP face of one `TransferReceiver` (the server wraps each handler for its key)."""
 
-    def __init__(self, engine: Engine, backend: str = "auto") -> None:
-        """Answer for `engine` (`backend`: see `TransferReceiver`)."""
+    def __init__(
+        self,
+        engine: Engine,
+        backend: str = "auto",
+        *,
+        allow: AddressPolicy | None = None,
+        rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
+    ) -> None:
+        """Answer for `engine` (the arguments: see `TransferReceiver`)."""
         self.engine = engine
-        self.receiver = TransferReceiver(engine, backend)
+        self.receiver = TransferReceiver(engine, backend, allow, rendezvous_timeout)
         self.session = False  # between SGLang's /begin_weight_update and /end_weight_update
 
     def routes(self) -> list[tuple[str, Handler, list[str]]]:
@@ -492,4 +532,93 @@ class TransferRoutes:
         return JSONResponse({"sha256": digest, "policy_version": self.engine.policy_version})
 
 
-_KINDS = {400: "BadRequestError", 409: "ConflictError", 500: "InternalServerError"}
+class _Rendezvous:
+    """One group being formed, in a thread of its own so that the call waiting for it can be
+    given up (`cancel`) or time out while torch's rendezvous still blocks; a group formed after
+    that is closed at once."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world: int,
+        backend: str,
+        group_name: str | None,
+        timeout: float,
+    ) -> None:
+        """Start joining the group at `address:port` (see `group.join_group`)."""
+        import threading
+
+        self.timeout = timeout
+        self.where = f"{address}:{port}"
+        self.done, self.cancelled = threading.Event(), threading.Event()
+        self.group: WeightGroup | None = None
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        args = (address, port, rank, world, backend, group_name)
+        threading.Thread(target=self._join, args=args, daemon=True).start()
+
+    def _join(
+        self, address: str, port: int, rank: int, world: int, backend: str, name: str | None
+    ) -> None:
+        from atropos.local.group import GroupError, join_group
+
+        group = None
+        try:
+            group = join_group(
+                address, port, rank, world, backend=backend, group_name=name,
+                timeout=TRANSFER_TIMEOUT, rendezvous_timeout=self.timeout,
+            )  # fmt: skip
+        except GroupError as exc:
+            self.error = str(exc)
+        with self._lock:
+            if self.cancelled.is_set() and group is not None:
+                group.close()
+            else:
+                self.group = group
+            self.done.set()
+
+    def cancel(self) -> None:
+        """Give up: the waiting call answers 409; a group formed later is closed."""
+        with self._lock:
+            self.cancelled.set()
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+
+    def wait(self) -> WeightGroup:
+        """The formed group; `TransferError` when it failed (500), was cancelled (409) or
+        did not form within the timeout (504)."""
+        deadline = self.timeout + 1.0  # the join's own timeout fires first, with its reason
+        step = 0.05
+        while not self.done.wait(step):
+            deadline -= step
+            if self.cancelled.is_set():
+                break
+            if deadline <= 0:
+                self.cancel()
+                break
+        with self._lock:
+            if self.cancelled.is_set():
+                if deadline <= 0:
+                    raise TransferError(
+                        f"the weight-transfer group at {self.where} did not form within"
+                        f" {self.timeout:g} s (--transfer-rendezvous-timeout)",
+                        504,
+                    )
+                raise TransferError(
+                    f"the rendezvous at {self.where} was cancelled by a later call", 409
+                )
+            group, self.group = self.group, None  # the caller's now: `cancel` leaves it be
+            if group is None:  # the trainer's end never came, or went: a gateway's timeout
+                raise TransferError(self.error or "the weight-transfer group did not form", 504)
+            return group
+
+
+_KINDS = {
+    400: "BadRequestError",
+    409: "ConflictError",
+    500: "InternalServerError",
+    504: "GatewayTimeoutError",
+}
