@@ -37,3 +37,7 @@ def test_the_demo_loop_learns_in_real_processes(tmp_path: Path) -> None:
     stopped = json.loads((cfg.out / "exit_codes.json").read_text())
     assert set(stopped["codes"]) == {"api", "server", "env", "trainer"}
     assert stopped["codes"]["trainer"] == 0 and stopped["killed"] == []
+    # a key made for the run guards the server; it reached the trainer and the environment
+    # by their environments, never a command line
+    assert "(api key required)" in (cfg.out / "logs" / "server.log").read_text()
+    assert "api_key" not in (cfg.out / "commands.json").read_text()

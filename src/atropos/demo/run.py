@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import threading
 import time
@@ -77,7 +78,10 @@ def service_commands(cfg: DemoConfig, policy: str, ports: dict[str, int]) -> dic
             # the env must not stop itself at exactly the trainer's step count
             "--env.total_steps", str(cfg.steps * 100), "--env.steps_per_eval", "0",
             "--openai.base_url", server, "--openai.model_name", SERVED_NAME,
-            "--openai.server_type", "vllm", "--openai.api_key", "none", *cfg.extra_env_flags,
+            "--openai.server_type", "vllm",
+            # our server's key comes by the environment (`run_keys`): a flag would override it
+            *(["--openai.api_key", "none"] if cfg.server == "vllm" else []),
+            *cfg.extra_env_flags,
         ],
         "trainer": [
             "train", "--model", policy, "--api-url", api, "--server-url", server,
@@ -105,8 +109,24 @@ def _server_argv(cfg: DemoConfig, policy: str, port: int) -> list[str]:
     return [
         "local", "serve", policy, "--port", str(port),
         "--served-model-name", SERVED_NAME, "--seed", str(cfg.seed),
-        *cfg.extra_server_flags,
+        # the trainer's reloads and adapters are written under the run's directory
+        "--allowed-paths", str(cfg.out.resolve()), *cfg.extra_server_flags,
     ]  # fmt: skip
+
+
+def run_keys(cfg: DemoConfig) -> dict[str, dict[str, str]]:
+    """Each process's environment for a key made for this run: our servers require it on the
+    routes that change their weights, the trainer sends it when it syncs, the environment when
+    it generates. Never on a command line (`ps` shows those). None for vLLM's server."""
+    if cfg.server != "local":
+        return {}
+    key = secrets.token_urlsafe(32)
+    return {
+        "server": {"ATROPOS_LOCAL_API_KEY": key},
+        "teacher": {"ATROPOS_LOCAL_API_KEY": key},
+        "trainer": {"ATROPOS_TRAIN_SERVER_API_KEY": key},
+        "env": {"ATROPOS_OPENAI__API_KEY": key, "ATROPOS_TEACHER__API_KEY": key},
+    }
 
 
 def _server_env(cfg: DemoConfig) -> dict[str, str]:
@@ -162,7 +182,8 @@ def run_loop(
     }
     if cfg.server == "vllm":  # not one of ours: its own interpreter and environment
         services["server"] = Service("server", argv["server"], logs / "server.log")
-    environ = {"server": _server_env(cfg)}
+    environ = run_keys(cfg)
+    environ["server"] = environ.get("server", {}) | _server_env(cfg)
     (cfg.out / "commands.json").write_text(json.dumps(argv, indent=2))
     metrics_path = cfg.out / "trainer" / "metrics.jsonl"
     started: list[Service] = []
@@ -175,7 +196,7 @@ def run_loop(
             wait_until_up(url, max(cfg.startup_timeout, 300.0) if slow else cfg.startup_timeout,
                           services[name])  # fmt: skip
         for name in ("trainer", "env"):
-            started.append(services[name].start())
+            started.append(services[name].start(environ.get(name)))
         console.print(f"[dim]logs: {logs}/{{{','.join(argv)}}}.log[/dim]")
         with Progress(
             TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
