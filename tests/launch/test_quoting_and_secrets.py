@@ -239,7 +239,7 @@ def _recorder(tmp_path: Path, out: Path, sleep: float) -> str:
         f"json.dump({{k: os.environ.get(k) for k in sys.argv[1:]}}, open({str(out)!r}, 'w'))\n"
         f"time.sleep({sleep})\n"
     )
-    return f"{sys.executable} {script} {' '.join(SECRETS)} MY_FLAG"
+    return f"{sys.executable} {script} {' '.join(SECRETS)} MY_FLAG RUN_DIR_TOKEN"
 
 
 def test_the_slurm_files_hide_secrets_and_the_step_gets_them(
@@ -251,7 +251,9 @@ def test_the_slurm_files_hide_secrets_and_the_step_gets_them(
     run_dir = tmp_path / "run"
     command = _recorder(tmp_path, out, 0)
     data = copy.deepcopy(RUN)
-    data["trainer"] = {"command": command, "environ": {**SECRETS, **PLAIN}, "ready_timeout": 60}
+    # a secret value is a template as every environ value is: {run_dir} is filled in
+    environ = {**SECRETS, **PLAIN, "RUN_DIR_TOKEN": "{run_dir}/t"}
+    data["trainer"] = {"command": command, "environ": environ, "ready_timeout": 60}
     run = config.parse(data)
     plan = sbatch.place(build(run, run_dir), run)
     text = sbatch.script(plan, run, python=sys.executable, cwd=tmp_path)
@@ -275,7 +277,7 @@ def test_the_slurm_files_hide_secrets_and_the_step_gets_them(
     seen = json.loads(out.read_text())
     assert seen == {
         "WANDB_API_KEY": "wandb-s3cret-1", "MY_CREDENTIAL": "marked-s3cret-2",
-        "HF_TOKEN": "hf-s3cret-3", "MY_FLAG": "shown-4",
+        "HF_TOKEN": "hf-s3cret-3", "MY_FLAG": "shown-4", "RUN_DIR_TOKEN": f"{run_dir}/t",
     }, step.stderr  # fmt: skip
     recorded = subprocess.run(
         [sys.executable, "-m", "atropos", "launch", "--record", str(run_dir)],

@@ -315,7 +315,11 @@ def by_name(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_the_example_job_completes_with_the_trainers_metrics(
     cluster: SlurmCluster, tmp_path: Path, launches: list[Launch]
 ) -> None:
-    run = Launch(cluster, tmp_path / "run", f"trainer.args.steps={STEPS}")
+    secret = "slurm-s3cret-5"  # secret by its name: read by the steps from secrets.json
+    run = Launch(
+        cluster, tmp_path / "run", f"trainer.args.steps={STEPS}",
+        f"envs.0.environ={{ATROPOS_TEST_TOKEN: {secret}}}",
+    )  # fmt: skip
     launches.append(run)
     assert run.wait(240) == 0, run.output()
     assert run.trainer_steps() == STEPS
@@ -333,6 +337,16 @@ def test_the_example_job_completes_with_the_trainers_metrics(
         assert (run.run_dir / "status" / f"{name}.json").exists()
         assert (run.run_dir / "logs" / f"{name}.log").stat().st_size > 0
     assert (run.run_dir / "api.key").stat().st_mode & 0o777 == 0o600
+    modes = {"secrets.json": 0o600, "plan.json": 0o600, "launch.json": 0o600, "job.sbatch": 0o700}
+    for name, mode in modes.items():
+        assert (run.run_dir / name).stat().st_mode & 0o777 == mode, name
+    assert secret in (run.run_dir / "secrets.json").read_text()
+    for path in [
+        *(run.run_dir / n for n in modes if n != "secrets.json"),
+        *run.run_dir.glob("logs/*"),
+    ]:
+        assert secret not in path.read_text(), path
+    assert "#   env ATROPOS_TEST_TOKEN=***" in (run.run_dir / "job.sbatch").read_text()
     out = run.output()
     assert f"job {run.job_id()}: RUNNING" in out and "trainer step" in out
     # upstream's Slurm discovery reads the same node list the script expanded with scontrol

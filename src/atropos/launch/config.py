@@ -103,8 +103,6 @@ def sbatch_word(text: str, what: str) -> str:
     bad = re.search(r"[\s'\"#\\`$]", text)
     if bad is not None:
         raise ValueError(f"{bad.group(0)!r} cannot be part of {what} (an #SBATCH line's value)")
-    if not text:
-        raise ValueError(f"give {what}, or leave the key out")
     return text
 
 
@@ -138,7 +136,7 @@ def is_secret(name: str, value: str | SecretValue) -> bool:
 
 def _check_environ(environ: dict[str, str | SecretValue]) -> dict[str, str | SecretValue]:
     for name, value in environ.items():
-        if not name or "=" in name or _control(name) is not None:
+        if not name or re.search(r"[\s=]", name) or _control(name) is not None:
             raise ValueError(
                 f"{name!r} is not an environment variable's name (no =, spaces or control"
                 " characters)"

@@ -5,8 +5,10 @@
 1. lays the run out on the job's nodes and writes its script (`sbatch.place`, `sbatch.script`);
    with `--dry-run` it prints the script and writes nothing (ports are picked on this machine
    each time, as on the local backend);
-2. writes `RUN_DIR/plan.json`, `RUN_DIR/job.sbatch` and the run's key (`RUN_DIR/api.key`, mode
-   0600: Slurm runs always have one, since their processes listen beyond loopback), submits
+2. writes `RUN_DIR/plan.json` (0600), `RUN_DIR/job.sbatch` (0700), the run's secret
+   environment values (`RUN_DIR/secrets.json`, 0600, read by the steps) and the run's key
+   (`RUN_DIR/api.key`, mode 0600: Slurm runs always have one, since their processes listen
+   beyond loopback), submits
    with `sbatch --parsable` and keeps the job id in `RUN_DIR/job.json`;
 3. follows the job: its state (`scontrol show job`, which needs no accounting storage), then
    the run's progress (each process's state from `RUN_DIR/status/`, the trainer's step from

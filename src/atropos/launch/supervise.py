@@ -2,8 +2,10 @@
 
 A `Supervisor` owns one `Process` of the plan. `begin()` starts a thread that:
 
-1. fills the process's templates from the address book (`plan.fill`), writes its files, and
-   starts it in a process group of its own, its output appended to `LOG_DIR/NAME.log`;
+1. fills the process's templates from the address book (`plan.fill`), writes its files (0600),
+   and starts it in a process group of its own, its output appended to `LOG_DIR/NAME.log`,
+   with its environment: the plan's, the run's key (`KEY_VARIABLES`) and its secret values
+   (`secrets`, which the plan never holds: see `keys`);
 2. polls its readiness gate until it passes (state `ready`), the process exits, or the
    deadline passes (state `failed`, with the log's tail in `reason`);
 3. watches it; when it exits, the restart policy decides: `on-failure` restarts after a
@@ -271,7 +273,7 @@ class Supervisor:
             for name in FOREIGN_PYTHON_DROPS:
                 environ.pop(name, None)
         environ.update({k: render(v) for k, v in proc.environ.items()})
-        environ.update(self.secrets)
+        environ.update({k: render(v) for k, v in self.secrets.items()})  # templates, as above
         if self.key:
             environ.update(dict.fromkeys(KEY_VARIABLES, self.key))
         if proc.gpu_ids is not None:
