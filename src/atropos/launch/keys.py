@@ -28,9 +28,12 @@ SECRETS_FILE = "secrets.json"
 
 
 def needs_key(plan: Plan) -> bool:
-    """Whether any process binds beyond loopback (the API or an inference server)."""
+    """Whether any process binds beyond loopback (the API or an inference server), or is an
+    `atropos local serve`: its routes that replace weights are open to every local process
+    without a key, so a run that starts one always makes a key for it."""
     return any(
-        p.role in ("api", "inference") and not is_loopback(p.host, resolve=True)
+        p.role in ("api", "inference")
+        and (not is_loopback(p.host, resolve=True) or p.argv[2:5] == ["atropos", "local", "serve"])
         for p in plan.processes
     )
 

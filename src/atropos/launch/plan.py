@@ -311,7 +311,9 @@ def _inference(server: InferenceServer, name: str, index: int, run: RunSection) 
         argv = [
             "{python}", "-m", "atropos", "local", "serve", str(server.model),
             "--host", "{host}", "--port", "{port}",
-            "--served-model-name", served_name(server), *flags(server.args),
+            "--served-model-name", served_name(server),
+            # the trainer's reloads and adapters are under the run's directory
+            "--allowed-paths", "{run_dir}", *flags(server.args),
         ]  # fmt: skip
     else:
         template = server.command or (VLLM_COMMAND if server.type == "vllm" else SGLANG_COMMAND)
