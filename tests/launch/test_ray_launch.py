@@ -112,13 +112,19 @@ def test_without_an_address_launch_starts_and_stops_a_local_ray(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths are limited
     try:
+        secret = "ray-s3cret-6"  # secret by its name: the actor gets it, no file holds it
         launch = Launch(
-            tmp_path / "run", "trainer.args.steps=3", example="ray.yaml",
+            tmp_path / "run", "trainer.args.steps=3",
+            f"envs.0.environ={{ATROPOS_TEST_TOKEN: {secret}}}", example="ray.yaml",
             environ={"RAY_TMPDIR": str(ray_tmp)},
         )  # fmt: skip
         launches.append(launch)
         assert launch.wait() == 0, launch.output()
         assert launch.record()["ray"]["started_here"] is True
+        for name in ("plan.json", "launch.json"):
+            path = tmp_path / "run" / name
+            assert path.stat().st_mode & 0o777 == 0o600 and secret not in path.read_text()
+        assert secret not in launch.output() and not (tmp_path / "run" / "secrets.json").exists()
         assert any(ray_tmp.rglob("raylet.out"))  # the local Ray's session was there
         left = [p.pid for p in live_processes() if str(ray_tmp) in p.cmdline]
         assert left == []  # and nothing of it outlived the run
