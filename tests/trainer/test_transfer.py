@@ -217,7 +217,7 @@ def test_sglang_updates_inside_a_weight_update_session() -> None:
         "/end_weight_update", "/continue_generation",
         "/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update",
     ]  # fmt: skip
-    assert calls[0][1] == {"mode": "in_place"}
+    assert calls[0][1] == {"mode": "retract"}  # keep: recomputed under the new weights
     assert calls[1][1] == {"selector": "all"} and calls[3][1] == {}
     assert calls[2][1] == {
         "names": ["weight", "bias"], "dtypes": ["float32", "float32"], "shapes": [[3, 2], [3]],
@@ -246,10 +246,15 @@ def test_an_older_sglang_without_sessions_gets_the_update_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    "refuse", ["/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update"]
-)
+    "refuse",
+    [
+        "/pause_generation", "/begin_weight_update", "/update_weights_from_distributed",
+        "/end_weight_update",
+    ],
+)  # fmt: skip
 def test_a_failed_sglang_push_still_ends_the_session_and_resumes(refuse: str) -> None:
-    """Whichever step SGLang refuses, the push raises it, and the server is not left paused
+    """Whichever step SGLang refuses (the pause too), the push raises it, and no server is left
+    paused
     (SGLang's /health would hang) nor inside a session (the next begin would be refused)."""
     import torch
 

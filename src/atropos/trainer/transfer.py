@@ -14,7 +14,7 @@ HTTP only steers. Two dialects, by `server_type`:
   /finish_weight_update {"policy_version": N}`` (vLLM ignores the body), ``POST /resume``.
 - ``sglang``: once ``POST /init_weights_update_group {master_address, master_port,
   rank_offset, world_size, group_name, backend}``; per sync ``POST /pause_generation {"mode":
-  "in_place"|"abort"}`` (none for `wait`: SGLang's update itself waits for running requests),
+  "retract"|"abort"}`` (none for `wait`: SGLang's update itself waits for running requests),
   ``POST /begin_weight_update {"selector": "all"}``, ``POST /update_weights_from_distributed
   {names, dtypes, shapes, group_name, weight_version}``, ``POST /end_weight_update {}``, ``POST
   /continue_generation``. SGLang 0.5.23 refuses the update outside a begin/end session (400);
@@ -46,7 +46,10 @@ log = logging.getLogger("atropos.trainer")
 SERVER_TYPES = ("vllm", "sglang")
 TRANSFER_BACKENDS = ("auto", "nccl", "gloo", "ipc")
 IPC = "ipc"  # the group's stand-in when the tensors go by CUDA IPC handles
-SGLANG_PAUSE = {"keep": "in_place", "abort": "abort"}  # wait: no pause (the update waits)
+# keep: `retract` (running requests go back to the queue and are recomputed under the new
+# weights); SGLang 0.5.23 refuses an update while `in_place` holds requests in the running
+# batch, as it cannot flush the cache the old weights made. wait: no pause (the update waits).
+SGLANG_PAUSE = {"keep": "retract", "abort": "abort"}
 
 
 class SyncError(RuntimeError):
@@ -354,14 +357,16 @@ class TransferClient:
         if self.broken:
             raise SyncError(f"the weight-transfer group broke earlier ({self.broken})")
         tensors = named_tensors(model)
-        paused = self._pause_all()
+        pausing = self.server_type == "vllm" or self.pause in SGLANG_PAUSE
         try:
+            if pausing:
+                self._pause_all()
             answers = self._update(tensors, version)
         except BaseException:
-            if paused:
+            if pausing:  # a failed pause too: another server may have paused
                 self._quietly(self._resume_all)
             raise
-        if paused:
+        if pausing:
             self._resume_all()
         reported = (
             answers[0].get("policy_version") if answers and isinstance(answers[0], dict) else None
@@ -419,15 +424,12 @@ class TransferClient:
         except SyncError as exc:
             log.warning("weight transfer: after a failed push: %s", exc)
 
-    def _pause_all(self) -> bool:
-        """Pause every server in the chosen mode; whether a pause was asked for."""
+    def _pause_all(self) -> None:
+        """Pause every server in the chosen mode."""
         if self.server_type == "vllm":
             self._post_all("/pause", None, params={"mode": self.pause})
-            return True
-        if self.pause not in SGLANG_PAUSE:
-            return False
-        self._post_all("/pause_generation", {"mode": SGLANG_PAUSE[self.pause]})
-        return True
+        else:
+            self._post_all("/pause_generation", {"mode": SGLANG_PAUSE[self.pause]})
 
     def _resume_all(self) -> None:
         path = "/resume" if self.server_type == "vllm" else "/continue_generation"
