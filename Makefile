@@ -7,7 +7,7 @@ DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
-.PHONY: demo test test-latest lock check install fmt clean chromium slurm
+.PHONY: demo test test-latest lock check install fmt clean chromium slurm gcc test-sglang
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -74,6 +74,25 @@ endif
 test: $(DEV) chromium slurm
 	$(PY) scripts/check
 
+# The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that
+# scripts/upstream_venv.py builds from requirements/sglang.txt) are opt-in: venv and tests would
+# add 9 to 12 minutes to `make test` (docs/inference.md, "SGLang on a CPU"). They run SGLang
+# with a stub libcuda.so.1 built with gcc, installed here when missing, like chromium.
+GCC := $(shell command -v gcc 2>/dev/null)
+
+gcc:
+ifeq ($(GCC),)
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y -q gcc >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null); \
+	elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q gcc >/dev/null 2>&1 || \
+		(sudo apt-get update -q >/dev/null && sudo apt-get install -y -q gcc >/dev/null); \
+	else echo "gcc not installed and no root: the SGLang tests will fail;" \
+		"install with: sudo apt-get install -y gcc"; fi
+endif
+
+test-sglang: $(DEV) gcc
+	ATROPOS_TEST_SGLANG=1 $(PY) -m pytest tests/sglang
+
 # The whole check in throwaway venvs with the newest versions pyproject.toml's ranges allow
 # (upstream's compat venvs too): run it before `make lock`, to see the next deprecation before a
 # fresh machine does. It prints which versions differ from the lock. WITH="transformers==4.56.2"
@@ -81,11 +100,11 @@ test: $(DEV) chromium slurm
 FRESH := $(PYTHON) scripts/deps.py fresh --torch '$(TORCH)' --extras '$(EXTRAS)' \
 	$(foreach req,$(WITH),--with '$(req)')
 
-test-latest: chromium slurm
+test-latest: chromium slurm gcc
 	$(FRESH)
 
 # Refresh requirements/*.txt: the same run, then the lock files from exactly what passed.
-lock: chromium slurm
+lock: chromium slurm gcc
 	$(FRESH) --write-lock
 
 check: test

