@@ -217,7 +217,13 @@ class TransferReceiver:
             pending = self.pending = _Rendezvous(
                 address, port, rank, world, chosen, group_name, self.rendezvous_timeout
             )
-        group = pending.wait()
+        try:
+            group = pending.wait()
+        except TransferError:
+            with self._handoff:
+                if self.pending is pending:
+                    self.pending = None
+            raise
         with self._handoff:
             if self.pending is pending:
                 self.pending, self.group = None, group
