@@ -15,14 +15,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from atropos.api.app import create_app  # noqa: E402
-from atropos.testing import serve_in_thread  # noqa: E402
 from atropos.testing.server_process import tiny_policy_path  # noqa: E402
 from atropos.testing.sglang import SGLangServer  # noqa: E402
-from atropos.trainer.train import train  # noqa: E402
 from atropos.trainer.transfer import TransferClient  # noqa: E402
 
-from ..trainer.helpers import config, metrics, push_groups  # noqa: E402
+from ..trainer.helpers import trained as train_against  # noqa: E402
 from .helpers import PROMPT, TOLERANCE, gap, hf_prompt_logprobs, served_prompt_logprobs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -41,11 +38,7 @@ def server(sglang_servers: Any) -> SGLangServer:
 
 def trained(server: SGLangServer, out: Path, **kw: Any) -> list[dict[str, Any]]:
     """Train the tiny policy 2 steps against a live API and `server`; the metrics."""
-    with serve_in_thread(create_app()) as url:
-        push_groups(url, 4)
-        cfg = config(tiny_policy_path(), url, out, steps=2, server_url=server.base_url, **kw)
-        train(cfg)
-    return metrics(out)
+    return train_against(server.base_url, out, tiny_policy_path(), **kw)[0]
 
 
 def test_reload_serves_the_trainers_weights_tied_head_included(

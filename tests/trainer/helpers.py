@@ -47,3 +47,21 @@ def config(model: Path, url: str, out: Path, **kw: Any) -> TrainConfig:
 def metrics(out: Path) -> list[dict[str, Any]]:
     """The records of `out/metrics.jsonl`, in order."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def trained(
+    server_url: str, out: Path, model: Path, **kw: Any
+) -> tuple[list[dict[str, Any]], dict]:
+    """Train `model` 2 steps (or `steps=`) against a live API and the inference server at
+    `server_url` (`kw`: more `TrainConfig` fields); the trainer's metrics and the API's
+    `/status` at the end (`policy_version`: what the trainer last published)."""
+    from atropos.api.app import create_app
+    from atropos.testing import serve_in_thread
+    from atropos.trainer.train import train
+
+    kw.setdefault("steps", 2)
+    with serve_in_thread(create_app()) as url:
+        push_groups(url, 2 * kw["steps"])
+        train(config(model, url, out, server_url=server_url, **kw))
+        status = httpx.get(f"{url}/status").json()
+    return metrics(out), status

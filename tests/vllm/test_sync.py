@@ -21,7 +21,8 @@ from atropos.testing.vllm import VLLMServer, tiny_policy_path  # noqa: E402
 from atropos.trainer.sync import SyncError  # noqa: E402
 from atropos.trainer.train import train  # noqa: E402
 
-from ..trainer.helpers import config, metrics, push_groups  # noqa: E402
+from ..trainer.helpers import config, push_groups  # noqa: E402
+from ..trainer.helpers import trained as train_against  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPT = [11, 40, 300, 77, 5, 210, 99, 4, 18, 400]
@@ -58,15 +59,8 @@ def gap(a: list[float], b: list[float]) -> float:
 
 
 def trained(server_url: str, out: Path, **kw) -> tuple[list[dict], dict]:
-    """Train the tiny policy (or `model=`) 2 steps (or `steps=`) against a live API; the
-    metrics and the API's status."""
-    model = Path(kw.pop("model", tiny_policy_path()))
-    kw.setdefault("steps", 2)
-    with serve_in_thread(create_app()) as url:
-        push_groups(url, 2 * kw["steps"])
-        train(config(model, url, out, server_url=server_url, **kw))
-        status = httpx.get(f"{url}/status").json()
-    return metrics(out), status
+    """Train the tiny policy (or `model=`) against `server_url` (`helpers.trained`)."""
+    return train_against(server_url, out, Path(kw.pop("model", tiny_policy_path())), **kw)
 
 
 @pytest.fixture(scope="module")

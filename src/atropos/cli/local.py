@@ -66,6 +66,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         " trainer on the same GPU sends CUDA IPC handles instead (no group; the handles are"
         " read by a restricted unpickler)",
     )
+    add_guard_arguments(p)
+    add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def add_guard_arguments(p: argparse.ArgumentParser) -> None:
+    """What other local processes may make the server read or join: paths and rendezvous."""
     p.add_argument(
         "--allowed-paths",
         default=None,
@@ -89,8 +96,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="how long an init route waits for the trainer's group to form (default"
         " %(default)s); a later init or /resume cancels the wait",
     )
-    add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
-    p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -269,7 +269,9 @@ class WeightSync:
     def _reload(self, path: Path, version: int, waiting: Any = None) -> int:
         """Every server loads the checkpoint at `path` as `version`; the version the first
         server reports (ours and SGLang's route), else `version`."""
-        body = {"model_path": str(path), "policy_version": version}
+        # SGLang labels the weights it serves with `weight_version` (a string); ours reads
+        # `policy_version`
+        body = {"model_path": str(path), "policy_version": version, "weight_version": str(version)}
         reported: list[Any] = []
         for root in self.roots:
             if root not in self.vllm_reload:
