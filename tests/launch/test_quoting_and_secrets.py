@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atropos.cli import launch as cli
 from atropos.launch import config, keys, sbatch, slurm
-from atropos.launch.plan import build
+from atropos.launch.plan import build, fill
 
 from .runs import EXAMPLES
 
@@ -197,7 +198,7 @@ SECRETS = {
     "MY_CREDENTIAL": {"value": "marked-s3cret-2", "secret": True},  # marked
     "HF_TOKEN": "hf-s3cret-3",
 }
-VALUES = ("wandb-s3cret-1", "marked-s3cret-2", "hf-s3cret-3")
+VALUES = ("wandb-s3cret-1", "marked-s3cret-2", "hf-s3cret-3", "sk-s3cret-7")
 PLAIN = {"TOKENIZERS_PARALLELISM": {"value": "false", "secret": False}, "MY_FLAG": "shown-4"}
 
 
@@ -221,10 +222,29 @@ def test_dry_run_shows_secrets_as_stars(
     environ = json.dumps({**SECRETS, **PLAIN})
     argv = [str(EXAMPLES / example), "--dry-run", "--set", f"run.directory={tmp_path / 'r'}"]
     argv += ["--set", f"trainer.environ={environ}", "--set", f"envs.0.environ={environ}"]
+    argv += ["--set", "envs.0.openai={api_key: sk-s3cret-7}"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert not any(v in out for v in VALUES)
     assert out.count("WANDB_API_KEY=***") == 2 and "MY_FLAG=shown-4" in out
+
+
+def test_an_environments_openai_key_reaches_only_its_config_file() -> None:
+    data = copy.deepcopy(RUN)
+    data["inference"] = [{"name": "hosted", "type": "url", "url": "https://api.example/v1"}]
+    data["envs"][0].update(replicas=1, openai={"api_key": "sk-s3cret-7'#", "timeout": 5})
+    run = config.parse(data)
+    plan = build(run, Path("/tmp/run"))
+    env = plan.get("arithmetic")
+    assert "sk-s3cret-7" not in plan.model_dump_json()
+    (content,) = env.files.values()
+    filled = fill(
+        content, env, {}, python="py", run_dir=plan.run_dir, secrets=plan.secrets(env.name)
+    )
+    (server,) = yaml.safe_load(filled)["openai"]  # what the process reads
+    assert server["api_key"] == "sk-s3cret-7'#" and server["timeout"] == 5
+    shown = fill(content, env, {}, python="py", run_dir=plan.run_dir)
+    assert "sk-s3cret-7" not in shown and "api_key: '***'" in shown  # what --dry-run shows
 
 
 def _mode(path: Path) -> int:

@@ -11,7 +11,10 @@ environment values and files are templates, filled in just before a process star
 - `{python}`: the process's own interpreter when it names one (an inference server's
   `python:`, e.g. vLLM's venv), else the Python that runs the supervisor (the one with
   atropos installed);
-- `{key}`: the run's API key (from the key file; never on a command line).
+- `{key}`: the run's API key (from the key file; never on a command line);
+- `{secret:NAME}`: the process's secret value NAME, for a single-quoted YAML scalar of a
+  config file (quotes doubled): an environment's secret `openai:` values (api_key, say) are
+  written so into its config file; shown as `***`.
 
 Secret environment values (`config.is_secret`) are not part of the plan: a process names them
 in `secret_environ`, and their values travel beside the plan (`Plan.secrets`, never dumped),
@@ -35,7 +38,16 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr
 
 from atropos.engines import VLLM_ENV, VLLM_MODULE
-from atropos.launch.config import Args, InferenceServer, Placement, Restart, RunFile, RunSection
+from atropos.launch.config import (
+    SECRET_NAME,
+    Args,
+    EnvEntry,
+    InferenceServer,
+    Placement,
+    Restart,
+    RunFile,
+    RunSection,
+)
 
 Role = Literal["api", "inference", "env", "trainer"]
 STOP_TIER: dict[str, int] = {"trainer": 0, "env": 1, "inference": 2, "api": 3}
@@ -213,6 +225,8 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
     plan = Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
     for name, section in sections.items():
         hidden = section.environ_split()[1]
+        if isinstance(section, EnvEntry):
+            hidden = {**openai_secrets(section.openai), **hidden}
         if hidden:
             for variable in hidden:
                 plan.get(name).environ.pop(variable, None)
@@ -396,6 +410,34 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
     )
 
 
+def openai_secrets(openai: Args) -> dict[str, str]:
+    """An environment's secret `openai:` values (names holding KEY, TOKEN, SECRET or PASSWORD,
+    not a template such as `{key}`), as the secret variables that carry them.
+
+    >>> openai_secrets({"api_key": "sk-1", "timeout": 5})
+    {'ATROPOS_LAUNCH_OPENAI_API_KEY': 'sk-1'}
+    """
+    return {
+        _openai_variable(name): value
+        for name, value in openai.items()
+        if isinstance(value, str) and SECRET_NAME.search(name) and not _FIELD.fullmatch(value)
+    }
+
+
+def _openai_variable(name: str) -> str:
+    return "ATROPOS_LAUNCH_OPENAI_" + re.sub(r"[^A-Za-z0-9_]", "_", name).upper()
+
+
+def _openai_settings(openai: Args) -> Args:
+    hidden = openai_secrets(openai)
+    return {
+        name: f"{{secret:{_openai_variable(name)}}}"
+        if _openai_variable(name) in hidden and isinstance(value, str)
+        else value
+        for name, value in openai.items()
+    }
+
+
 def _process_names(run: RunFile) -> list[str]:
     return [
         name
@@ -427,7 +469,7 @@ def _env(
                 ("sglang" if server.type == "sglang" else "vllm"),
                 "api_key": "none" if server.type == "url" else "{key}",
             }  # fmt: skip
-            item.update(entry.openai)
+            item.update(_openai_settings(entry.openai))
             openai.append(item)
             after += re.findall(r"\{url:([^}]+)\}", url)
     env_key = f"{run.run.name}/{name}"
@@ -457,7 +499,9 @@ def _env(
 
 # ----- filling templates -------------------------------------------------------------------------
 
-_FIELD = re.compile(r"\{(url|host|port):([A-Za-z0-9_.-]+)\}|\{(port|host|python|key|run_dir)\}")
+_FIELD = re.compile(
+    r"\{(url|host|port|secret):([A-Za-z0-9_.-]+)\}|\{(port|host|python|key|run_dir)\}"
+)
 
 
 class Book(dict[str, tuple[str, int]]):
@@ -472,11 +516,15 @@ def fill(
     python: str,
     run_dir: Path,
     key: str | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> str:
-    """`text` with its template fields filled (see the module docstring)."""
+    """`text` with its template fields filled (see the module docstring); `{secret:NAME}` is
+    `***` without `secrets` (what is shown)."""
 
     def one(match: re.Match[str]) -> str:
         kind, name, own = match.group(1), match.group(2), match.group(3)
+        if kind == "secret":
+            return "***" if secrets is None else secrets.get(name, "").replace("'", "''")
         if own == "python":
             return proc.python or python
         if own == "run_dir":

@@ -259,7 +259,15 @@ class Supervisor:
         proc, book = self.proc, self.book
 
         def render(text: str) -> str:
-            return fill(text, proc, book, python=self.python, run_dir=self.run_dir, key=self.key)
+            return fill(
+                text,
+                proc,
+                book,
+                python=self.python,
+                run_dir=self.run_dir,
+                key=self.key,
+                secrets=self.secrets,
+            )
 
         for rel, content in proc.files.items():
             path = self.run_dir / rel
