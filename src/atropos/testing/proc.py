@@ -12,8 +12,12 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import signal
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,3 +160,37 @@ def listeners(pids: set[int] | None = None) -> list[Listener]:
             if inode in bound:
                 out.append(Listener(pid, *bound[inode]))
     return sorted(set(out), key=lambda x: (x.pid, x.port))
+
+
+def stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the process group `process` leads (started with `start_new_session`), SIGKILL
+    it if any member is alive after `grace` seconds; the leader is reaped."""
+    pgid = process.pid  # start_new_session: the leader's pid is the group's id
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.05)  # reaps the leader; other members are not ours
+            if process.returncode is not None and not group_alive(pgid):
+                return
+
+
+def kill_strays(
+    before: list[Process], current: list[Process], grace: float
+) -> tuple[list[Process], list[Process]]:
+    """SIGKILL, by pid, the processes of `before` still alive and those of `current` (found
+    now) that are new; (the strays killed, those still alive after `grace` seconds)."""
+    known = {(p.pid, p.start) for p in before}
+    found = [p for p in live_processes() if (p.pid, p.start) in known]
+    found += [p for p in current if (p.pid, p.start) not in known]
+    for process in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    left = {(p.pid, p.start) for p in found}
+    end = time.monotonic() + grace
+    while left and time.monotonic() < end:
+        left &= {(p.pid, p.start) for p in live_processes()}
+        time.sleep(0.05)
+    return found, [p for p in found if (p.pid, p.start) in left]

@@ -88,7 +88,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -105,9 +104,10 @@ from atropos.testing.proc import (
     Process,
     descendants,
     environ_has,
-    group_alive,
+    kill_strays,
     listeners,
     live_processes,
+    stop_group,
 )
 
 __all__ = ["NodePorts", "RayCluster", "RayNotInstalledError", "ray_available", "require_ray"]
@@ -494,41 +494,12 @@ class RayCluster:
         before = self.processes()  # while the parents live: finds the retitled ones too
         for node in reversed(self._nodes):
             if node.process is not None:
-                self._stop_group(node.process)
+                stop_group(node.process, self.stop_grace)
                 node.process = None
-        survivors = self._kill_strays(before)
+        found, survivors = kill_strays(before, self.processes(), self.stop_grace)
+        self.strays.extend(found)
         if self._own_temp is not None:
             shutil.rmtree(self._own_temp, ignore_errors=True)
         if survivors:
             listing = "; ".join(f"{p.pid} {p.cmdline[:200]}" for p in survivors)
             raise RuntimeError(f"processes of the Ray test cluster survived SIGKILL: {listing}")
-
-    def _stop_group(self, process: subprocess.Popen[bytes]) -> None:
-        pgid = process.pid  # start_new_session: the leader's pid is the group's id
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            end = time.monotonic() + self.stop_grace
-            while time.monotonic() < end:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.05)  # reaps the leader; other members are not ours
-                if process.returncode is not None and not group_alive(pgid):
-                    return
-
-    def _kill_strays(self, before: list[Process]) -> list[Process]:
-        """SIGKILL, by pid, the cluster's processes that outlived their node's process group
-        (those in `before` still alive, and any found now); return those still alive after
-        `stop_grace` seconds."""
-        known = {(p.pid, p.start) for p in before}
-        found = [p for p in live_processes() if (p.pid, p.start) in known]
-        found += [p for p in self.processes() if (p.pid, p.start) not in known]
-        self.strays.extend(found)
-        for process in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-        left = {(p.pid, p.start) for p in found}
-        end = time.monotonic() + self.stop_grace
-        while left and time.monotonic() < end:
-            left &= {(p.pid, p.start) for p in live_processes()}
-            time.sleep(0.05)
-        return [p for p in found if (p.pid, p.start) in left]

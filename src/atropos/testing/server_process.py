@@ -10,10 +10,8 @@ in its environment. A subclass says the command line and the environment. Linux 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -27,9 +25,10 @@ from atropos.testing.proc import (
     Process,
     descendants,
     environ_has,
-    group_alive,
+    kill_strays,
     listeners,
     live_processes,
+    stop_group,
 )
 from atropos.tiny import tokenizer_path
 
@@ -204,35 +203,11 @@ class ServerProcess:
         before = self.processes()
         process, self.process = self.process, None
         if process is not None:
-            self._stop_group(process)
-        known = {(p.pid, p.start) for p in before}
-        found = [p for p in live_processes() if (p.pid, p.start) in known]
-        found += [p for p in self.processes() if (p.pid, p.start) not in known]
+            stop_group(process, self.stop_grace)
+        found, left = kill_strays(before, self.processes(), self.stop_grace)
         self.strays.extend(found)
-        for stray in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stray.pid, signal.SIGKILL)
-        left = {(p.pid, p.start) for p in found}
-        end = time.monotonic() + self.stop_grace
-        while left and time.monotonic() < end:
-            left &= {(p.pid, p.start) for p in live_processes()}
-            time.sleep(0.05)
         if left:
-            alive = "; ".join(
-                f"{p.pid} {p.cmdline[:200]}" for p in found if (p.pid, p.start) in left
-            )
+            alive = "; ".join(f"{p.pid} {p.cmdline[:200]}" for p in left)
             raise RuntimeError(
                 f"processes of the {self.label} test server survived SIGKILL: {alive}"
             )
-
-    def _stop_group(self, process: subprocess.Popen[bytes]) -> None:
-        pgid = process.pid  # start_new_session: the leader's pid is the group's id
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            end = time.monotonic() + self.stop_grace
-            while time.monotonic() < end:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.05)  # reaps the leader; other members are not ours
-                if process.returncode is not None and not group_alive(pgid):
-                    return
