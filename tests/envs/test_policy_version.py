@@ -141,36 +141,42 @@ def test_an_upstream_style_env_is_stamped_by_the_runner(tmp_path):
     assert len(groups) == 2 and all(g["policy_version"] == 5 for g in groups)
 
 
+def serve_until(fake_url: str, url: str, trainer, batches: int, tmp_path, poll: float, **env):
+    """Serve an Addition env against the API at `url` (the fake server at `fake_url`) until
+    `trainer` (a thread, started here) has `batches` batches; the trainer is stopped after."""
+    trainer.start()
+    env, resolved = make(
+        fake_url,
+        mode="serve",
+        rollout_server_url=url,
+        register_timeout=30,
+        ensure_scores_are_not_same=False,
+        **env,
+    )
+    runner = ServeRunner(env, resolved, tmp_path)
+    runner.status_interval = poll
+
+    async def main() -> int:
+        task = asyncio.create_task(runner.run())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(trainer.batches) < batches:
+            await asyncio.sleep(0.05)
+        runner.stopping.set()
+        return await task
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        trainer.stop.set()
+        trainer.join(5)
+
+
 def run_serve(fake_kwargs: dict, tmp_path) -> list[dict]:
     """Serve an Addition env against a real API until a few groups reached the trainer."""
     with FakeInferenceServer(responder=solver, **fake_kwargs) as fake:
         with serve_in_thread(create_app(ApiConfig())) as url:
             trainer = Trainer(url)
-            trainer.start()
-            env, resolved = make(
-                fake.base_url,
-                mode="serve",
-                rollout_server_url=url,
-                register_timeout=30,
-                ensure_scores_are_not_same=False,
-                max_num_workers=2,
-            )
-            runner = ServeRunner(env, resolved, tmp_path)
-            runner.status_interval = 0.05
-
-            async def main() -> int:
-                task = asyncio.create_task(runner.run())
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline and len(trainer.batches) < 2:
-                    await asyncio.sleep(0.05)
-                runner.stopping.set()
-                return await task
-
-            try:
-                assert asyncio.run(main()) == 0
-            finally:
-                trainer.stop.set()
-                trainer.join(5)
+            serve_until(fake.base_url, url, trainer, 2, tmp_path, 0.05, max_num_workers=2)
     return [g for b in trainer.batches for g in b]
 
 
@@ -265,32 +271,9 @@ def true_versions(tmp_path, announce: bool) -> list[tuple[int, int]]:
     with FakeInferenceServer(responder=lambda prompt: f"v{weights['v']}", latency=0.02) as fake:
         with serve_in_thread(create_app(ApiConfig())) as url:
             trainer = SlowSyncTrainer(url, weights, sync=0.4, announce=announce)
-            trainer.start()
-            env, resolved = make(
-                fake.base_url,
-                mode="serve",
-                rollout_server_url=url,
-                register_timeout=30,
-                ensure_scores_are_not_same=False,
-                max_num_workers=4,
-                max_batches_offpolicy=1,  # a short queue: later batches hold later rollouts
-            )
-            runner = ServeRunner(env, resolved, tmp_path)
-            runner.status_interval = 0.02
-
-            async def main() -> int:
-                task = asyncio.create_task(runner.run())
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and len(trainer.batches) < 6:
-                    await asyncio.sleep(0.05)
-                runner.stopping.set()
-                return await task
-
-            try:
-                assert asyncio.run(main()) == 0
-            finally:
-                trainer.stop.set()
-                trainer.join(5)
+            # a short queue (max_batches_offpolicy 1): later batches hold later rollouts
+            serve_until(fake.base_url, url, trainer, 6, tmp_path, 0.02, max_num_workers=4,
+                        max_batches_offpolicy=1)  # fmt: skip
     tokenizer = load_tokenizer("tiny")
     found = []
     for group in (g for b in trainer.batches for g in b):
