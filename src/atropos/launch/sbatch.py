@@ -468,12 +468,27 @@ next_ended() {
 # fails naming the process that failed, with its log's tail. A step that ends meanwhile
 # fails the start too.
 await_ready() {
+  local tries code
   "$PYTHON" -m atropos launch --await "$RUN_DIR" "$@" &
   AWAITER=$!
   while next_ended; do
     if [[ $ENDED == await ]]; then
       return "$CODE"
     fi
+    # the step wrote why it ended into its status file before it did: the awaiter, which
+    # reads it twice a second, says so with the reason; give it two seconds to
+    for tries in {1..20}; do
+      if ! kill -0 "$AWAITER" 2>/dev/null; then
+        code=0
+        wait "$AWAITER" 2>/dev/null || code=$?
+        AWAITER=""
+        if (( code != 0 )); then
+          return 1
+        fi
+        break
+      fi
+      sleep 0.1
+    done
     echo "[launch] error: $ENDED ended (status $CODE) before the run started;" \
       "see $RUN_DIR/logs/$ENDED.log"
     return 1
