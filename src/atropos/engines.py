@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["VLLM_ENV", "VLLM_MODULE", "VllmNotFound", "find_vllm_python", "vllm_argv"]
+__all__ = [
+    "VLLM_ENV",
+    "VLLM_MODULE",
+    "VllmNotFound",
+    "fill_template",
+    "find_vllm_python",
+    "vllm_argv",
+]
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -66,3 +74,10 @@ def find_vllm_python(explicit: str = "", root: Path | None = None) -> str:
         f" ${VLLM_PYTHON_VARIABLE}; in a checkout, `python scripts/upstream_venv.py vllm` makes"
         " one"
     )
+
+
+def fill_template(template: str, values: Mapping[str, object]) -> str:
+    """Fill the `{name}` fields of a user's command template that `values` names, leaving
+    every other brace alone (a JSON flag such as `--hf-overrides '{"a": 1}'` stays as written;
+    `str.format` would fail on it)."""
+    return re.sub(r"\{([a-z_]+)\}", lambda m: str(values.get(m.group(1), m.group(0))), template)

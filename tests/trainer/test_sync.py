@@ -167,7 +167,7 @@ def _vllm_stand_in(calls: list[str], dev_mode: bool = True):
 
 def test_reload_into_vllm_pauses_reloads_forgets_the_cache_and_resumes(tmp_path, caplog):
     """The call sequence against vLLM's routes (tests/vllm/test_sync.py runs it against vLLM
-    itself): detected once by the 404, then pause(keep), reload_weights, reset, resume; a
+    itself): detected once by the 404, then pause(wait), reload_weights, reset, resume; a
     checkpoint that ties its head is warned about once."""
     import json
     import logging
@@ -185,7 +185,7 @@ def test_reload_into_vllm_pauses_reloads_forgets_the_cache_and_resumes(tmp_path,
             assert sync._reload(ckpt, 4) == 4
         sync.close()
     rpc = json.dumps({"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}})
-    one = ["/pause?mode=keep", "/collective_rpc", "/reset_prefix_cache?reset_running_requests=true"]
+    one = ["/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache"]
     assert [c.split(" ")[0] for c in calls] == [*one, "/resume"] * 2
     assert json.loads(calls[1].split(" ", 1)[1]) == json.loads(rpc)
     assert sum("ties its LM head" in r.getMessage() for r in caplog.records) == 1

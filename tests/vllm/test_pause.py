@@ -1,9 +1,9 @@
 """vLLM's `/pause` in each of its modes, as the trainer's weight sync uses it, with a request of
 our client in flight: `keep` holds it (no token moves) until `/resume`, `wait` answers once it
 has finished, `abort` ends it and our client retries it (vLLM answers 200, finish_reason
-"abort" and the partial output: no rollout). And a `--sync reload` (pause keep, reload, resume)
-landing mid-request: the request finishes, its tokens before the reload are the old weights'
-and after it the new weights', and the server then serves the new weights.
+"abort" and the partial output: no rollout). And a `--sync reload` (pause wait, reload, resume)
+landing mid-request: the request finishes whole under the old weights, and the server then
+serves the new weights.
 
 One vLLM for the module (weights are replaced in the last test; the pause tests do not care
 which weights it serves): the untied tiny policy, with a context (`VLLMServer`'s 4096, its
@@ -35,7 +35,7 @@ from .helpers import Target  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test starts the server
 PROMPT = [11, 40, 300, 77, 5, 210, 99, 4, 18, 400]
-GENERATED = 2000  # tokens of the long request: seconds of decoding on a CPU
+GENERATED = 4000  # tokens of the long request (of 4096): seconds of decoding even on an idle CPU
 TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 
@@ -199,9 +199,11 @@ def logprob_rows(model_dir: Path, ids: list[int]) -> Any:
     return [float(table[i - 1, ids[i]]) for i in range(1, len(ids))]
 
 
-def test_a_reload_mid_request_keeps_it_and_its_later_tokens_are_the_new_weights(
+def test_a_reload_mid_request_lets_it_finish_under_the_old_weights(
     server: VLLMServer, untied: Path, tmp_path: Path
 ) -> None:
+    """`--sync reload` into vLLM pauses with `wait`: the request in flight finishes whole under
+    the weights that started it (one version per response), then the new weights serve."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -224,17 +226,11 @@ def test_a_reload_mid_request_keeps_it_and_its_later_tokens_are_the_new_weights(
         (prompt, (out,), (lps,), finish), made = run(main)
     finally:
         sync.close()
-    assert sync.served_version == 1 and made < GENERATED
-    assert finish == ["length"] and len(out) == GENERATED  # kept through the reload
+    assert sync.served_version == 1 and made >= GENERATED  # finished before the reload ended
+    assert finish == ["length"] and len(out) == GENERATED
     old_rows = logprob_rows(untied, PROMPT + out)[len(PROMPT) - 1 :]
-    new_rows = logprob_rows(tmp_path / "trainer" / "weights" / "v1", PROMPT + out)
-    new_rows = new_rows[len(PROMPT) - 1 :]
-    near_new = [abs(a - n) < abs(a - o) for a, o, n in zip(lps, old_rows, new_rows, strict=True)]
-    switch = near_new.index(True) if True in near_new else GENERATED
-    assert 0 < switch < GENERATED and all(near_new[switch:]), "not one switch from old to new"
-    worst_old = max(abs(a - o) for a, o in zip(lps[:switch], old_rows, strict=False))
-    worst_new = max(abs(a - n) for a, n in zip(lps[switch:], new_rows[switch:], strict=True))
-    assert worst_old < 1e-3 and worst_new < 1e-3, (worst_old, worst_new)
+    worst_old = max(abs(a - o) for a, o in zip(lps, old_rows, strict=False))
+    assert worst_old < 1e-3, worst_old  # every token the old weights'
     # the prompt as the server now scores it: the new weights'
     body = {"model": "atropos-tiny", "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0}
     answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=60).json()

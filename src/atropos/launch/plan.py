@@ -37,7 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr
 
-from atropos.engines import VLLM_ENV, VLLM_MODULE
+from atropos.engines import VLLM_ENV, VLLM_MODULE, fill_template
 from atropos.launch.config import (
     SECRET_NAME,
     Args,
@@ -336,7 +336,7 @@ def _inference(server: InferenceServer, name: str, index: int, run: RunSection) 
             "served_model_name": served_name(server),
             "gpus": str(max(server.gpus, 1)),
         }
-        argv = [_format(part, values) for part in shlex.split(template)] + flags(server.args)
+        argv = [fill_template(part, values) for part in shlex.split(template)] + flags(server.args)
     # vLLM's RL routes (pause, reload, weight transfer) are what the trainer syncs through
     plain = server.environ_split()[0]
     environ = {**VLLM_ENV, **plain} if server.type == "vllm" else plain
@@ -351,11 +351,6 @@ def _inference(server: InferenceServer, name: str, index: int, run: RunSection) 
         gate=Gate(kind="inference", url=f"{{url:{name}}}"),
         **_common(server, run),
     )
-
-
-def _format(template: str, values: Mapping[str, str]) -> str:
-    """Fill `{model}`-style fields of a user's template, leaving every other brace alone."""
-    return re.sub(r"\{([a-z_]+)\}", lambda m: values.get(m.group(1), m.group(0)), template)
 
 
 def _sync_targets(run: RunFile, servers: Mapping[str, list[str]]) -> list[str]:
@@ -380,7 +375,7 @@ def _trainer(run: RunFile, run_dir: Path, servers: Mapping[str, list[str]]) -> P
             "server_urls": ",".join(all_urls),
             "run_dir": str(run_dir),
         }
-        argv = [_format(part, values) for part in shlex.split(t.command)]
+        argv = [fill_template(part, values) for part in shlex.split(t.command)]
     else:
         args = dict(t.args)
         server_args: list[str] = []

@@ -9,12 +9,13 @@ weights in `reload` and `lora` modes, one after the other.
   swaps weights between generation batches, so every response comes from one version. vLLM has
   no such route (404; seen with vLLM 0.32): it reloads from disk through its dev-mode routes
   (``VLLM_SERVER_DEV_MODE=1``), so a server that answers 404 is reloaded, from then on, by
-  ``POST /pause?mode=keep`` (requests in flight wait between two decode steps), ``POST
-  /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (every worker
-  loads the checkpoint in place), ``POST /reset_prefix_cache?reset_running_requests=true`` (no KV
-  computed by the old weights is reused: requests in flight are recomputed) and ``POST
-  /resume``. A request in flight thus finishes under the new weights; vLLM reports no version,
-  so its group keeps the older one (`docs/api.md`, "Policy versions"). vLLM 0.32 on a CPU
+  ``POST /pause?mode=wait`` (requests in flight finish under the old weights; new ones wait),
+  ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (every
+  worker loads the checkpoint in place), ``POST /reset_prefix_cache`` (no KV the old weights
+  computed is reused) and ``POST /resume``: every response comes from one version, as with
+  ours. Not `keep` with ``reset_running_requests``: recomputing a preempted seeded request
+  kills vLLM 0.32's CPU engine ("CPU Generator does not use offset"). vLLM reports no version,
+  so its groups carry the published one (`docs/api.md`, "Policy versions"). vLLM 0.32 on a CPU
   keeps the LM head it started with when a model with tied embeddings is reloaded (the head's
   packed GEMM weights are made at load and its tied weight is not in the checkpoint, so the
   reload never repacks it: seen as "ParallelLMHead: Failed to load weights" in its log and a
@@ -53,6 +54,7 @@ from typing import Any
 
 import httpx
 
+from atropos.engines import fill_template
 from atropos.trainer.lora import adapter_weights
 from atropos.trainer.transfer import SyncError, TransferClient
 
@@ -191,7 +193,7 @@ class WeightSync:
         """Start the server on `model_dir` (restart mode only) and wait until it is healthy."""
         port = httpx.URL(self.root).port or 80
         values = {"model": model_dir, "port": port, "version": version}
-        argv = [a.format(**values) for a in shlex.split(self.command)]
+        argv = [fill_template(a, values) for a in shlex.split(self.command)]
         log.info("starting inference server: %s", " ".join(argv))
         self.process = subprocess.Popen(argv, start_new_session=True)
         self._wait_healthy()
@@ -302,7 +304,7 @@ class WeightSync:
                 " --sync lora (docs/trainer.md)",
                 root,
             )
-        paused = self._post_one(root, "/pause", None, waiting, params={"mode": "keep"})
+        paused = self._post_one(root, "/pause", None, waiting, params={"mode": "wait"})
         if paused.status_code == 404:
             raise SyncError(
                 f"{root} answers 404 to /update_weights_from_disk and /pause: a vLLM server"
@@ -314,9 +316,7 @@ class WeightSync:
         try:
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             self._check(root, "/collective_rpc", self._post_one(root, "/collective_rpc", rpc))
-            reset = self._post_one(
-                root, "/reset_prefix_cache", None, params={"reset_running_requests": "true"}
-            )
+            reset = self._post_one(root, "/reset_prefix_cache", None)
             answer = _json(self._check(root, "/reset_prefix_cache", reset))
             if isinstance(answer, dict) and answer.get("success") is False:
                 raise SyncError(
