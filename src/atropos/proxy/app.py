@@ -2,21 +2,22 @@
 
 Routes (`KEY` is the proxy's `--api-key` when it has one; a session's own key is its bearer):
 
-Upstream's routes are `POST /sessions/create`, `POST /{uuid}/v1/chat/completions`, `GET
-/{uuid}/nodes` and `DELETE /{uuid}`.
-
 | Route | Who | What |
 |---|---|---|
 | `GET /health` | anyone | `{status, model, sessions}` |
-| `POST /sessions` | KEY | a new session: `{id, base_url, anthropic_base_url, api_key}` |
-| `GET /sessions` | KEY | the sessions, with their counts |
+| `POST /sessions` | KEY when set | a new session: `{id, base_url, anthropic_base_url, api_key}` |
+| `GET /sessions` | KEY (none set: 401) | the sessions, with their counts |
 | `GET /sessions/{id}/trajectory` | KEY or the session | its sequences (`Trajectory.to_dict`) |
 | `POST /sessions/{id}/reward` | KEY or the session | `{"reward": float}`: the run's reward |
 | `DELETE /sessions/{id}` | KEY or the session | forget it |
 | `/s/{id}/v1/...` | the session (or KEY) | the dialects below, for that session |
 | `/v1/...` | a session's key | the dialects below, for the session the key names |
 | `/v1/...` + `X-Session-ID: NAME` | KEY | the same, for the session NAME (its id or an alias) |
-| `POST /sessions/create`, `/{uuid}/...` | KEY when set | upstream's ManagedServerProxy |
+| `POST /sessions/create` | KEY when set | upstream's ManagedServerProxy: `{uuid, api_key, ...}` |
+| `/{uuid}/...` | the uuid (+ KEY or the session's key, when KEY is set) | upstream's routes |
+
+Upstream's routes are `POST /{uuid}/v1/chat/completions`, `GET /{uuid}/nodes` and `DELETE
+/{uuid}`; `uuid` is what `POST /sessions/create` answered (below), not the session's id.
 
 Dialects: `chat/completions`, `completions`, `models` (`openai_api`), `responses`
 (`responses_api`), `messages` (`anthropic_api`). The key is read from `Authorization: Bearer`
@@ -24,6 +25,20 @@ or Anthropic's `x-api-key`. A wrong key is 401, an unknown or expired session 40
 one 410, a body over `max_body_bytes` 413, a malformed request 400; each in the dialect's error
 shape, and none of them touches another session. Every route also passes the API's browser
 rules (`atropos.api.origin`): no cross-site writes, no foreign `Host`.
+
+A session id alone is not a credential. It is public: trajectories, logs, the listing and the
+`/s/{id}/` URLs show it, so every route that reaches a session by its id also needs the
+session's key (or the proxy's). Upstream's client (atroposlib's `ProxyManagedServer`) sends no
+key of its own: it creates a session, reads `uuid` from the answer, then uses
+`{proxy}/{uuid}/v1` as an OpenAI base URL (whatever bearer the OpenAI client was given) and
+calls `GET /{uuid}/nodes` and `DELETE /{uuid}` bare. So upstream's `uuid` is a capability, not
+the id: 256 random bits (`session.new_capability`), issued once to the creator, looked up only
+on upstream's routes, never the public id nor the session's key (a leaked URL gives upstream's
+three routes only, never the native ones), and kept out of the `Session` itself, so no
+trajectory, listing, log line or error message can carry it. With no proxy key the proxy is
+meant for one machine: `atropos proxy serve` refuses a non-loopback `--host` without `--api-key`
+(or `--insecure`), and `GET /sessions` then answers 401 to everyone (listing every id is of no
+use to a holder of one session, and an attacker's first step).
 """
 
 from __future__ import annotations
@@ -35,7 +50,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atropos.proxy.asgi import ProxyApp
-from atropos.proxy.session import Limits, Session, new_session_id, new_session_key
+from atropos.proxy.session import (
+    Limits,
+    Session,
+    new_capability,
+    new_session_id,
+    new_session_key,
+)
 from atropos.proxy.turns import ProxyError
 
 __all__ = ["Proxy", "ProxySettings", "build_app"]
@@ -85,6 +106,8 @@ class Proxy:
         self._by_key: dict[str, Session] = {}
         self._aliases: dict[str, Session] = {}
         self._alias_names: dict[str, list[str]] = {}  # session id -> its aliases
+        self._by_capability: dict[str, Session] = {}  # upstream's uuid -> its session
+        self._capability_of: dict[str, str] = {}  # session id -> its upstream uuid
 
     async def create_session(
         self, limits: Limits | None = None, metadata: Mapping[str, Any] | None = None
@@ -131,6 +154,26 @@ class Proxy:
             return session
         return None
 
+    def issue_capability(self, session_id: str) -> str:
+        """A new upstream `uuid` for the session (`new_capability`): a secret that reaches it on
+        upstream's routes only (`by_capability`); it goes with the session."""
+        session = self.get(session_id)
+        capability = new_capability()
+        self._by_capability[capability] = session
+        self._capability_of[session.id] = capability
+        return capability
+
+    def by_capability(self, capability: str) -> Session:
+        """The session this upstream `uuid` addresses, or ProxyError 404 (which never repeats
+        the uuid: it is a secret)."""
+        session = self._by_capability.get(capability)
+        held = self._capability_of.get(session.id, "") if session is not None else ""
+        if session is None or not hmac.compare_digest(held, capability):
+            raise ProxyError(
+                404, "unknown or expired session: POST /sessions/create", "not_found_error"
+            )
+        return session
+
     def alias(self, name: str, session_id: str) -> None:
         """Let requests that name `name` in their `X-Session-ID` header (with the proxy's key)
         reach the session `session_id`: a client that multiplexes many rollouts over one
@@ -158,6 +201,7 @@ class Proxy:
         self._by_key.pop(session.key, None)
         for name in self._alias_names.pop(session_id, ()):
             del self._aliases[name]
+        self._by_capability.pop(self._capability_of.pop(session_id, ""), None)
         return session
 
     def describe_servers(self) -> list[str]:

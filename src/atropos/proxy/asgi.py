@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProxyApp"]
 
+_OWN_HEADS = frozenset({"", "v1", "s", "sessions", "health"})
 Scope = dict[str, Any]
 Receive = Any
 Send = Any
@@ -95,7 +96,15 @@ class ProxyApp:
         return self._missing(path), {}
 
     def _missing(self, path: str) -> Handler:
-        message = f"no route {path}: see docs/proxy.md"
+        """A 404 that names the path, unless its head may be upstream's `uuid` (a secret)."""
+        head = path.strip("/").split("/")[0]
+        if head in _OWN_HEADS:
+            message = f"no route {path}: see docs/proxy.md"
+        else:
+            message = (
+                "no such route (upstream's are POST /{uuid}/v1/chat/completions, GET"
+                " /{uuid}/nodes, DELETE /{uuid}): see docs/proxy.md"
+            )
         return self._error(ProxyError(404, message, "not_found_error"))
 
     def _not_allowed(self, method: str) -> Handler:

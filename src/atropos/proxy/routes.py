@@ -67,6 +67,13 @@ async def _json_body(request: Request, limit: int) -> dict[str, Any]:
     return body
 
 
+def _loggable(request: Request) -> str:
+    """The request's path for a log line: upstream's `uuid` (a secret) left out."""
+    path = request.url.path
+    uuid = request.path_params.get("uuid")
+    return path.replace(uuid, "{uuid}") if uuid else path
+
+
 def _sse(events: Iterator[bytes]) -> StreamingResponse:
     return StreamingResponse(
         events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
@@ -91,6 +98,17 @@ class Routes:
     def require_admin(self, request: Request) -> None:
         if self.proxy.settings.api_key is not None and not self._admin(request):
             raise ProxyError(401, "missing or wrong API key (the proxy's --api-key)", "auth")
+
+    def require_key(self, request: Request) -> None:
+        """The proxy's key, which must be set (a route no session's key may use)."""
+        if self.proxy.settings.api_key is None:
+            raise ProxyError(
+                401,
+                "this proxy has no --api-key, so no one may list its sessions: each is reached"
+                " with the api_key it was created with",
+                "auth",
+            )
+        self.require_admin(request)
 
     def session_for(self, request: Request, session_id: str | None) -> Session:
         """The session a request is for: by its path id (key: the session's or the proxy's),
@@ -134,7 +152,7 @@ class Routes:
             except ClientDisconnect:
                 return Response(status_code=400)
             except Exception as err:  # one record per failure; the client gets a 502
-                log.exception("proxy: %s %s failed", request.method, request.url.path)
+                log.exception("proxy: %s %s failed", request.method, _loggable(request))
                 message = f"the inference server call failed: {type(err).__name__}: {err}"
                 return json_response(error(ProxyError(502, message, "api_error")), 502)
 
@@ -164,7 +182,7 @@ class Routes:
         )
 
     async def list_sessions(self, request: Request) -> Response:
-        self.require_admin(request)
+        self.require_key(request)
         rows = [
             {
                 "id": s.id,
@@ -256,7 +274,7 @@ class Routes:
         session.tool_parser = str(parser)
         return json_response(
             {
-                "uuid": session.id,
+                "uuid": self.proxy.issue_capability(session.id),
                 "model_name": session.model,
                 "tool_parser": session.tool_parser,
                 "base_url": body.get("base_url"),
@@ -266,7 +284,9 @@ class Routes:
         )
 
     def _upstream_session(self, request: Request) -> Session:
-        session = self.proxy.get(request.path_params["uuid"])
+        """The session upstream's `uuid` (a capability, never the id) addresses; with a proxy
+        key, the request also needs it or the session's key."""
+        session = self.proxy.by_capability(request.path_params["uuid"])
         given = _key_of(request)
         if self.proxy.settings.api_key is not None and not self._admin(request):
             if given is None or not hmac.compare_digest(given, session.key):
@@ -287,7 +307,7 @@ class Routes:
     async def upstream_delete(self, request: Request) -> Response:
         session = self._upstream_session(request)
         self.proxy.delete(session.id)
-        return json_response({"status": "deleted", "uuid": session.id})
+        return json_response({"status": "deleted", "uuid": request.path_params["uuid"]})
 
 
 def _limits(value: Any, default: Limits) -> Limits:

@@ -31,7 +31,14 @@ from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_call
 from atropos.proxy.trajectory import BREAK_KINDS, Sequence, Span, Trajectory
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
-__all__ = ["Limits", "Session", "cut_at_stop", "new_session_id", "new_session_key"]
+__all__ = [
+    "Limits",
+    "Session",
+    "cut_at_stop",
+    "new_capability",
+    "new_session_id",
+    "new_session_key",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,12 @@ def new_session_id() -> str:
 def new_session_key() -> str:
     """A session's bearer key: `sk-atropos-` + 43 URL-safe characters (256 random bits)."""
     return "sk-atropos-" + secrets.token_urlsafe(32)
+
+
+def new_capability() -> str:
+    """An upstream session's `uuid` (`POST /sessions/create`): 43 URL-safe characters (256
+    random bits), a secret that addresses the session on upstream's routes (`atropos.proxy.app`)."""
+    return secrets.token_urlsafe(32)
 
 
 def _text(content: Any) -> str:
