@@ -52,20 +52,24 @@ LAYERS: dict[str, frozenset[str]] = {
     "inference": frozenset(),
     "metrics": frozenset(),
     "view": frozenset(),
+    # the HTTP rules every server is built with (uses only leaves)
+    "http": frozenset(),
     # servers that speak only the protocol
-    "api": frozenset(),  # api uses only wire
-    "local": frozenset({"inference"}),  # the CPU inference server uses inference's tokenizers
+    "api": frozenset({"http"}),  # api uses only wire and the HTTP rules
+    "local": frozenset({"inference", "http"}),  # inference: the CPU server uses its tokenizers
     # the env runtime, then the environments built on it
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
-    "proxy": frozenset({"api", "envs", "inference", "metrics", "rewards"}),  # api: browser rules
-    "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics"}),
+    "proxy": frozenset({"http", "envs", "inference", "metrics", "rewards"}),
+    "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics", "http"}),
     # the trainer: never the runtime (envs, environments), never the API
     "trainer": frozenset({"inference", "local", "metrics", "rewards", "tiny"}),  # rewards: GRPO's
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
-    "testing": frozenset({"inference", "local", "api", "envs", "environments", "proxy", "tiny"}),
+    "testing": frozenset(
+        {"inference", "local", "api", "envs", "environments", "proxy", "tiny", "http"}
+    ),
     # export and launch read files and start processes through the CLIs
     "export": frozenset({"view", "metrics"}),
     "launch": frozenset(),
@@ -78,6 +82,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "environments",
             "envs",
             "export",
+            "http",
             "inference",
             "launch",
             "local",

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from isal import isal_zlib
 
-from atropos.api import body
+from atropos.http import body
 from atropos.wire import ProtocolError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atropos.api import body
+from atropos.http import body
 
 from .live_api import live_api, poll_health
 

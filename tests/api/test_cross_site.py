@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from atropos.api import ApiConfig, create_app
-from atropos.api.origin import Site
+from atropos.http.origin import Site
 from atropos.testing import serve_in_thread
 
 from .conftest import group_json, registration_json

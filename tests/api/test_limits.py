@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atropos.cli.http_limits import MAX_HEAD_BYTES, MAX_HEADERS
+from atropos.http.heads import MAX_HEAD_BYTES, MAX_HEADERS
 from atropos.testing import send_head
 
 from .live_api import LiveApi, live_api, poll_health

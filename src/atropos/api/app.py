@@ -5,10 +5,12 @@ Every route of atroposlib 0.4.0 is here with its request and response shapes; th
 `/openapi.json`, msgspec bodies) are invisible to old clients. Errors are 4xx JSON
 `{"error": {"type", "message"}, "detail"}`; `detail` is what FastAPI clients read.
 
-Every route runs inside `Api.guard`: the browser and Host rules of `origin.py`, the API key,
-strict query integers, and a last line of defence: an exception a handler did not expect is
-answered (4xx when the input provoked it, else 500), logged once with its traceback and counted
-in `/stats` (`internal_errors`), and the connection and the server carry on.
+The app is built with the HTTP rules of every server we ship (`atropos.http`: Host, Origin and
+Fetch-Metadata, content types, body limit), in front of everything. Every route then runs inside
+`Api.guard`: the API key, strict query integers, and a last line of defence: an exception a
+handler did not expect is answered (4xx when the input provoked it, else 500), logged once with
+its traceback and counted in `/stats` (`internal_errors`), and the connection and the server
+carry on.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from atropos import wire
-from atropos.api import body, dashboard, stats
-from atropos.api.body import GzipPolicy
+from atropos.api import dashboard, stats
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
-from atropos.api.origin import OPEN_PATHS, Site, refusal
 from atropos.api.store import Store, open_store
+from atropos.http import Rules, Site, api_error, body, server_app
+from atropos.http.body import GzipPolicy
 from atropos.wire import (
     EnvIdentifier,
     EnvStatusRequest,
@@ -46,6 +48,8 @@ from atropos.wire import (
 )
 
 Handler = Callable[[Request], Awaitable[Response]]
+OPEN_PATHS = ("/", "/health", "/dashboard")
+"""Pages that answer without the API key and to other sites' links (they hold no data)."""
 log = logging.getLogger("atropos.api")
 # Exceptions that only input can provoke where they escape a handler (too deep, too large or
 # undecodable values that a check missed): answered 400, but still logged and counted.
@@ -87,7 +91,7 @@ class ApiConfig:
 
 
 async def _error(request: Request, status: int, message: str, kind: str) -> Response:
-    payload = wire.encode({"error": {"type": kind, "message": message}, "detail": message})
+    payload = wire.encode(api_error(status, message, kind))
     return await body.respond(request, payload, status)
 
 
@@ -103,14 +107,11 @@ class Api:
         )
 
     def guard(self, fn: Handler) -> Handler:
-        """Wrap a route: browser and Host rules, API key check, `?env_id=` heartbeat,
+        """Wrap a route: API key check, `?env_id=` heartbeat,
         protocol errors -> 4xx, anything unexpected -> logged, counted, answered."""
         key = self.config.api_key
 
         async def route(request: Request) -> Response:
-            refused = refusal(request.method, request.url.path, request.headers, self.site)
-            if refused is not None:
-                return await _error(request, refused.status, refused.message, "Refused")
             if key is not None and request.url.path not in OPEN_PATHS:
                 given = request.headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
@@ -425,7 +426,8 @@ def create_app(config: ApiConfig | None = None, store: Store | None = None) -> S
                 await sampler
             store.close()
 
-    app = Starlette(routes=api.routes(), middleware=middleware, lifespan=lifespan)
+    rules = Rules(api.site, OPEN_PATHS, config.max_body_bytes, lambda path: api_error)
+    app = server_app(api.routes(), rules, middleware=middleware, lifespan=lifespan)
     app.state.hub = hub
     app.state.response_gzip = config.response_gzip
     return app

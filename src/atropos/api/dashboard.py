@@ -22,7 +22,7 @@ from importlib import resources
 from starlette.requests import Request
 from starlette.responses import Response
 
-from atropos.api import body
+from atropos.http import body
 
 PAGE = "dashboard.html"
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.api.app import ApiConfig, create_app
+from atropos.cli import listen
 from atropos.cli.argtypes import non_negative_int, usage_error
 from atropos.names import is_loopback
 
@@ -57,15 +58,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         default=[],
         help="allow this browser origin (repeatable; never with credentials)",
     )
-    p.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also answer requests for this Host name (repeatable; '*': any). Served without"
-        " it: localhost, loopback IPs and the bound address; on a non-loopback address also"
-        " any IP and this machine's name, and any name when an API key is set",
-    )
+    listen.add_allowed_host(p)
     p.add_argument(
         "--response-gzip",
         choices=["auto", "always", "never"],
@@ -164,8 +157,6 @@ def config_from_args(args: argparse.Namespace, prog: str = "atropos api serve") 
 
 def serve(args: argparse.Namespace, prog: str = "atropos api serve") -> int:
     """Run the API until interrupted: the port is bound before anything says it listens."""
-    from atropos.cli import listen
-
     config = config_from_args(args, prog)
     sock = listen.bind(args.host, args.port, prog)
     try:

@@ -19,7 +19,20 @@ import errno
 import socket
 from typing import Any
 
-__all__ = ["base_url", "bind", "serve"]
+__all__ = ["add_allowed_host", "base_url", "bind", "serve"]
+
+
+def add_allowed_host(p: Any) -> None:
+    """The `--allowed-host NAME` flag of a server command (an argparse parser)."""
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this Host name (repeatable; '*': any). Served without"
+        " it: localhost, loopback IPs and the bound address; on a non-loopback address also"
+        " any IP and this machine's name, and any name when an API key is set",
+    )
 
 
 def bind(host: str, port: int, prog: str) -> socket.socket:
@@ -69,19 +82,13 @@ def base_url(sock: socket.socket) -> str:
 def serve(app: Any, sock: socket.socket, log_level: str) -> None:
     """Serve `app` on `sock` until SIGINT or SIGTERM (then up to 5 s for open requests);
     SystemExit(3) when the app fails to start, as `uvicorn.run` does. Request heads are bounded
-    (`http_limits`: 431 past 64 KiB or 100 header fields)."""
+    (`atropos.http.serve`: 431 past 64 KiB or 100 header fields)."""
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
 
-    from atropos.cli.http_limits import LimitedHttpToolsProtocol
+    from atropos.http.serve import uvicorn_config
 
-    config = uvicorn.Config(
-        app,
-        http=LimitedHttpToolsProtocol,
-        log_level=log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    config = uvicorn_config(app, log_level=log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])

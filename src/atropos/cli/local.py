@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from atropos.cli import listen
 from atropos.cli.api import add_access_arguments
 from atropos.cli.argtypes import usage_error
 from atropos.names import is_loopback
@@ -25,6 +26,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         " for the tiny policy that ships with atropos",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    listen.add_allowed_host(p)
     p.add_argument(
         "--port", type=int, default=9001, help="port (default %(default)s; 0: any free port)"
     )
@@ -159,6 +161,7 @@ def serve(args: argparse.Namespace) -> int:
             allowed_paths=args.allowed_paths,
             transfer_allow=args.transfer_allow,
             rendezvous_timeout=args.transfer_rendezvous_timeout,
+            allowed_hosts=args.allowed_host,
             device=args.device,
             max_batch_size=args.max_batch_size,
             max_model_len=args.max_model_len,

@@ -7,10 +7,12 @@ returns a `Result`; `atropos.local.responses` shapes it as vLLM does. No torch h
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from atropos.http import decode
+from atropos.wire import ProtocolError
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 PAUSE_MODES = ("abort", "wait", "keep")  # vLLM's modes of POST /pause (`Engine.pause`)
@@ -314,12 +316,9 @@ def json_object(raw: bytes) -> dict[str, Any]:
     atropos.local.protocol.RequestError: the body must be a JSON object
     """
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise RequestError(f"the body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object")
-    return body
+        return decode.json_object(raw)
+    except ProtocolError as err:
+        raise RequestError(str(err)) from None
 
 
 def render_chat(body: Mapping[str, Any], tokenizer: Any) -> str:

@@ -15,11 +15,15 @@ Endpoints (docs/local.md has every field):
   `/init_weight_transfer_engine`, `/update_weights`, ...: `atropos.local.transfer`); a request
   failed by a pause in mode abort gets 503 with `Retry-After`.
 
-Errors are `{"error": {"message", "type", "param", "code"}}`. With an API key every endpoint but
-`/health` needs `Authorization: Bearer KEY`, on loopback too; without one (a loopback server
-only, as vLLM's) every route is open. Files are read only from under `allowed_paths`, and a
-weight transfer joins only a rendezvous `transfer_allow` names (`atropos.local.guard`). Nothing
-here imports torch: the engine is built by `serve` (or handed to `create_app`).
+The app is built with the HTTP rules of every server we ship (`atropos.http`): no foreign
+`Host` (DNS rebinding), no page of another site, no content type a page sends without a
+preflight, a bounded body (`max_body_bytes`), and no input that gets a 5xx (too deep, not
+UTF-8: 400). Errors are `{"error": {"message", "type", "param", "code"}}`. With an API key every
+endpoint but `/health` needs `Authorization: Bearer KEY`, on loopback too; without one (a
+loopback server only, as vLLM's) every route is open. Files are read only from under
+`allowed_paths`, and a weight transfer joins only a rendezvous `transfer_allow` names
+(`atropos.local.guard`). Nothing here imports torch: the engine is built by `serve` (or
+handed to `create_app`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from atropos.http import Rules, Site, openai_error, server_app
+from atropos.http.errors import classify
 from atropos.local.guard import AddressPolicy, PathPolicy
 from atropos.local.protocol import (
     Aborted,
@@ -56,6 +62,7 @@ if TYPE_CHECKING:
     from atropos.local.engine import Engine
 
 log = logging.getLogger("atropos.local")
+MAX_BODY_BYTES = 64 * 2**20  # a chat of a 128k-token context is a few MiB
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -106,8 +113,12 @@ class LocalServer:
         allowed_paths: list[str] | None = None,
         transfer_allow: AddressPolicy | None = None,
         rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
+        host: str = "127.0.0.1",
+        allowed_hosts: list[str] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
-        """Build the app; serving is uvicorn's job (`serve`, or `serve_in_thread` in tests)."""
+        """Build the app; serving is uvicorn's job (`serve`, or `serve_in_thread` in tests).
+        `host` is the bound address and `allowed_hosts` the extra `Host` names answered."""
         self.engine = engine
         self.paths = PathPolicy(allowed_paths)
         self.name = served_model_name or engine.model_dir
@@ -130,7 +141,9 @@ class LocalServer:
             Route("/v1/unload_lora_adapter", self._wrap(self.unload_lora), methods=["POST"]),
             *(Route(path, self._wrap(fn), methods=how) for path, fn, how in transfer.routes()),
         ]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+        site = Site.of(host, allowed_hosts or (), api_key is not None)
+        rules = Rules(site, ("/health",), max_body_bytes, lambda path: openai_error)
+        self.app = server_app(routes, rules, exception_handlers={HTTPException: _http_error})
 
     def _wrap(self, handler: Handler, public: bool = False) -> Handler:
         async def endpoint(request: Request) -> Response:
@@ -143,10 +156,12 @@ class LocalServer:
             except Aborted as exc:  # a pause in mode abort: the client retries
                 gone = RequestError(str(exc), status=503, kind="ServiceUnavailableError")
                 return _error(gone, {"Retry-After": "1"})
-            except Exception as exc:  # a server bug: say so, never hang the client
-                log.exception("%s %s failed", request.method, request.url.path)
-                message = f"internal error: {type(exc).__name__}: {exc}"
-                return _error(RequestError(message, status=500, kind="InternalServerError"))
+            except Exception as exc:  # input only a check missed (400), or a bug (500, logged)
+                status, message, _ = classify(exc)
+                if status >= 500:
+                    log.exception("%s %s failed", request.method, request.url.path)
+                kind = "InternalServerError" if status >= 500 else "BadRequestError"
+                return _error(RequestError(message, status=status, kind=kind))
 
         return endpoint
 
@@ -303,6 +318,7 @@ def run(
     allowed_paths: list[str] | None = None,
     transfer_allow: AddressPolicy | None = None,
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT,
+    allowed_hosts: list[str] | None = None,
     **engine_options: Any,
 ) -> None:
     """Load the model, then serve on `sock` (bound by the caller, so a busy port fails before
@@ -325,6 +341,8 @@ def run(
             allowed_paths=allowed_paths,
             transfer_allow=transfer_allow,
             rendezvous_timeout=rendezvous_timeout,
+            host=sock.getsockname()[0],
+            allowed_hosts=allowed_hosts,
         ).app
         print(
             f"atropos local: {base_url(sock)}/v1 model={served_model_name or model_dir}"

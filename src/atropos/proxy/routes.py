@@ -18,7 +18,7 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from atropos.api.origin import Site, refusal
+from atropos.http.origin import Site, refusal
 from atropos.proxy import anthropic_api, openai_api, responses_api
 from atropos.proxy.session import Limits, Session
 from atropos.proxy.turns import ProxyError

@@ -72,14 +72,11 @@ def _embedded_server(config: Any) -> Any:
 async def serving(proxy: Proxy, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve `proxy` in the running loop; yields its base URL; stops it on exit (the sessions
     stay with `proxy`)."""
-    import uvicorn
-
+    from atropos.http.serve import uvicorn_config
     from atropos.net import free_port
 
     port = port or free_port()
-    config = uvicorn.Config(
-        build_app(proxy), host=host, port=port, log_level="warning", lifespan="on"
-    )
+    config = uvicorn_config(build_app(proxy), host=host, port=port, lifespan="on")
     server = _embedded_server(config)
     task = asyncio.create_task(server.serve())
     try:

@@ -74,6 +74,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from atropos.http import Rules, server_app
+from atropos.http.serve import uvicorn_config
 from atropos.local.protocol import RequestError as BadRequest
 from atropos.local.protocol import json_object
 from atropos.net import free_port
@@ -277,7 +279,8 @@ class FakeInferenceServer:
             self._route("/generate/", "POST", self.shapes.trl_generate),
         ]
         routes += self.lora.routes()
-        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+        rules = Rules.loopback(open_paths=("/health", "/health/"))
+        return server_app(routes, rules, exception_handlers={HTTPException: _http_error})
 
     def _route(self, path: str, method: str, handler: Handler) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -351,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     port = args.port or free_port()
     print(f"fake inference server on http://127.0.0.1:{port}/v1", flush=True)
-    uvicorn.run(server.app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.Server(uvicorn_config(server.app, host="127.0.0.1", port=port)).run()
     return 0
 
 

@@ -52,8 +52,10 @@ def serve_in_thread(app: Any, port: int = 0, deadline: float = 10.0) -> Iterator
     """
     import uvicorn
 
+    from atropos.http.serve import uvicorn_config
+
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn_config(app, host="127.0.0.1", port=port, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn:{port}", daemon=True)
     thread.start()

@@ -36,6 +36,7 @@ __all__ = [
     "add_days",
     "convert_units",
     "days_between",
+    "http_app",
     "items_in_category",
     "lookup_item",
     "main",
@@ -212,12 +213,21 @@ def serve_http(port: int, token: str | None = None, sse: bool = False) -> None:
     """Serve the tools over HTTP on 127.0.0.1:`port` until interrupted (module docstring)."""
     import uvicorn
 
+    from atropos.http.serve import uvicorn_config
+
+    uvicorn.Server(uvicorn_config(http_app(token, sse), host="127.0.0.1", port=port)).run()
+
+
+def http_app(token: str | None = None, sse: bool = False) -> Any:
+    """The ASGI app `serve_http` serves: the SDK's transport behind the HTTP rules of every
+    server we ship (`atropos.http`, JSON-RPC errors), and the bearer check when `token`."""
+    from atropos.http import Rules, guard, jsonrpc_error
+
     server = _server()
     app: Any = server.sse_app() if sse else server.streamable_http_app()
     if token:
         app = _RequireBearer(app, token)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    uvicorn.Server(config).run()
+    return guard(app, Rules.loopback(open_paths=(), dialect=lambda path: jsonrpc_error))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,6 +1,8 @@
-"""Who may talk to the API: the Host names it answers, and no browser page of another site.
+"""Who may talk to a server we ship: the Host names it answers, and no browser page of another
+site. Written for the trajectory API first (its flags are named below); `atropos local serve`,
+the rollout proxy, the MCP fixture server and the fakes apply the same rules (`rules.HttpRules`).
 
-The threat: the API listens on loopback without a key by default, and a researcher's browser
+The threat: a server listens on loopback without a key by default, and a researcher's browser
 runs on the same machine. Any page it opens (an ad, a paper's demo, a compromised site) can
 send requests to `http://127.0.0.1:8000` without reading the answer: a `fetch` in `no-cors`
 mode with a `text/plain` JSON body queues a poisoned group, an `<img src=.../reset_data>` or a
@@ -26,8 +28,9 @@ The rules (checked before the API key, on every route):
    msgpack (`application/msgpack`, `application/x-msgpack`), or no Content-Type at all; the
    types an HTML form or a simple `fetch` can send (`text/plain`, form encodings) are refused.
 
-Rules 2 and 3 do not apply to GET or HEAD of the pages that hold no data (`/`, `/health`,
-`/dashboard`): following a link to the dashboard from another site works.
+Rules 2 and 3 do not apply to GET or HEAD of the pages that hold no data (the server's
+`open_paths`: `/health` everywhere; the API adds `/` and `/dashboard`, so following a link to
+the dashboard from another site works).
 
 Python clients (atroposlib's `requests` and `aiohttp`, this project's own) send no Origin, no
 Sec-Fetch-* headers, `Host: 127.0.0.1:PORT` or `localhost:PORT`, and `application/json`: they
@@ -42,11 +45,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from atropos.api.body import MSGPACK_TYPES
+from atropos.http.body import MSGPACK_TYPES
 from atropos.names import is_loopback
 
-OPEN_PATHS = ("/", "/health", "/dashboard")
-"""Pages that answer without the API key and to other sites' links (they hold no data)."""
 BODY_TYPES = ("application/json", *MSGPACK_TYPES)
 """Content types a request with a body may declare (or none at all)."""
 CROSS_SITE = ("cross-site", "same-site")
@@ -124,8 +125,15 @@ class Refusal(NamedTuple):
     message: str
 
 
-def refusal(method: str, path: str, headers: Mapping[str, str], site: Site) -> Refusal | None:
-    """Why this request must be refused, or None when it passes every rule.
+def refusal(
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    site: Site,
+    open_paths: tuple[str, ...] = ("/health",),
+) -> Refusal | None:
+    """Why this request must be refused, or None when it passes every rule; `open_paths` are
+    the pages rules 2 and 3 leave open to GET and HEAD (they hold no data).
 
     >>> site = Site.of("127.0.0.1")
     >>> refusal("POST", "/scored_data", {"host": "127.0.0.1:8000"}, site) is None
@@ -141,7 +149,7 @@ def refusal(method: str, path: str, headers: Mapping[str, str], site: Site) -> R
             f"Host {host!r} is not a name this API serves (DNS rebinding is refused): use"
             " http://127.0.0.1 or http://localhost, or start the API with --allowed-host NAME",
         )
-    if not (method in ("GET", "HEAD") and path in OPEN_PATHS):
+    if not (method in ("GET", "HEAD") and path in open_paths):
         origin = headers.get("origin")
         listed = origin is not None and origin.rstrip("/").lower() in site.cors_origins
         if origin is not None and not listed:
