@@ -190,6 +190,66 @@ def test_a_humaneval_style_check_runs_against_the_candidate(box):
     assert not check_solution(box, item, fenced(body.replace("sum(xs)", "len(xs)"))).passed
 
 
+ALWAYS_EQUAL = """
+class Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __lt__
+    def __bool__(self): return True
+    def __contains__(self, item): return True
+    def __hash__(self): return hash(3)
+    def __len__(self): return 1
+def add(a, b):
+    return Anything()
+"""
+
+ALWAYS_EQUAL_TESTS = {
+    "==": ["assert add(1, 2) == 3"],
+    "reflected ==": ["assert 3 == add(1, 2)"],
+    "!=": ["assert not (add(1, 2) != 3)"],
+    "in a list": ["assert add(1, 2) in [3]"],
+    "in a set": ["assert add(1, 2) in {3}"],
+    "inside a returned list": ["assert [add(1, 2)] == [3]"],
+    "truth": ["assert add(1, 2)"],
+    "membership": ["assert 3 in add(1, 2)"],
+    "ordering": ["assert 2 < add(1, 2) <= 3"],
+    "caught as an exception": [
+        "try:\n    assert add(1, 2) == 3\nexcept Exception:\n    raise AssertionError('no')"
+    ],
+    "caught as what a test expects": [
+        "try:\n    ok = add(1, 2) == 3\nexcept TypeError:\n    ok = True\nassert ok"
+    ],
+    "humaneval check(candidate)": [
+        "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)"
+    ],
+}
+
+
+@pytest.mark.parametrize("tests", ALWAYS_EQUAL_TESTS.values(), ids=list(ALWAYS_EQUAL_TESTS))
+def test_an_object_equal_to_everything_fails(box, tests):
+    """The comparison is the judge's, on plain data: the candidate's `__eq__` is never asked."""
+    item = {"task_id": "t/add", "prompt": "", "tests": tests, "preamble": ""}
+    verdict = check_solution(box, item, fenced(ALWAYS_EQUAL))
+    assert (verdict.passed, verdict.status) == (False, "error"), verdict
+    if "Exception" not in tests[0] and "TypeError" not in tests[0]:
+        assert "NotPlainData" in verdict.detail, verdict
+
+
+def test_a_tuple_subclass_is_judged_on_its_items(box):
+    code = """
+class Fake(tuple):
+    def __eq__(self, other): return True
+    __hash__ = tuple.__hash__
+def pair():
+    return Fake((0, 0))
+"""
+    item = {"task_id": "t/pair", "prompt": "", "tests": ["assert pair() == (1, 2)"]}
+    assert not check_solution(box, item, fenced(code)).passed
+    honest = {**item, "tests": ["assert pair() == (0, 0)"]}
+    assert check_solution(box, honest, fenced(code)).passed  # its data, compared by the judge
+
+
 # ----- B. no file is created outside the run's directory -----------------------------------------
 
 WATCHED = ["/tmp", "/dev/shm", "/var/tmp", "/run/lock"]

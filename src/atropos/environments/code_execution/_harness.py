@@ -22,15 +22,24 @@ judge sees a dead or lying peer, and a run counts as passed only on the judge's 
 after every test ran. The judge is not dumpable (`PR_SET_DUMPABLE` 0), so a same-uid candidate
 cannot ptrace it or read its memory (`/proc/<judge>/mem`); it can kill it, which fails the run.
 
-What stays possible is reward hacking *inside the rules*: a returned object whose `__eq__` is
-always true is a handle, and comparing it runs the candidate's `__eq__` (as it would in one
-process), and hard-coding the answers to the asserts shown in the prompt passes.
+Comparisons are the judge's: what decides a test (`==`, `!=`, `<`, `<=`, `>`, `>=`, truth,
+`in`) runs in the judge on its own decoded copies of plain data, never in the candidate. A
+returned object of the code's own class is a handle, and comparing it, testing its truth or
+searching it (`x == y`, `assert x`, `y in x`, in any test form: MBPP asserts, HumanEval's
+`check(candidate)`, setup code) fails the test with `NotPlainData`, which no test can catch.
+So an object whose `__eq__` is always true fails, and so does a `tuple` subclass overriding it
+(sent as the plain tuple of its items). Other operations on handles (calling methods, reading
+attributes, `len`, iterating, arithmetic) still run in the candidate: their results are data the
+judge compares. What stays possible is reward hacking *inside the rules*: hard-coding the
+answers to the asserts shown in the prompt passes.
 
 Differences from running tests and code in one process (honest code is unaffected in the common
 case): arguments reach the code as copies (lists, dicts and sets it changes in place are copied
 back); values the judge passes that cannot be pickled (a lambda defined by a test) fail the test;
 a returned object of another type than the plain ones above is a handle, so `type(x) is Foo` in a
-test fails. Module objects the code imports are imported anew in the judge by name.
+test fails, and so does comparing it (`obj == obj2`, `assert obj`) even where its `__eq__` is
+honest: compare its plain attributes or results instead. Module objects the code imports are
+imported anew in the judge by name.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ from typing import Any
 MAX_MESSAGE = 256 * 2**20  # a reply larger than this is refused (the peer is lying or broken)
 HEADER = struct.Struct("!Q")
 REASON_EXITED = "exited_early"  # the candidate process ended before the tests did
+# what decides a test: the judge never asks the candidate's objects (`__eq__` always true)
+VERDICT_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "bool", "contains")
 
 # ----- framing ---------------------------------------------------------------------------------
 
@@ -119,7 +130,6 @@ def _operations() -> dict[str, Any]:
         "iter": iter,
         "next": next,
         "len": len,
-        "bool": bool,
         "str": str,
         "repr": repr,
         "hash": hash,
@@ -128,9 +138,8 @@ def _operations() -> dict[str, Any]:
         "index": operator.index,
         "abs": abs,
         "neg": operator.neg,
-        "contains": lambda a, b: b in a,
     }
-    for name in "eq ne lt le gt ge add sub mul truediv floordiv mod pow getitem setitem".split():
+    for name in "add sub mul truediv floordiv mod pow getitem setitem".split():
         ops[name] = getattr(operator, name)
     for name in "add sub mul truediv floordiv mod pow".split():
         ops["r" + name] = (lambda f: lambda a, b: f(b, a))(getattr(operator, name))
@@ -181,6 +190,11 @@ def serve(request_fd: int, reply_fd: int, source: str, filename: str) -> int:
 
 class CandidateExited(BaseException):
     """The candidate process ended (or broke the protocol) while the tests needed it."""
+
+
+class NotPlainData(BaseException):
+    """A test compared, tested the truth of, or searched an object of the candidate (a
+    handle): a failed test that no test can catch as an Exception."""
 
 
 class Peer:
@@ -304,9 +318,6 @@ class Remote:
     def __iter__(self) -> Any:
         return self._peer.ask("iter", self)
 
-    def __contains__(self, item: Any) -> bool:
-        return bool(self._peer.ask("contains", self, item))
-
     def __setitem__(self, key: Any, value: Any) -> None:
         self._peer.ask("setitem", self, key, value)
 
@@ -319,11 +330,25 @@ def _forward(op: str) -> Any:
     return method
 
 
+def _refuse(op: str) -> Any:
+    def method(self: Remote, *args: Any) -> Any:
+        raise NotPlainData(
+            f"the code under test gave an object of its own (a handle), not plain data, where"
+            f" the tests ask for `{op}`: only None, bool, int, float, complex, str, bytes,"
+            " list, tuple, set, dict, Fraction and Decimal are compared (by the judge)"
+        )
+
+    method.__name__ = f"__{op}__"
+    return method
+
+
 for _op in (
-    "next len bool str repr hash int float index abs neg getitem eq ne lt le gt ge add sub mul"
+    "next len str repr hash int float index abs neg getitem add sub mul"
     " truediv floordiv mod pow radd rsub rmul rtruediv rfloordiv rmod rpow"
 ).split():
     setattr(Remote, f"__{_op}__", _forward(_op))
+for _op in VERDICT_OPS:  # answered by the judge on plain data, never by the candidate's code
+    setattr(Remote, f"__{_op}__", _refuse(_op))
 
 
 def judge(peer: Peer, tests: str, filename: str) -> tuple[bool, str]:
@@ -351,6 +376,9 @@ def judge(peer: Peer, tests: str, filename: str) -> tuple[bool, str]:
     except CandidateExited as e:
         print(f"{filename}: {e}", file=sys.stderr)
         return False, REASON_EXITED
+    except NotPlainData as e:
+        print(f"{filename}: NotPlainData: {e}", file=sys.stderr)
+        return False, "error"
     except BaseException as e:
         traceback.print_exception(type(e), e, e.__traceback__ and e.__traceback__.tb_next)
         return False, "error"
