@@ -372,6 +372,7 @@ print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
 
 
 def test_the_invoking_users_private_files_are_unreadable(box):
+    """The dedicated uid's own guarantee, so without the private root (which hides the file)."""
     if "dedicated uid" not in box.run("pass").isolation["user"]:
         pytest.skip("no dedicated uid (not root): the code runs as the invoking user")
     directory = tempfile.mkdtemp(prefix="atropos-store-")
@@ -392,7 +393,8 @@ for path in ({str(private)!r}, {str(public)!r}):
     r = subprocess.run(["/bin/cat", path], capture_output=True, text=True)
     print("cat", r.returncode, r.stdout)
 """
-        result = box.run(program)
+        with Sandbox(LIMITS, max_concurrency=1, namespaces=False) as shared:
+            result = shared.run(program)
     finally:
         shutil.rmtree(directory)
     assert result.ok, result.stderr
@@ -414,3 +416,18 @@ def test_weaker_isolation_than_asked_is_logged_once(caplog):
         "Operation not permitted); pids: shared): the code may write to world-writable places "
         "and see other processes"
     ]
+
+
+def test_a_missing_private_root_is_logged_once(caplog):
+    from atropos.environments.code_execution.sandbox import SandboxResult
+
+    sandbox = Sandbox(LIMITS, max_concurrency=1)
+    weak = {
+        "filesystem": "read-only but the run's directory (no private root: tmpfs: denied)",
+        "pids": "namespace",
+    }
+    with caplog.at_level("WARNING", logger="atropos.environments.code_execution.sandbox"):
+        for _ in range(2):
+            sandbox._warn_once(SandboxResult("ok", 0, None, "", "", 0.1, dict(weak)))
+    messages = [r.getMessage() for r in caplog.records if "no private root" in r.getMessage()]
+    assert len(messages) == 1 and "Unix sockets" in messages[0]

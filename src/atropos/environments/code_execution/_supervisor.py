@@ -2,11 +2,14 @@
 
 `sandbox` (beside it) runs this file as `python -I -S _supervisor.py CONFIG` in a
 fresh temporary directory; it is never imported there, and uses the standard library only. It
-isolates the network, unshares mount and PID namespaces (every mount read-only but the run's
-directory), forks the child that runs `main.py` (privileges dropped, resource limits set, audit
-hook installed) through a first process of the PID namespace that mounts its own /proc, enforces
-the wall-clock limit, and kills every descendant at the end. With tests, the child is the judge
-of `_harness.py` (loaded by path).
+isolates the network, unshares mount and PID namespaces and lays out the run's private root (a
+read-only tmpfs with read-only binds of the system and the Python installation, and the run's
+directory writable; failing that, every mount read-only but the run's directory), forks the
+child that runs `main.py` (privileges dropped, resource limits set, audit hook installed)
+through a first process of the PID namespace that mounts its own /proc and `pivot_root`s into
+the private root, enforces the wall-clock limit, and kills every descendant at the end. With
+tests, the child is the judge of `_harness.py` (loaded by path before the private root exists,
+which does not show this package).
 What it does and does not protect against is in `sandbox.py`'s docstring.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import resource
 import signal
@@ -34,6 +38,14 @@ SETUP_FAILED = 125  # the child's exit code when the sandbox itself could not be
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
+MNT_DETACH = 2
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}  # syscall numbers (no libc wrapper)
+ST_TO_MS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME}
+ST_TO_MS[4096] = MS_RELATIME  # statvfs's f_flag bits -> mount flags
+PRIVATE_ROOT = "read-only private root: the system, Python and the run's directory (writable)"
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEVICE_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0"}
+DEVICE_LINKS |= {"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
 MOUNT_FLAGS = {  # per-mount options kept when a mount is remounted read-only
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -133,9 +145,25 @@ def isolate_network(libc: Any, is_root: bool) -> str:
     """Move this process into a new, empty network namespace if the kernel lets us."""
     if libc.unshare(CLONE_NEWNET) == 0:
         return "namespace"
+    ids = os.getuid(), os.getgid()
     if not is_root and libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        map_own_ids(*ids)
         return "user+network namespace"
     return f"audit hook only (no network namespace: {_errno_text()})"
+
+
+def map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace: our `uid` and `gid` (read before it) map to themselves, so files
+    we create in the private root's tmpfs (which belongs to this namespace) have an owner;
+    unmapped, creating one fails with EOVERFLOW. Best effort: without it, only the private root
+    is lost (and reported)."""
+    maps = {"setgroups": "deny", "uid_map": f"{uid} {uid} 1", "gid_map": f"{gid} {gid} 1"}
+    for name, text in maps.items():
+        try:
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                f.write(text)
+        except OSError:
+            return
 
 
 def mount_points() -> list[tuple[str, int]]:
@@ -150,17 +178,27 @@ def mount_points() -> list[tuple[str, int]]:
     return found
 
 
-def isolate_filesystem(libc: Any, workdir: str) -> tuple[bool, str]:
+def isolate_filesystem(libc: Any, cfg: dict[str, Any]) -> tuple[bool, str]:
     """Unshare mount and PID namespaces (children of this process start a new PID namespace);
-    then make every mount read-only, except the run's directory, bound onto itself writable.
+    then lay out the run's private root (`build_root`; the first process of the PID namespace
+    enters it), or, failing that, make every mount read-only but the run's directory.
     Returns whether the namespaces exist, and what the filesystem is like."""
     if libc.unshare(CLONE_NEWNS | CLONE_NEWPID) != 0:
         return False, f"shared (no mount namespace: {_errno_text()})"
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return True, f"shared (mounts not private: {_errno_text()})"
-    root = os.path.realpath(workdir)
+    root = os.path.realpath(cfg["workdir"])
+    layout = cfg.get("root")
+    why = build_root(libc, layout, root) if layout else "not asked for"
+    if why is None:
+        return True, PRIVATE_ROOT
+    return True, f"{remount_read_only(libc, root)} (no private root: {why})"
+
+
+def remount_read_only(libc: Any, root: str) -> str:
+    """Make every mount read-only, except the run's directory `root`, bound onto itself."""
     if libc.mount(os.fsencode(root), os.fsencode(root), None, MS_BIND, None) != 0:
-        return True, f"shared (cannot bind the run's directory: {_errno_text()})"
+        return f"shared (cannot bind the run's directory: {_errno_text()})"
     os.chdir(root)  # the cwd now goes through the writable bind mount
     failed = []
     for point, flags in mount_points():
@@ -170,14 +208,96 @@ def isolate_filesystem(libc: Any, workdir: str) -> tuple[bool, str]:
         if libc.mount(None, os.fsencode(point), None, remount, None) != 0:
             failed.append(point)
     if failed:
-        return True, f"read-only but the run's directory, except {' '.join(failed[:5])}"
-    return True, "read-only but the run's directory"
+        return f"read-only but the run's directory, except {' '.join(failed[:5])}"
+    return "read-only but the run's directory"
 
 
-def mount_own_proc(libc: Any) -> str:
+def build_root(libc: Any, layout: dict[str, Any], workdir: str) -> str | None:
+    """Mount a tmpfs at `layout["dir"]` and lay out the run's private root in it: `links`
+    (symlinks), `binds` (read-only), a few devices, empty `/tmp` and `/dev/shm`, a mount point
+    for /proc, the run's directory (writable), and an empty tmpfs over each of `hide` that a
+    bind shows; then make it read-only. None when done, else why not (and nothing is left)."""
+    if platform.machine() not in PIVOT_ROOT:
+        return f"no pivot_root number for {platform.machine()}"
+    new = os.path.realpath(layout["dir"])
+    if libc.mount(b"tmpfs", os.fsencode(new), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755") != 0:
+        return f"tmpfs: {_errno_text()}"
+    umask = os.umask(0o022)
+    try:
+        why = populate_root(libc, new, layout, workdir)
+    except OSError as e:
+        why = str(e)
+    finally:
+        os.umask(umask)
+    read_only = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    if why is None and libc.mount(None, os.fsencode(new), None, read_only, None) != 0:
+        why = f"read-only root: {_errno_text()}"
+    if why is not None:
+        libc.umount2(os.fsencode(new), MNT_DETACH)
+    return why
+
+
+def populate_root(libc: Any, new: str, layout: dict[str, Any], workdir: str) -> str | None:
+    """The contents of `build_root`'s new root at `new`; None, or what failed."""
+    links = dict(layout["links"])
+    links.update({f"/dev/{name}": target for name, target in DEVICE_LINKS.items()})
+    for link, target in links.items():
+        os.makedirs(os.path.dirname(new + link), exist_ok=True)
+        os.symlink(target, new + link)
+    for path in ("/tmp", "/dev/shm", "/proc", workdir, *layout["binds"]):
+        os.makedirs(new + path, exist_ok=True)
+    steps = [(path, new + path, False) for path in layout["binds"]]
+    for name in DEVICES:
+        with open(os.open(new + f"/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o644), "wb"):
+            pass
+        steps.append((f"/dev/{name}", new + f"/dev/{name}", False))
+    for source, target, writable in [*steps, (workdir, new + workdir, True)]:
+        if (why := bind(libc, source, target, writable)) is not None:
+            return why
+    for path in layout["hide"]:
+        target = new + path
+        if os.path.isdir(target) and os.path.realpath(target) == target:
+            flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+            if libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, b"size=4k") != 0:
+                return f"hide {path}: {_errno_text()}"
+    return None
+
+
+def bind(libc: Any, source: str, target: str, writable: bool) -> str | None:
+    """Bind `source` onto `target`, read-only unless `writable`; None, or why it failed."""
+    if libc.mount(os.fsencode(source), os.fsencode(target), None, MS_BIND, None) != 0:
+        return f"bind {source}: {_errno_text()}"
+    if writable:
+        return None
+    kept = os.statvfs(target).f_flag  # the source's locked flags must stay (user namespace)
+    flags = sum(ms for st, ms in ST_TO_MS.items() if kept & st)
+    remount = MS_REMOUNT | MS_BIND | MS_RDONLY | flags
+    if libc.mount(None, os.fsencode(target), None, remount, None) != 0:
+        return f"read-only {source}: {_errno_text()}"
+    return None
+
+
+def enter_root(libc: Any, new: str, workdir: str) -> str:
+    """As the first process of the new PID namespace: mount its /proc in the private root at
+    `new` (or, if the kernel refuses, bind the host's), make that root ours (`pivot_root`),
+    detach the old one and enter the run's directory. What /proc is, as `mount_own_proc`."""
+    pids = mount_own_proc(libc, new + "/proc")
+    if pids != "namespace":
+        proc = os.fsencode(new + "/proc")
+        libc.mount(b"/proc", proc, None, MS_BIND | MS_REC, None)
+    os.chdir(new)
+    if libc.syscall(PIVOT_ROOT[platform.machine()], b".", b".") != 0:
+        raise OSError(f"pivot_root: {_errno_text()}")
+    if libc.umount2(b".", MNT_DETACH) != 0:
+        raise OSError(f"detaching the old root: {_errno_text()}")
+    os.chdir(workdir)
+    return pids
+
+
+def mount_own_proc(libc: Any, target: str = "/proc") -> str:
     """In a new PID namespace (as its first process): a /proc that shows only its processes."""
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-    if libc.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
+    if libc.mount(b"proc", os.fsencode(target), b"proc", flags, None) != 0:
         return f"namespace, but /proc is the host's ({_errno_text()})"
     return "namespace"
 
@@ -510,6 +630,19 @@ def run_child(
     return outcome
 
 
+def enter_namespace(libc: Any, cfg: dict[str, Any], private_root: bool) -> str:
+    """The first process of the PID namespace: its /proc, and the private root when built;
+    never returns when that fails (no outcome: the run is a `sandbox_error`)."""
+    if not private_root:
+        return mount_own_proc(libc)
+    try:
+        new, workdir = os.path.realpath(cfg["root"]["dir"]), os.path.realpath(cfg["workdir"])
+        return enter_root(libc, new, workdir)
+    except BaseException as e:
+        print(f"sandbox setup failed: {e!r}", file=sys.stderr)
+        os._exit(SETUP_FAILED)
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1])
     sys.dont_write_bytecode = True
@@ -524,7 +657,7 @@ def main(argv: list[str]) -> int:
     harness = load_harness() if cfg["harness"] else None
     namespaced, filesystem = False, "shared (namespaces off)"
     if cfg["namespaces"]:
-        namespaced, filesystem = isolate_filesystem(libc, cfg["workdir"])
+        namespaced, filesystem = isolate_filesystem(libc, cfg)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: STOP.append(1))
     line = {"network": network, "filesystem": filesystem}
@@ -536,7 +669,7 @@ def main(argv: list[str]) -> int:
     init = os.fork()  # the first process of the new PID namespace: supervises the child there
     if init == 0:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        pids = mount_own_proc(libc)
+        pids = enter_namespace(libc, cfg, filesystem == PRIVATE_ROOT)
         tasks = base_tasks + (not is_root)  # this process counts for a non-root NPROC
         outcome = run_child(cfg, libc, tasks, caller, harness, namespaced)
         outcome["pids"] = pids

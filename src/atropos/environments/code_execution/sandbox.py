@@ -6,6 +6,9 @@ scrubbed to PATH, HOME, TMPDIR and LANG). The supervisor forks the child that ru
 program and kills every descendant when it ends; in a new PID namespace a first process there
 does this (its end ends every process of the namespace). With `tests`, the child is a judge
 that runs the tests against the program, which it forks into another process (`_harness`).
+Where a mount namespace is allowed, that first process also moves the run into a private root
+(`pivot_root`; see "The file system" below). The supervisor and the harness are loaded before
+it, so the package's own directory need not be (and is not) visible there.
 
 Threat model. The sandbox is for *accidents and sloppiness* of generated code during RL: it
 stops the usual failure modes from hurting the trainer or the machine.
@@ -17,29 +20,47 @@ What it protects against:
   supervisor is a child subreaper, so orphans, even ones that called `setsid`, come back to it).
 - **Fork bombs**: RLIMIT_NPROC, so a run adds at most `max_processes` tasks. As root (which
   the kernel exempts from NPROC) the child first becomes a dedicated uid, one per concurrency
-  slot (`uid_base + slot`), so the limit counts only that run's processes; such a uid may be
-  unable to read the interpreter's files (a Python under /root), and then common standard
-  modules are imported before the switch and others cannot be. Not root: NPROC is the user's
-  current task count plus `max_processes` (inside a new user namespace on Linux >= 5.14, which
-  counts its own tasks: 2 plus `max_processes`). If root cannot drop privileges, an audit hook
-  refuses `os.fork`, `subprocess`, `os.exec*`, `os.system` and `posix_spawn` instead.
+  slot (`uid_base + slot`), so the limit counts only that run's processes; without the private
+  root such a uid may be unable to read the interpreter's files (a Python under /root), and
+  then common standard modules are imported before the switch and others cannot be. Not root:
+  NPROC is the user's current task count plus `max_processes` (inside a new user namespace on
+  Linux >= 5.14, which counts its own tasks: 2 plus `max_processes`). If root cannot drop
+  privileges, an audit hook refuses `os.fork`, `subprocess`, `os.exec*`, `os.system` and
+  `posix_spawn` instead.
 - **Memory bombs**: RLIMIT_AS (a `MemoryError`, or death). **Huge files**: RLIMIT_FSIZE per
   file. **Huge output**: at most `max_output_bytes` is kept per stream; past that the run is
   killed (status `output_limit`), so output never grows our memory.
 - **Network**: the supervisor unshares a new network namespace (root, or an unprivileged user
   namespace where the kernel allows one) in which no interface is up, and in every case an
-  audit hook refuses creating sockets (`socket.*` events). `SandboxResult.isolation` says which
+  audit hook refuses creating sockets (`socket.*` events). Unix-domain socket *files* are not
+  network: the private root (below) hides them. `SandboxResult.isolation` says which
   layers applied (`network`, `filesystem`, `pids`, `user`, `processes`); a weaker setup than
   asked for is logged once per `Sandbox` as a warning.
-- **Stray writes** (kernel-enforced where namespaces are allowed: root, or an unprivileged user
-  namespace): the supervisor unshares a mount namespace and remounts every mount read-only,
-  except the run's directory (bound onto itself, writable). So no process of the run, exec'd
-  programs included, creates, links, renames or changes anything elsewhere, world-writable
-  `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock` included (`os.mknod` and `os.mkfifo` fail with
-  EROFS; writing to devices such as `/dev/null` still works). Always, as defence in depth, the
-  audit hook refuses Python-level opening for writing, removing, renaming, chmod-ing and linking
-  outside the directory; it cannot see `os.mknod` and `os.mkfifo` (no audit events), so without
-  namespaces only a dedicated uid's permissions stop those, and not in world-writable places.
+- **The file system** (kernel-enforced where namespaces are allowed: root, or an unprivileged
+  user namespace): the run gets a private root, a read-only tmpfs holding only read-only binds
+  of the system directories (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`) and of the Python
+  installation (`sys.base_prefix`, the standard library, the real interpreter; a venv's
+  `sys.executable` is a symlink to it), the devices `null`, `zero`, `full`, `random` and
+  `urandom`, empty read-only `/tmp` and `/dev/shm`, its own `/proc`, and the run's directory,
+  the only writable place. The old root is detached. So no process of the run, exec'd programs
+  and native code included:
+  - reaches a **Unix-domain socket outside the run** by path (no `/var/run/docker.sock`,
+    `/run`, SSH agent's socket or `/tmp/.X11-unix` exists there; abstract sockets belong to
+    the network namespace, below);
+  - reads **the environment's data**: the project, `/home`, `/root`, `/var` and caches are not
+    bound, and where a bind would show site-packages, this package (with its datasets) or a
+    dataset cache (`~/.cache`, `HF_HOME`), an empty tmpfs covers it. The held-out items and
+    their reference solutions are out of reach;
+  - creates, links, renames or changes anything outside the run's directory (`os.mknod` and
+    `os.mkfifo` fail with EROFS; writing to devices such as `/dev/null` still works).
+
+  When the private root cannot be built (`isolation["filesystem"]` says why, and a warning is
+  logged once), the mount namespace still makes every mount read-only but the run's directory
+  (so the last point holds), while reading and socket files are as below. Always, as defence in
+  depth, the audit hook refuses Python-level opening for writing, removing, renaming, chmod-ing
+  and linking outside the directory; it cannot see `os.mknod` and `os.mkfifo` (no audit
+  events), so without namespaces only a dedicated uid's permissions stop those, and not in
+  world-writable places.
 - **Other processes** (kernel-enforced with namespaces): a new PID namespace with its own /proc,
   so the run sees only its own processes: no other process's cmdline, environ or fds. Without
   it, a dedicated uid cannot read other users' `environ`, `fd` or `mem` (owner-only) but can
@@ -53,6 +74,11 @@ What it protects against:
 - **Forged test verdicts** (`run(..., tests=...)`): the tests run in a separate, undumpable
   process that alone can report; the code under test gets no marker, file or descriptor to
   forge the verdict with (see `_harness`).
+- **Objects that compare equal to everything** (`run(..., tests=...)`): what decides a test
+  (`==`, `!=`, ordering, truth, `in`) runs in the judge process, on its decoded copies of plain
+  data (None, bool, int, float, complex, str, bytes, list, tuple, set, dict, Fraction,
+  Decimal); comparing, testing or searching any other object of the code fails the test. The
+  code's `__eq__` is never asked (see `_harness`). Always, namespaces or not.
 
 What it does NOT protect against (it is not a security boundary; use a VM or gVisor, or a
 service such as Modal, for code written to attack you):
@@ -62,11 +88,20 @@ service such as Modal, for code written to attack you):
 - Audit hooks are a Python-level guard. Native code bypasses them (ctypes is refused and its
   import blocked, but C extensions, `/proc/self/mem`, or any process the code `exec`s, such as
   `bash`, are not audited). With a network namespace the network stays closed for those too;
-  without one it does not.
-- Reading: the file system stays readable as far as the uid's permissions go (world-readable
-  files, the dataset when it is such a file; everything the caller can read, without a
-  dedicated uid). Without namespaces, a dedicated uid can still create files in world-writable
-  places (`/tmp`, `/dev/shm`) through `os.mknod`/`os.mkfifo` or an exec'd program.
+  without one it does not. Socket files and the dataset stay out of their reach only with the
+  private root.
+- Without the private root (no mount namespace, or it could not be built): the file system
+  stays readable as far as the uid's permissions go (world-readable files, the environment's
+  dataset with its held-out reference solutions when it is such a file; everything the caller
+  can read, without a dedicated uid), and an exec'd program or native code can connect to any
+  Unix-domain socket file the uid may open (a Docker daemon's, an SSH agent's, X11's); the
+  network namespace does not cover those. Without namespaces, a dedicated uid can also create
+  files in world-writable places (`/tmp`, `/dev/shm`) through `os.mknod`/`os.mkfifo` or an
+  exec'd program.
+- With it, the run still reads the system directories and the Python installation (world-
+  readable files there, `/etc/passwd` included), and sees the mount table (`/proc/self/mounts`,
+  paths only).
+- Reward hacking inside the rules: hard-coding the answers to the tests shown in the prompt.
 - Disk: RLIMIT_FSIZE caps each file, not their number, inside the directory. CPU: each process
   gets its own RLIMIT_CPU, so a capped fork tree may use up to `max_processes` CPU-seconds
   budgets before the wall clock stops it.
@@ -108,6 +143,8 @@ DEFAULT_UID_BASE = 1_500_000_000  # far above the uids of real users and of cont
 log = logging.getLogger(__name__)
 SETUP_FAILED = 125  # `_supervisor.SETUP_FAILED`
 GRACE_SECONDS = 3.0  # the supervisor's start and cleanup, beyond the wall-clock limit
+# what the private root shows of the system (read-only), besides the Python installation
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
 
 @dataclass(frozen=True)
@@ -159,8 +196,9 @@ class Sandbox:
         limits: per-run limits.
         max_concurrency: runs at once; more wait for a slot (`run` blocks, `arun` awaits).
         network_namespace: unshare a network namespace when the kernel allows it.
-        namespaces: unshare mount and PID namespaces when the kernel allows it (every mount
-            read-only but the run's directory; a /proc showing only the run's processes).
+        namespaces: unshare mount and PID namespaces when the kernel allows it: a private,
+            read-only root showing only the system directories, the Python installation and
+            the run's directory (writable); a /proc showing only the run's processes.
         drop_privileges: when running as root, run as a dedicated uid per slot.
         uid_base: the first dedicated uid (uids `uid_base` .. `uid_base + max_concurrency - 1`
             must belong to nobody: every process they own is killed after a run).
@@ -243,18 +281,28 @@ class Sandbox:
         return await loop.run_in_executor(self._executor, self.run, program, stdin, tests)
 
     def _warn_once(self, result: SandboxResult) -> None:
-        """Log once when the kernel refused the mount and PID namespaces we asked for."""
+        """Log once when the kernel refused the namespaces (or the private root) we asked for."""
         isolation = result.isolation
         if self._warned or not self.namespaces or "filesystem" not in isolation:
             return
-        if isolation["filesystem"].startswith("read-only") and isolation.get("pids") == "namespace":
+        filesystem, pids = isolation["filesystem"], isolation.get("pids", "?")
+        if filesystem.startswith("read-only") and pids == "namespace":
+            if filesystem.startswith("read-only private root"):
+                return
+            self._warned = True
+            log.warning(
+                "sandbox: no private root on this machine (filesystem: %s): the code can read "
+                "what its uid may (the dataset included) and connect to Unix sockets outside "
+                "its directory",
+                filesystem,
+            )
             return
         self._warned = True
         log.warning(
             "sandbox: weaker isolation on this machine (filesystem: %s; pids: %s): the code "
             "may write to world-writable places and see other processes",
-            isolation["filesystem"],
-            isolation.get("pids", "?"),
+            filesystem,
+            pids,
         )
 
 
@@ -285,6 +333,7 @@ def _execute(
 ) -> SandboxResult:
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="atropos-sandbox-")
+    root_dir = tempfile.mkdtemp(prefix="atropos-sandbox-root-") if options["namespaces"] else None
     read_fd = -1
     proc: subprocess.Popen[bytes] | None = None
     lines: list[dict[str, Any]] = []
@@ -296,6 +345,7 @@ def _execute(
             "uid": uid,
             "report_fd": write_fd,
             "harness": tests is not None,
+            "root": {"dir": root_dir, **_root_layout()} if root_dir else None,
             **options,
             "wall_seconds": limits.wall_seconds,
             "cpu_seconds": limits.cpu_seconds,
@@ -328,7 +378,52 @@ def _execute(
         if proc is not None:
             _backstop([line["group"] for line in lines if "group" in line], uid)
         _remove(workdir)
+        if root_dir is not None:
+            _remove_mount_point(root_dir)
     return _result(lines, out, err, cut, time.monotonic() - start, limits)
+
+
+def _root_layout() -> dict[str, Any]:
+    """What the private root shows (`_supervisor.build_root`): the system directories and the
+    Python installation, read-only; `hide`: what they must not show (site-packages, this
+    package and its datasets, caches), covered by an empty tmpfs there."""
+    links = {d: os.readlink(d) for d in SYSTEM_DIRS if os.path.islink(d)}
+    found = [d for d in SYSTEM_DIRS if os.path.isdir(d) and d not in links]
+    executable = os.path.realpath(sys.executable)
+    python = [sys.base_prefix, *_stdlib_dirs(), os.path.dirname(executable)]
+    for path in sorted({os.path.realpath(p) for p in python}, key=len):
+        if not _under(path, found):
+            found.append(path)
+    if os.path.abspath(sys.executable) != executable:  # a venv's python: a link to the real one
+        links[os.path.abspath(sys.executable)] = executable
+    hide = {os.path.realpath(p) for p in _private_paths()}
+    return {"links": links, "binds": found, "hide": sorted(p for p in hide if _under(p, found))}
+
+
+def _private_paths() -> list[str]:
+    """Directories the code must not read: where packages are installed (this one, with its
+    datasets, included) and the dataset caches."""
+    import site
+    import sysconfig
+
+    home = os.path.expanduser("~")
+    paths = [*site.getsitepackages(), site.getusersitepackages(), str(Path(__file__).parents[2])]
+    paths += [sysconfig.get_path(name) for name in ("purelib", "platlib")]
+    paths += [os.path.join(home, ".cache")]
+    paths += [os.environ[k] for k in ("HF_HOME", "HF_DATASETS_CACHE") if k in os.environ]
+    return paths
+
+
+def _under(path: str, directories: list[str]) -> bool:
+    """Whether `path` is one of `directories` or inside one."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in directories)
+
+
+def _remove_mount_point(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass  # still a mount point in a namespace not yet gone: an empty directory is left
 
 
 def _stdlib_dirs() -> list[str]:
