@@ -1,14 +1,19 @@
 """Fixtures shared across test folders: a tiny random causal LM for the trainer and its metrics
-tests, real vLLM servers (`vllm_server`, `vllm_lora_server`, `vllm_servers`) and real SGLang
-servers (`sglang_server`, `sglang_servers`; opt-in: ATROPOS_TEST_SGLANG=1). Under CI (`CI`
-set) hypothesis draws the same examples every run, so CI's verdict on a commit does not depend
+tests, a headless Chromium for the browser tests (`browser`: Debian's, through Playwright;
+`attacker_site`: a page on another loopback port; `recorder`: the requests a server saw), real
+vLLM servers (`vllm_server`, `vllm_lora_server`, `vllm_servers`) and real SGLang servers
+(`sglang_server`, `sglang_servers`; opt-in: ATROPOS_TEST_SGLANG=1). Under CI (`CI` set)
+hypothesis draws the same examples every run, so CI's verdict on a commit does not depend
 on luck; a developer's runs keep exploring new ones."""
 
 from __future__ import annotations
 
+import http.server
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +175,86 @@ def sglang_servers(
 def sglang_server(sglang_servers: Servers) -> SGLangServer:
     """SGLang serving the shipped tiny policy as "atropos-tiny" on the CPU in float32."""
     return sglang_servers.get()
+
+
+def chromium_path() -> str:
+    """Debian's chromium (installed by `make chromium`); never a downloaded browser."""
+    found = shutil.which("chromium")
+    if found is None and Path("/usr/bin/chromium").exists():
+        found = "/usr/bin/chromium"
+    if found is None:
+        pytest.fail("chromium is not installed: run `make chromium` (Debian's package)")
+    return found
+
+
+@pytest.fixture(scope="module")  # a live Playwright loop must not outlive the module
+def browser() -> Iterator[Any]:
+    """A headless Chromium (Debian's, through Playwright's sync API), one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def attacker_site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A static web server on another loopback port: the attacker's origin. Yields the folder
+    it serves and its origin (`http://127.0.0.1:PORT`)."""
+    from atropos.net import free_port
+
+    port = free_port()
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.RequestHandlerClass.log_message = lambda *a: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.serve_forever, name="attacker", daemon=True)
+    thread.start()
+    try:
+        yield tmp_path, f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class Recorder:
+    """An ASGI wrapper that notes every HTTP request reaching `app`: `seen` holds (method,
+    path), `heads` (method, path, headers as a dict of lower-case names) and `answers` (method,
+    path, the status the app answered)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[tuple[str, str]] = []
+        self.heads: list[tuple[str, str, dict[str, str]]] = []
+        self.answers: list[tuple[str, str, int]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        self.seen.append((method, path))
+        heads = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.heads.append((method, path, heads))
+
+        async def noting(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.answers.append((method, path, message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noting)
+
+    def clear(self) -> None:
+        self.seen.clear()
+        self.heads.clear()
+        self.answers.clear()
+
+
+@pytest.fixture(scope="session")
+def recorder() -> type[Recorder]:
+    """`recorder(app)`: `app` wrapped in a `Recorder` (a class test modules cannot import from
+    here: this conftest is not a package module)."""
+    return Recorder

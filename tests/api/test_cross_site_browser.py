@@ -5,19 +5,13 @@ request arrive and writes or wipes nothing."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import shutil
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from atropos.api import ApiConfig, create_app
-from atropos.testing import free_port, serve_in_thread
+from atropos.testing import serve_in_thread
 
 from .conftest import group_json, registration_json
 
@@ -54,45 +48,6 @@ Promise.all(waits).then(() => setTimeout(() => { window.__done = true; }, 500));
 </script></body></html>"""
 
 
-def chromium() -> str:
-    found = shutil.which("chromium") or (
-        "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
-    )
-    if found is None:
-        pytest.fail("chromium is not installed: run `make chromium` (Debian's package)")
-    return found
-
-
-class Recorder:
-    """An ASGI wrapper that notes every HTTP request reaching the API (method, path)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.seen: list[tuple[str, str]] = []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.seen.append((scope["method"], scope["path"]))
-        await self.app(scope, receive, send)
-
-
-@pytest.fixture
-def attacker_site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A static web server on another loopback port: the attacker's origin."""
-    port = free_port()
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None  # type: ignore[method-assign]
-    thread = threading.Thread(target=server.serve_forever, name="attacker", daemon=True)
-    thread.start()
-    try:
-        yield tmp_path, f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 def snapshot(c: httpx.Client) -> dict[str, Any]:
     stats = c.get("/stats").json()
     return {
@@ -105,11 +60,10 @@ def snapshot(c: httpx.Client) -> dict[str, Any]:
     }
 
 
-def test_an_attackers_page_in_chromium_writes_and_wipes_nothing(attacker_site):
-    from playwright.sync_api import sync_playwright
-
+def test_an_attackers_page_in_chromium_writes_and_wipes_nothing(attacker_site, browser, recorder):
+    """`attacker_site`, `browser`, `recorder`: tests/conftest.py."""
     folder, origin = attacker_site
-    app = Recorder(create_app(ApiConfig()))
+    app = recorder(create_app(ApiConfig()))
     with serve_in_thread(app) as url, httpx.Client(base_url=url) as api:
         assert api.post("/register", json=registration_json(4)).status_code == 200
         api.get("/batch")
@@ -123,17 +77,13 @@ def test_an_attackers_page_in_chromium_writes_and_wipes_nothing(attacker_site):
         )
         (folder / "index.html").write_text(page_text)
         app.seen.clear()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=chromium(),
-                args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-            )
-            try:
-                page = browser.new_page()
-                page.goto(f"{origin}/index.html")
-                page.wait_for_function("window.__done === true", timeout=10_000)
-            finally:
-                browser.close()
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(f"{origin}/index.html")
+            page.wait_for_function("window.__done === true", timeout=10_000)
+        finally:
+            context.close()
         arrived = {(m, p) for m, p in app.seen}
         # the attacks reached the API (so the refusals, not the browser, stopped them)
         assert ("POST", "/scored_data") in arrived and ("GET", "/reset_data") in arrived

@@ -1,13 +1,12 @@
-"""Shared parts of the dashboard tests: a headless Chromium, a seeded run, a tiny PNG reader."""
+"""Shared parts of the dashboard tests: a tab of the headless Chromium (`browser`, from
+tests/conftest.py), a seeded run, a tiny PNG reader."""
 
 from __future__ import annotations
 
-import shutil
 import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,28 +14,6 @@ import pytest
 
 KEY = "dash+key/0123"  # "+" and "/" survive the #key= fragment
 INJECTION = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-
-
-def chromium_path() -> str:
-    """Debian's chromium (installed by `make chromium`); never a downloaded browser."""
-    found = shutil.which("chromium")
-    if found is None and Path("/usr/bin/chromium").exists():
-        found = "/usr/bin/chromium"
-    if found is None:
-        pytest.fail("chromium is not installed: run `make chromium` (Debian's package)")
-    return found
-
-
-@pytest.fixture(scope="module")  # a live Playwright loop must not outlive the module
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @dataclass
