@@ -258,3 +258,25 @@ print(sorted(p for p in os.listdir("/proc") if p.isdigit())[:1])
     assert lines[1:4] == ["4 1", "0 120", "['shell', 'kept']"]
     assert lines[4] == "['1']"
     assert stat.S_ISDIR(os.stat("/tmp").st_mode)  # and the host's /tmp is untouched
+
+
+def test_when_pivot_root_is_refused_the_run_falls_back_to_read_only_mounts(
+    box, monkeypatch, tmp_path
+):
+    """A kernel (or a chroot) refusing `pivot_root` costs the private root, not the run: every
+    mount is made read-only but the run's directory, and `isolation` says why."""
+    if not private_root(box):
+        pytest.skip("no private root here")
+    original = Path(sandbox_module.SUPERVISOR).read_text(encoding="utf-8")
+    call = 'libc.syscall(PIVOT_ROOT[platform.machine()], b".", b".")'
+    assert call in original
+    refusing = tmp_path / "_supervisor.py"
+    refusing.write_text(original.replace(call, 'libc.syscall(-1, b".", b".")'), encoding="utf-8")
+    refusing.chmod(0o644)
+    monkeypatch.setattr(sandbox_module, "SUPERVISOR", str(refusing))
+    result = box.run("import os\nopen('x.txt', 'w').write('1')\nprint(os.path.isdir('/home'))")
+    assert result.ok, result.stderr
+    filesystem = result.isolation["filesystem"]
+    assert filesystem.startswith("read-only but the run's directory (no private root: pivot_root")
+    assert result.isolation["pids"] == "namespace"
+    assert result.stdout == f"{os.path.isdir('/home')}\n"  # the host's tree, read-only

@@ -277,6 +277,10 @@ def bind(libc: Any, source: str, target: str, writable: bool) -> str | None:
     return None
 
 
+class RootNotEntered(OSError):
+    """`pivot_root` refused (a chroot, an odd root mount): the old root is still ours."""
+
+
 def enter_root(libc: Any, new: str, workdir: str) -> str:
     """As the first process of the new PID namespace: mount its /proc in the private root at
     `new` (or, if the kernel refuses, bind the host's), make that root ours (`pivot_root`),
@@ -287,7 +291,7 @@ def enter_root(libc: Any, new: str, workdir: str) -> str:
         libc.mount(b"/proc", proc, None, MS_BIND | MS_REC, None)
     os.chdir(new)
     if libc.syscall(PIVOT_ROOT[platform.machine()], b".", b".") != 0:
-        raise OSError(f"pivot_root: {_errno_text()}")
+        raise RootNotEntered(f"pivot_root: {_errno_text()}")
     if libc.umount2(b".", MNT_DETACH) != 0:
         raise OSError(f"detaching the old root: {_errno_text()}")
     os.chdir(workdir)
@@ -630,14 +634,20 @@ def run_child(
     return outcome
 
 
-def enter_namespace(libc: Any, cfg: dict[str, Any], private_root: bool) -> str:
-    """The first process of the PID namespace: its /proc, and the private root when built;
-    never returns when that fails (no outcome: the run is a `sandbox_error`)."""
+def enter_namespace(libc: Any, cfg: dict[str, Any], private_root: bool) -> dict[str, str]:
+    """The first process of the PID namespace: its /proc, and the private root when built (if
+    `pivot_root` refuses, every mount read-only but the run's directory instead). Its report
+    fields: `pids`, and `filesystem` when that changed; never returns when setting up failed
+    half-way (no outcome: the run is a `sandbox_error`)."""
     if not private_root:
-        return mount_own_proc(libc)
+        return {"pids": mount_own_proc(libc)}
+    new, workdir = os.path.realpath(cfg["root"]["dir"]), os.path.realpath(cfg["workdir"])
     try:
-        new, workdir = os.path.realpath(cfg["root"]["dir"]), os.path.realpath(cfg["workdir"])
-        return enter_root(libc, new, workdir)
+        return {"pids": enter_root(libc, new, workdir)}
+    except RootNotEntered as e:
+        libc.umount2(os.fsencode(new), MNT_DETACH)
+        filesystem = f"{remount_read_only(libc, workdir)} (no private root: {e})"
+        return {"pids": mount_own_proc(libc), "filesystem": filesystem}
     except BaseException as e:
         print(f"sandbox setup failed: {e!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
@@ -666,20 +676,20 @@ def main(argv: list[str]) -> int:
         outcome.update(line, pids="shared")
         os.write(cfg["report_fd"], json.dumps(outcome).encode() + b"\n")
         return 0
+    os.write(cfg["report_fd"], json.dumps(line).encode() + b"\n")  # the init's lines follow
     init = os.fork()  # the first process of the new PID namespace: supervises the child there
     if init == 0:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        pids = enter_namespace(libc, cfg, filesystem == PRIVATE_ROOT)
+        fields = enter_namespace(libc, cfg, filesystem == PRIVATE_ROOT)
         tasks = base_tasks + (not is_root)  # this process counts for a non-root NPROC
         outcome = run_child(cfg, libc, tasks, caller, harness, namespaced)
-        outcome["pids"] = pids
+        outcome.update(fields)
         os.write(cfg["report_fd"], json.dumps(outcome).encode() + b"\n")
         os._exit(0)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGTERM))
     if STOP:
         os.kill(init, signal.SIGTERM)
     os.waitpid(init, 0)  # its end ends every process in the namespace
-    os.write(cfg["report_fd"], json.dumps(line).encode() + b"\n")
     return 0
 
 

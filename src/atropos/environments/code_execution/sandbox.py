@@ -392,7 +392,7 @@ def _root_layout() -> dict[str, Any]:
     executable = os.path.realpath(sys.executable)
     python = [sys.base_prefix, *_stdlib_dirs(), os.path.dirname(executable)]
     for path in sorted({os.path.realpath(p) for p in python}, key=len):
-        if not _under(path, found):
+        if path != "/" and not _under(path, found):  # "/" would show everything
             found.append(path)
     if os.path.abspath(sys.executable) != executable:  # a venv's python: a link to the real one
         links[os.path.abspath(sys.executable)] = executable
