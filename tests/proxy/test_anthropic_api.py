@@ -230,8 +230,11 @@ def assistant(*blocks: Any) -> list[dict[str, Any]]:
 BAD = [
     ({"model": None}, "model: required"),
     ({"model": 3}, "model: required"),
-    ({"max_tokens": None}, "max_tokens: required, an integer of at least 1 (got None)"),
-    ({"max_tokens": 0}, "max_tokens: required, an integer of at least 1 (got 0)"),
+    (
+        {"max_tokens": None},
+        "max_tokens: required, expected an integer from 1 to 2147483647, got None",
+    ),
+    ({"max_tokens": 0}, "max_tokens: required, expected an integer from 1 to 2147483647, got 0"),
     ({"max_tokens": True}, "max_tokens: required"),
     ({"max_tokens": 8.5}, "max_tokens: required"),
     ({"stream": "yes"}, "stream: must be true or false"),
@@ -275,7 +278,7 @@ BAD = [
     ({"temperature": -1}, "temperature: must be a number"),
     ({"temperature": float("nan")}, "temperature: must be a number"),
     ({"top_p": 1.5}, "top_p: must be a number from 0.0 to 1.0 (got 1.5)"),
-    ({"top_k": 0}, "top_k: must be an integer of at least 1"),
+    ({"top_k": 0}, "top_k: must be an integer from 1 to 2147483647"),
     ({"stop_sequences": "END"}, "stop_sequences: must be a list of non-empty strings"),
     ({"stop_sequences": [""]}, "stop_sequences: must be a list of non-empty strings"),
 ]

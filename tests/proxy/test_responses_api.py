@@ -253,7 +253,9 @@ def test_previous_response_id_continues_its_conversation_without_its_instruction
             "not among",
         ),
         ({"input": "x", "tool_choice": {"type": "allowed_tools"}}, "tool_choice", "must be 'auto'"),
-        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "positive integer"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "an integer from 1 to"),
+        ({"input": "x", "max_output_tokens": 2**64}, "max_output_tokens", "an integer from 1 to"),
+        ({"input": "x", "metadata": "x"}, "metadata", "expected an object"),
         ({"input": "x", "temperature": 3}, "temperature", "from 0 to 2"),
         ({"input": "x", "top_p": "1"}, "top_p", "from 0 to 1"),
         ({"input": "x", "stream": "yes"}, "stream", "a boolean"),
@@ -264,7 +266,7 @@ def test_previous_response_id_continues_its_conversation_without_its_instruction
 def test_bad_requests_are_400_naming_the_field(
     body: dict[str, Any], param: str, words: str
 ) -> None:
-    with pytest.raises(ResponsesError) as caught:
+    with pytest.raises(ProxyError) as caught:
         turn(body)
     assert (caught.value.status, caught.value.param) == (400, param)
     assert words in caught.value.message

@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any, TypeGuard
 
+from atropos.proxy.fields import MAX_TOKENS, shown
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
 __all__ = ["error_body", "error_event", "from_turn", "stream_events", "to_turn"]
@@ -62,8 +63,11 @@ def to_turn(body: Any) -> TurnRequest:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("model: required, a non-empty string naming the model")
     max_tokens = body.get("max_tokens")
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise _bad(f"max_tokens: required, an integer of at least 1 (got {max_tokens!r})")
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS:
+        raise _bad(
+            f"max_tokens: required, expected an integer from 1 to {MAX_TOKENS}, got"
+            f" {shown(max_tokens)}"
+        )
     if "stream" in body and not isinstance(body["stream"], bool):
         raise _bad("stream: must be true or false")
     output = body.get("output_config")
@@ -355,11 +359,13 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(name) is not None:
             value = body[name]
             if not _is_number(value) or not low <= value <= high:
-                raise _bad(f"{name}: must be a number from {low} to {high} (got {value!r})")
+                raise _bad(f"{name}: must be a number from {low} to {high} (got {shown(value)})")
             sampling[name] = value
     if body.get("top_k") is not None:
-        if not _is_int(body["top_k"]) or body["top_k"] < 1:
-            raise _bad(f"top_k: must be an integer of at least 1 (got {body['top_k']!r})")
+        if not _is_int(body["top_k"]) or not 1 <= body["top_k"] <= MAX_TOKENS:
+            raise _bad(
+                f"top_k: must be an integer from 1 to {MAX_TOKENS} (got {shown(body['top_k'])})"
+            )
         sampling["top_k"] = body["top_k"]
     stops = body.get("stop_sequences")
     if stops is not None:

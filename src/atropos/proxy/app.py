@@ -22,8 +22,12 @@ Upstream's routes are `POST /{uuid}/v1/chat/completions`, `GET /{uuid}/nodes` an
 Dialects: `chat/completions`, `completions`, `models` (`openai_api`), `responses`
 (`responses_api`), `messages` (`anthropic_api`). The key is read from `Authorization: Bearer`
 or Anthropic's `x-api-key`. A wrong key is 401, an unknown or expired session 404, a finished
-one 410, a body over `max_body_bytes` 413, a malformed request 400; each in the dialect's error
-shape, and none of them touches another session. Every route also passes the API's browser
+one 410, a body over `max_body_bytes` 413, a malformed request 400 (a body that is not UTF-8,
+not JSON or nested deeper than `fields.MAX_DEPTH`; a field of the wrong type or range, named in
+the message and `param`), the inference server's own 4xx that status (its message kept), a
+server that is unreachable or fails (5xx) 502, one that does not answer in time 504, a bug in
+the proxy 500 (logged); each in the dialect's error shape, and none of them touches another
+session. Every route also passes the API's browser
 rules (`atropos.api.origin`): no cross-site writes, no foreign `Host`.
 
 A session id alone is not a credential. It is public: trajectories, logs, the listing and the

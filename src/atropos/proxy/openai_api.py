@@ -9,8 +9,10 @@ Read: `messages` (roles system, developer (as system), user, assistant with `too
 content a string or text parts), `tools` (function tools), `tool_choice`, `n`, `max_tokens` /
 `max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `presence_penalty`,
 `frequency_penalty`, `stream`, `stream_options.include_usage`. Ignored: everything else (`user`,
-`metadata`, `logprobs`, ...). Refused (400): image or audio parts, non-function tools, `n` over
-`MAX_N`.
+`metadata`, `logprobs`, ...). Refused (400, `param` naming the field): image or audio parts,
+non-function tools, `n` over `MAX_N`, a field of the wrong type or out of its range (`max_tokens`
+up to `fields.MAX_TOKENS`, `temperature` 0 to 2, `top_p` 0 to 1, penalties -2 to 2, `seed` an
+int64, `stop` a string or strings, `stream` a boolean, `stream_options` an object).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from atropos.proxy import fields
 from atropos.proxy.turns import ProxyError, TurnRequest, TurnResult
 
 __all__ = [
@@ -33,16 +36,24 @@ __all__ = [
     "completion_to_turn",
     "error_body",
     "models_body",
+    "stream_flags",
 ]
 
 MAX_N = 64
-_SAMPLING = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 def error_body(err: ProxyError) -> dict[str, Any]:
     """OpenAI's error JSON."""
-    return {"error": {"message": err.message, "type": err.kind, "param": None, "code": None}}
+    return {
+        "error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}
+    }
 
 
 def models_body(model: str) -> dict[str, Any]:
@@ -105,12 +116,13 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         if role == "assistant" and m.get("tool_calls"):
             message["tool_calls"] = _tool_calls(m["tool_calls"], where)
         if role == "tool":
-            message["tool_call_id"] = str(m.get("tool_call_id") or "")
+            message["tool_call_id"] = fields.string(m, "tool_call_id", where) or ""
             message["content"] = message["content"] or ""
         elif message["content"] is None and "tool_calls" not in message:
             message["content"] = ""
-        if m.get("name"):
-            message["name"] = str(m["name"])
+        name = fields.string(m, "name", where)
+        if name:
+            message["name"] = name
         out.append(message)
     return out
 
@@ -128,21 +140,67 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
             raise ProxyError(400, f"tools[{i}] is a {kind!s} tool: only function tools are served")
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ProxyError(400, f"tools[{i}] needs function.name")
-        entry = {"name": fn["name"], "description": str(fn.get("description") or "")}
-        entry["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        where = f"tools[{i}].function"
+        entry = {"name": fn["name"], "description": fields.string(fn, "description", where) or ""}
+        parameters = fields.mapping(fn, "parameters", where)
+        entry["parameters"] = parameters or {"type": "object", "properties": {}}
         tools.append({"type": "function", "function": entry})
     return tools
 
 
 def _common(body: Mapping[str, Any]) -> dict[str, Any]:
-    n = body.get("n", 1) or 1
-    if not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise ProxyError(400, f"n must be an integer from 1 to {MAX_N}, got {n!r}")
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise ProxyError(400, f"max_tokens must be a positive integer, got {limit!r}")
-    sampling = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
+    n = fields.integer(body, "n", 1, MAX_N) or 1
+    name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    limit = fields.integer(body, name, 1, fields.MAX_TOKENS)
+    sampling: dict[str, Any] = {}
+    for key, (low, high) in _RANGES.items():
+        value = fields.number(body, key, low, high)
+        if value is not None:
+            sampling[key] = value
+    seed = fields.integer(body, "seed", -fields.MAX_SEED - 1, fields.MAX_SEED)
+    if seed is not None:
+        sampling["seed"] = seed
+    stop = _stop(body.get("stop"))
+    if stop is not None:
+        sampling["stop"] = stop
     return {"n": n, "max_tokens": limit, "sampling": sampling}
+
+
+def _stop(value: Any) -> str | list[str] | None:
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ProxyError(
+            400,
+            f"stop: expected a string or a list of strings, got {fields.shown(value)}",
+            param="stop",
+        )
+    return value
+
+
+def _tool_choice(value: Any) -> Any:
+    """`tool_choice`: "auto", "none", "required" or {type: "function", function: {name}}."""
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ProxyError(
+            400,
+            "tool_choice: expected 'auto', 'none', 'required' or {type: 'function', function:"
+            f" {{name}}}}, got {fields.shown(value)}",
+            param="tool_choice",
+        )
+    return {"type": "function", "function": {"name": fn["name"]}}
+
+
+def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Whether to stream, and whether the stream ends with a usage chunk
+    (`stream_options.include_usage`)."""
+    stream = bool(fields.boolean(body, "stream"))
+    options = fields.mapping(body, "stream_options") or {}
+    return stream, bool(fields.boolean(options, "include_usage", "stream_options"))
 
 
 def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
@@ -150,7 +208,7 @@ def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
     return TurnRequest(
         messages=_messages(body.get("messages")),
         tools=_tools(body.get("tools")),
-        tool_choice=body.get("tool_choice"),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         **_common(body),
     )
 

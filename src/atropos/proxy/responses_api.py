@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from atropos.proxy import fields
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
 __all__ = ["ResponsesError", "error_body", "from_turn", "stream_events", "to_turn"]
@@ -36,8 +37,8 @@ _DELTAS = 3  # pieces a streamed text or arguments string is cut into
 
 
 class ResponsesError(ProxyError):
-    """A `ProxyError` that also names the request field at fault (`param`, e.g.
-    `input[2].call_id`) and OpenAI's machine-readable `code`, as the official errors do."""
+    """A `ProxyError` made with the request field at fault (`param`, e.g. `input[2].call_id`)
+    and OpenAI's machine-readable `code` as its third and fourth arguments."""
 
     def __init__(
         self,
@@ -47,9 +48,7 @@ class ResponsesError(ProxyError):
         code: str | None = None,
         kind: str = "invalid_request_error",
     ) -> None:
-        super().__init__(status, message, kind)
-        self.param = param
-        self.code = code
+        super().__init__(status, message, kind, param, code)
 
 
 def _bad(message: str, param: str | None = None) -> ResponsesError:
@@ -122,18 +121,17 @@ def _check_scalars(body: Mapping[str, Any]) -> None:
         ("parallel_tool_calls", "a boolean", (bool,)),
     ):
         if body.get(name) is not None and not isinstance(body[name], types):
-            raise _bad(f"`{name}` must be {kind}, got {body[name]!r}", name)
-    limit = body.get("max_output_tokens")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise _bad(
-            f"`max_output_tokens` must be a positive integer, got {limit!r}", "max_output_tokens"
-        )
+            raise _bad(f"`{name}` must be {kind}, got {fields.shown(body[name])}", name)
+    fields.integer(body, "max_output_tokens", 1, fields.MAX_TOKENS)
+    fields.mapping(body, "metadata")
     for name, top in (("temperature", 2.0), ("top_p", 1.0)):
         value = body.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top:
-            raise _bad(f"`{name}` must be a number from 0 to {top:g}, got {value!r}", name)
+            raise _bad(
+                f"`{name}` must be a number from 0 to {top:g}, got {fields.shown(value)}", name
+            )
 
 
 def _previous(
@@ -161,12 +159,16 @@ def _input_messages(value: Any, before: list[dict[str, Any]]) -> list[dict[str, 
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
-        raise _bad(f"`input` must be a string or a list of items, got {value!r}", "input")
+        raise _bad(
+            f"`input` must be a string or a list of items, got {fields.shown(value)}", "input"
+        )
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, Mapping):
-            raise _bad(f"{where} must be an object (a message or an item), got {item!r}", where)
+            raise _bad(
+                f"{where} must be an object (a message or an item), got {fields.shown(item)}", where
+            )
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             messages.append(_message(item, where))
@@ -187,7 +189,8 @@ def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise _bad(
-            f"{where}.role must be one of user, assistant, system, developer; got {role!r}",
+            f"{where}.role must be one of user, assistant, system, developer; got"
+            f" {fields.shown(role)}",
             f"{where}.role",
         )
     return {"role": _ROLES[role], "content": _text(item.get("content"), f"{where}.content")}
@@ -198,7 +201,10 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{where} must be a string or a list of content parts, got {content!r}", where)
+        raise _bad(
+            f"{where} must be a string or a list of content parts, got {fields.shown(content)}",
+            where,
+        )
     texts = []
     for index, part in enumerate(content):
         at = f"{where}[{index}]"
@@ -213,7 +219,7 @@ def _text(content: Any, where: str) -> str:
         if kind not in (*_TEXT_PARTS, "refusal") or not isinstance(part.get(field), str):
             raise _bad(
                 f"{at} must be a text part ({{type: input_text|output_text, text: str}}), got"
-                f" {part!r}",
+                f" {fields.shown(part)}",
                 at,
             )
         texts.append(part[field])
@@ -277,7 +283,7 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _bad(f"`tools` must be a list of function tools, got {value!r}", "tools")
+        raise _bad(f"`tools` must be a list of function tools, got {fields.shown(value)}", "tools")
     tools: list[dict[str, Any]] = []
     for index, tool in enumerate(value):
         where = f"tools[{index}]"
@@ -326,7 +332,7 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
         return {"type": "function", "function": {"name": value["name"]}}
     raise _bad(
         "`tool_choice` must be 'auto', 'none', 'required' or {type: 'function', name}; got"
-        f" {value!r}",
+        f" {fields.shown(value)}",
         "tool_choice",
     )
 
@@ -531,7 +537,7 @@ def error_body(err: ProxyError) -> dict[str, Any]:
         "error": {
             "message": err.message,
             "type": err.kind,
-            "param": getattr(err, "param", None),
-            "code": getattr(err, "code", None),
+            "param": err.param,
+            "code": err.code,
         }
     }

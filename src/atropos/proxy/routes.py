@@ -1,25 +1,30 @@
 """The proxy's route handlers: sessions, the four APIs, upstream's proxy routes.
 
 Each handler takes a Starlette `Request` and returns a `Response`; `Routes.guard` wraps one with
-the API's browser rules and turns a `ProxyError` into its status in the API's error shape
-(`atropos.proxy.asgi` dispatches to them). JSON is read and written with msgspec.
+the API's browser rules and turns a `ProxyError` into its status in the API's error shape, an
+inference server's failure into the status that says whose it is (`inference_failure`), and
+anything else (a bug) into a logged 500 (`atropos.proxy.asgi` dispatches to them). JSON is read
+with `fields.decode` and written with msgspec.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from jinja2 import TemplateError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from atropos.http.origin import Site, refusal
-from atropos.proxy import anthropic_api, openai_api, responses_api
+from atropos.inference.errors import InferenceError
+from atropos.proxy import anthropic_api, fields, openai_api, responses_api
 from atropos.proxy.session import Limits, Session
 from atropos.proxy.turns import ProxyError
 
@@ -32,7 +37,12 @@ log = logging.getLogger("atropos.proxy")
 Handler = Callable[[Request], Awaitable[Response]]
 ErrorShape = Callable[[ProxyError], dict[str, Any]]
 _JSON = msgspec.json.Encoder()
-_DECODE = msgspec.json.Decoder()
+_PASSED_ON = {  # the error type of an inference server's 4xx, passed on to the client
+    400: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -56,15 +66,23 @@ async def _json_body(request: Request, limit: int) -> dict[str, Any]:
         data += chunk
         if len(data) > limit:
             raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
-    if not data:
-        return {}
-    try:
-        body = _DECODE.decode(bytes(data))
-    except msgspec.DecodeError as err:
-        raise ProxyError(400, f"the body is not JSON: {err}") from None
-    if not isinstance(body, dict):
-        raise ProxyError(400, "the body must be a JSON object")
-    return body
+    return fields.decode(bytes(data))
+
+
+def inference_failure(err: InferenceError) -> ProxyError:
+    """What the client hears of a failed inference call: the server's own 4xx as that status
+    (its message kept), unless it is about the proxy's configuration (`err.fatal`: the server
+    refused the proxy's key, does not serve its model); a timeout 504; anything else (the
+    server unreachable, failing, answering what cannot be read) 502."""
+    status = err.status_code
+    if status is not None and 400 <= status < 500 and not err.fatal:
+        kind = _PASSED_ON.get(status, "invalid_request_error")
+        return ProxyError(status, f"the inference server refused the request: {err.message}", kind)
+    if err.kind == "timeout":
+        return ProxyError(
+            504, f"the inference server did not answer: {err.message}", "timeout_error"
+        )
+    return ProxyError(502, f"the inference server call failed: {err.message}", "api_error")
 
 
 def _loggable(request: Request) -> str:
@@ -151,10 +169,18 @@ class Routes:
                 return json_response(error(err), err.status)
             except ClientDisconnect:
                 return Response(status_code=400)
-            except Exception as err:  # one record per failure; the client gets a 502
+            except TemplateError as err:  # e.g. "roles must alternate": the conversation's fault
+                message = f"messages: the policy's chat template refused them: {err}"
+                return json_response(error(ProxyError(400, message, param="messages")), 400)
+            except InferenceError as err:
+                failure = inference_failure(err)
+                if failure.status >= 500:
+                    log.warning("proxy: %s %s: %s", request.method, _loggable(request), err)
+                return json_response(error(failure), failure.status)
+            except Exception as err:  # a bug: one record, and a 500 in the dialect's shape
                 log.exception("proxy: %s %s failed", request.method, _loggable(request))
-                message = f"the inference server call failed: {type(err).__name__}: {err}"
-                return json_response(error(ProxyError(502, message, "api_error")), 502)
+                message = f"the proxy failed on this request (a bug, logged): {type(err).__name__}"
+                return json_response(error(ProxyError(500, message, "api_error")), 500)
 
         return route
 
@@ -170,7 +196,7 @@ class Routes:
         self.require_admin(request)
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
         limits = _limits(body.get("limits"), self.proxy.settings.limits)
-        session = await self.proxy.create_session(limits, body.get("metadata"))
+        session = await self.proxy.create_session(limits, fields.mapping(body, "metadata"))
         root = str(request.base_url).rstrip("/")
         return json_response(
             {
@@ -202,9 +228,9 @@ class Routes:
     async def reward(self, request: Request) -> Response:
         session = self.session_for(request, request.path_params["sid"])
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
-        value = body.get("reward")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProxyError(400, 'the body must be {"reward": <number>}')
+        value = fields.number(body, "reward", -math.inf, math.inf)
+        if value is None:
+            raise ProxyError(400, 'the body must be {"reward": <number>}', param="reward")
         session.reward = float(value)
         return json_response({"id": session.id, "reward": session.reward})
 
@@ -226,17 +252,19 @@ class Routes:
         session = self.session_for(request, request.path_params.get("sid"))
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
         turn = openai_api.chat_to_turn(body)
+        stream, usage = openai_api.stream_flags(body)
         result = await session.complete(turn)
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if stream:
             return _sse(openai_api.chat_stream(result, usage))
         return json_response(openai_api.chat_from_turn(result))
 
     async def completions(self, request: Request) -> Response:
         session = self.session_for(request, request.path_params.get("sid"))
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
-        result = await session.complete(openai_api.completion_to_turn(body))
-        if body.get("stream"):
+        turn = openai_api.completion_to_turn(body)
+        stream, _ = openai_api.stream_flags(body)
+        result = await session.complete(turn)
+        if stream:
             return _sse(openai_api.completion_stream(result))
         return json_response(openai_api.completion_from_turn(result))
 
@@ -269,9 +297,9 @@ class Routes:
     async def upstream_create(self, request: Request) -> Response:
         self.require_admin(request)
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        parser = _tool_parser(body) or self.proxy.settings.tool_parser
         session = await self.proxy.create_session()
-        parser = body.get("tool_parser") or self.proxy.settings.tool_parser
-        session.tool_parser = str(parser)
+        session.tool_parser = parser
         return json_response(
             {
                 "uuid": self.proxy.issue_capability(session.id),
@@ -296,7 +324,9 @@ class Routes:
     async def upstream_chat(self, request: Request) -> Response:
         session = self._upstream_session(request)
         body = await _json_body(request, self.proxy.settings.max_body_bytes)
-        result = await session.complete(openai_api.chat_to_turn(body))
+        turn = openai_api.chat_to_turn(body)
+        openai_api.stream_flags(body)  # upstream answers whole, but a malformed flag is a 400
+        result = await session.complete(turn)
         return json_response(openai_api.chat_from_turn(result))
 
     async def upstream_nodes(self, request: Request) -> Response:
@@ -308,6 +338,20 @@ class Routes:
         session = self._upstream_session(request)
         self.proxy.delete(session.id)
         return json_response({"status": "deleted", "uuid": request.path_params["uuid"]})
+
+
+def _tool_parser(body: Mapping[str, Any]) -> str | None:
+    """`tool_parser` of upstream's `/sessions/create`: one of `PARSERS`, when given."""
+    from atropos.inference.tool_calls import PARSERS
+
+    name = fields.string(body, "tool_parser")
+    if name and name not in PARSERS:
+        raise ProxyError(
+            400,
+            f"tool_parser: expected one of {', '.join(sorted(PARSERS))}, got {fields.shown(name)}",
+            param="tool_parser",
+        )
+    return name
 
 
 def _limits(value: Any, default: Limits) -> Limits:

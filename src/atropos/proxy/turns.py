@@ -23,13 +23,24 @@ __all__ = ["ProxyError", "TurnChoice", "TurnRequest", "TurnResult"]
 class ProxyError(Exception):
     """A request the proxy refuses: an HTTP status, a message naming what is wrong and how to
     fix it, and an error type (`invalid_request_error`, `authentication_error`,
-    `not_found_error`, `rate_limit_error`, ...). Each dialect writes it in its own error shape."""
+    `not_found_error`, `rate_limit_error`, ...); `param` names the request field at fault
+    (`max_tokens`, `messages[2].content`) and `code` is OpenAI's machine-readable code, where
+    there is one. Each dialect writes it in its own error shape."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.param = param
+        self.code = code
 
 
 @dataclass
