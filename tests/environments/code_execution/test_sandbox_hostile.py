@@ -200,6 +200,8 @@ class Anything:
     def __contains__(self, item): return True
     def __hash__(self): return hash(3)
     def __len__(self): return 1
+    def __sub__(self, other): return 0
+    __rsub__ = __add__ = __radd__ = __truediv__ = __abs__ = __neg__ = __sub__
 def add(a, b):
     return Anything()
 """
@@ -214,6 +216,9 @@ ALWAYS_EQUAL_TESTS = {
     "truth": ["assert add(1, 2)"],
     "membership": ["assert 3 in add(1, 2)"],
     "ordering": ["assert 2 < add(1, 2) <= 3"],
+    "tolerance": ["assert abs(add(1, 2) - 3) < 1e-6"],
+    "reflected tolerance": ["assert abs(3 - add(1, 2)) < 1e-6"],
+    "relative error": ["assert abs(add(1, 2) / 3 - 1) < 1e-6"],
     "caught as an exception": [
         "try:\n    assert add(1, 2) == 3\nexcept Exception:\n    raise AssertionError('no')"
     ],

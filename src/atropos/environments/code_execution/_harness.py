@@ -23,23 +23,26 @@ after every test ran. The judge is not dumpable (`PR_SET_DUMPABLE` 0), so a same
 cannot ptrace it or read its memory (`/proc/<judge>/mem`); it can kill it, which fails the run.
 
 Comparisons are the judge's: what decides a test (`==`, `!=`, `<`, `<=`, `>`, `>=`, truth,
-`in`) runs in the judge on its own decoded copies of plain data, never in the candidate. A
-returned object of the code's own class is a handle, and comparing it, testing its truth or
-searching it (`x == y`, `assert x`, `y in x`, in any test form: MBPP asserts, HumanEval's
+`in`) and arithmetic (`+ - * / // % **`, `abs`, unary `-`) run in the judge on its own decoded
+copies of plain data, never in the candidate. A returned object of the code's own class is a
+handle, and comparing it, testing its truth, searching it or computing with it (`x == y`,
+`assert x`, `y in x`, `abs(x - y) < 1e-6`, in any test form: MBPP asserts, HumanEval's
 `check(candidate)`, setup code) fails the test with `NotPlainData`, which no test can catch.
-So an object whose `__eq__` is always true fails, and so does a `tuple` subclass overriding it
-(sent as the plain tuple of its items). Other operations on handles (calling methods, reading
-attributes, `len`, iterating, arithmetic) still run in the candidate: their results are data the
-judge compares. What stays possible is reward hacking *inside the rules*: hard-coding the
-answers to the asserts shown in the prompt passes.
+So an object whose `__eq__` is always true fails, so does one whose `__sub__` returns 0 against
+a tolerance check, and so does a `tuple` subclass overriding `__eq__` (sent as the plain tuple
+of its items). Other operations on handles (calling, reading attributes, `len`, iterating,
+indexing, `int`, `float`, `str`) still run in the candidate, which sees no expected value
+there: their results are data the judge compares. What stays possible is reward hacking
+*inside the rules*: hard-coding the answers to the asserts shown in the prompt passes, and so
+does defining a function named like a built-in the tests call (`abs`): the judge calls it.
 
 Differences from running tests and code in one process (honest code is unaffected in the common
 case): arguments reach the code as copies (lists, dicts and sets it changes in place are copied
 back); values the judge passes that cannot be pickled (a lambda defined by a test) fail the test;
 a returned object of another type than the plain ones above is a handle, so `type(x) is Foo` in a
-test fails, and so does comparing it (`obj == obj2`, `assert obj`) even where its `__eq__` is
-honest: compare its plain attributes or results instead. Module objects the code imports are
-imported anew in the judge by name.
+test fails, and so does comparing or computing with it (`obj == obj2`, `assert obj`, `obj + 1`)
+even where its methods are honest: use its plain attributes or results instead. Module objects
+the code imports are imported anew in the judge by name.
 """
 
 from __future__ import annotations
@@ -57,8 +60,11 @@ from typing import Any
 MAX_MESSAGE = 256 * 2**20  # a reply larger than this is refused (the peer is lying or broken)
 HEADER = struct.Struct("!Q")
 REASON_EXITED = "exited_early"  # the candidate process ended before the tests did
-# what decides a test: the judge never asks the candidate's objects (`__eq__` always true)
-VERDICT_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "bool", "contains")
+# what decides a test, and arithmetic (which would hand the tests' value to the candidate's
+# code, as `abs(f(x) - expected) < 1e-6` does): the judge's alone, on plain data
+ARITHMETIC = "add sub mul truediv floordiv mod pow".split()
+VERDICT_OPS: tuple[str, ...] = ("eq", "ne", "lt", "le", "gt", "ge", "bool", "contains")
+VERDICT_OPS += ("abs", "neg", *ARITHMETIC, *(f"r{name}" for name in ARITHMETIC))
 
 # ----- framing ---------------------------------------------------------------------------------
 
@@ -136,13 +142,9 @@ def _operations() -> dict[str, Any]:
         "int": int,
         "float": float,
         "index": operator.index,
-        "abs": abs,
-        "neg": operator.neg,
+        "getitem": operator.getitem,
+        "setitem": operator.setitem,
     }
-    for name in "add sub mul truediv floordiv mod pow getitem setitem".split():
-        ops[name] = getattr(operator, name)
-    for name in "add sub mul truediv floordiv mod pow".split():
-        ops["r" + name] = (lambda f: lambda a, b: f(b, a))(getattr(operator, name))
     return ops
 
 
@@ -334,18 +336,16 @@ def _refuse(op: str) -> Any:
     def method(self: Remote, *args: Any) -> Any:
         raise NotPlainData(
             f"the code under test gave an object of its own (a handle), not plain data, where"
-            f" the tests ask for `{op}`: only None, bool, int, float, complex, str, bytes,"
-            " list, tuple, set, dict, Fraction and Decimal are compared (by the judge)"
+            f" the tests ask for `__{op}__`: only None, bool, int, float, complex, str, bytes,"
+            " list, tuple, set, dict, Fraction and Decimal are compared and computed with (by"
+            " the judge)"
         )
 
     method.__name__ = f"__{op}__"
     return method
 
 
-for _op in (
-    "next len str repr hash int float index abs neg getitem add sub mul"
-    " truediv floordiv mod pow radd rsub rmul rtruediv rfloordiv rmod rpow"
-).split():
+for _op in "next len str repr hash int float index getitem".split():
     setattr(Remote, f"__{_op}__", _forward(_op))
 for _op in VERDICT_OPS:  # answered by the judge on plain data, never by the candidate's code
     setattr(Remote, f"__{_op}__", _refuse(_op))

@@ -75,10 +75,11 @@ What it protects against:
   process that alone can report; the code under test gets no marker, file or descriptor to
   forge the verdict with (see `_harness`).
 - **Objects that compare equal to everything** (`run(..., tests=...)`): what decides a test
-  (`==`, `!=`, ordering, truth, `in`) runs in the judge process, on its decoded copies of plain
-  data (None, bool, int, float, complex, str, bytes, list, tuple, set, dict, Fraction,
-  Decimal); comparing, testing or searching any other object of the code fails the test. The
-  code's `__eq__` is never asked (see `_harness`). Always, namespaces or not.
+  (`==`, `!=`, ordering, truth, `in`) and arithmetic (`abs(x - expected) < 1e-6`) run in the
+  judge process, on its decoded copies of plain data (None, bool, int, float, complex, str,
+  bytes, list, tuple, set, dict, Fraction, Decimal); comparing, testing, searching or computing
+  with any other object of the code fails the test. The code's `__eq__` or `__sub__` is never
+  asked (see `_harness`). Always, namespaces or not.
 
 What it does NOT protect against (it is not a security boundary; use a VM or gVisor, or a
 service such as Modal, for code written to attack you):
