@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -294,11 +295,11 @@ def body_classes(s: Server) -> dict[str, list[Probe]]:
     return {
         "gzip bomb": [Probe("", "POST", p, gz, BOMB, "1 MB -> 1 GiB") for p in main],
         "huge headers": [
-            Probe("", "GET", read, variant=name, raw=lambda h=h: raw_head(url, h))
+            Probe("", "GET", read, variant=name, raw=functools.partial(raw_head, url, h))
             for name, h in heads.items()
         ],
         "body over limit (declared)": [
-            Probe("", "POST", p, variant=str(n), raw=lambda p=p, n=n: raw_declared(url, p, n))
+            Probe("", "POST", p, variant=str(n), raw=functools.partial(raw_declared, url, p, n))
             for p in main
             for n in (s.limit + 1, 10**11, 10**30)
         ],
@@ -354,7 +355,7 @@ def field_classes(s: Server) -> dict[str, list[Probe]]:
     streams = s.extra.get("streams", [])
     if streams:
         out['stream_options "yes"'] = [
-            Probe("", "POST", r.path, {}, json.dumps({**r.body, "stream": True,  # type: ignore[dict-item]
+            Probe("", "POST", r.path, {}, json.dumps({**r.body, "stream": True,
                                                       "stream_options": "yes"}).encode())
             for r in streams
         ]  # fmt: skip
