@@ -255,6 +255,36 @@ def pair():
     assert check_solution(box, honest, fenced(code)).passed  # its data, compared by the judge
 
 
+def test_shadowing_a_built_in_the_tests_use_does_not_help(box):
+    """`def abs(x): return 0` would make every tolerance check pass, were the judge to call it."""
+    item = {
+        "task_id": "t/half",
+        "prompt": "",
+        "tests": ["assert abs(half(3) - 1.5) < 1e-9", "assert max([half(2)]) == 1.0"],
+        "entry_point": "half",
+    }
+    cheat = (
+        "def abs(x):\n    return 0\ndef max(xs):\n    return 1.0\ndef half(n):\n    return 7.0\n"
+    )
+    verdict = check_solution(box, item, fenced(cheat))
+    assert (verdict.passed, verdict.detail) == (False, "AssertionError"), verdict
+    honest = "def abs(x):\n    return 0\ndef half(n):\n    return n / 2\n"
+    assert check_solution(box, item, fenced(honest)).passed  # its helpers still work for it
+
+
+def test_a_function_under_test_named_like_a_built_in_is_still_judged(box):
+    item = {
+        "task_id": "t/sum",
+        "prompt": "",
+        "tests": ["assert sum([1, 2, 3]) == 60"],
+        "entry_point": "sum",
+    }
+    code = (
+        "def sum(xs):\n    total = 0\n    for x in xs:\n        total += 10 * x\n    return total\n"
+    )
+    assert check_solution(box, item, fenced(code)).passed
+
+
 # ----- B. no file is created outside the run's directory -----------------------------------------
 
 WATCHED = ["/tmp", "/dev/shm", "/var/tmp", "/run/lock"]

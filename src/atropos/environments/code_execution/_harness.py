@@ -33,8 +33,9 @@ a tolerance check, and so does a `tuple` subclass overriding `__eq__` (sent as t
 of its items). Other operations on handles (calling, reading attributes, `len`, iterating,
 indexing, `int`, `float`, `str`) still run in the candidate, which sees no expected value
 there: their results are data the judge compares. What stays possible is reward hacking
-*inside the rules*: hard-coding the answers to the asserts shown in the prompt passes, and so
-does defining a function named like a built-in the tests call (`abs`): the judge calls it.
+*inside the rules*: hard-coding the answers to the asserts shown in the prompt passes. (A
+function named like a built-in the tests call, `def abs(x): return 0`, is a name the judge
+would call; `problems.jobs_for` gives the tests back the built-ins, all but the entry point.)
 
 Differences from running tests and code in one process (honest code is unaffected in the common
 case): arguments reach the code as copies (lists, dicts and sets it changes in place are copied

@@ -190,8 +190,24 @@ def jobs_for(item: Mapping[str, Any], code: str) -> list[Job]:
         return [Job(code, case["input"], case["output"]) for case in item["io"]]
     preamble = item.get("preamble", "")
     program = "\n\n".join(p for p in (preamble, code) if p) + "\n"
-    tests = "\n\n".join(p for p in (preamble, item.get("setup", ""), *item["tests"]) if p)
+    restore = _restore_builtins(item.get("entry_point"))
+    parts = (restore, preamble, item.get("setup", ""), *item["tests"])
+    tests = "\n\n".join(p for p in parts if p)
     return [Job(program, tests=tests + "\n")]
+
+
+def _restore_builtins(entry_point: str | None) -> str:
+    """Judge-side code giving back the built-ins the code under test shadowed (`def abs(x):
+    return 0` would pass `abs(f(x) - y) < 1e-6`), all but the function under test; nothing
+    when the item does not name it."""
+    if not entry_point:
+        return ""
+    return (
+        "import builtins as _b\n"
+        f"globals().update({{n: getattr(_b, n) for n in dir(_b) if n in globals()"
+        f" and n != {entry_point!r} and not n.startswith('__')}})\n"
+        "del _b"
+    )
 
 
 def _lines(text: str) -> list[str]:

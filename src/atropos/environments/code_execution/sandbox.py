@@ -102,7 +102,9 @@ service such as Modal, for code written to attack you):
 - With it, the run still reads the system directories and the Python installation (world-
   readable files there, `/etc/passwd` included), and sees the mount table (`/proc/self/mounts`,
   paths only).
-- Reward hacking inside the rules: hard-coding the answers to the tests shown in the prompt.
+- Reward hacking inside the rules: hard-coding the answers to the tests shown in the prompt;
+  shadowing a built-in the tests call (`def abs(x): return 0`) when the item names no entry
+  point (with one, `problems.jobs_for` gives the tests the built-ins back).
 - Disk: RLIMIT_FSIZE caps each file, not their number, inside the directory. CPU: each process
   gets its own RLIMIT_CPU, so a capped fork tree may use up to `max_processes` CPU-seconds
   budgets before the wall clock stops it.
