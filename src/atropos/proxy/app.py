@@ -27,8 +27,9 @@ not JSON or nested deeper than `fields.MAX_DEPTH`; a field of the wrong type or 
 the message and `param`), the inference server's own 4xx that status (its message kept), a
 server that is unreachable or fails (5xx) 502, one that does not answer in time 504, a bug in
 the proxy 500 (logged); each in the dialect's error shape, and none of them touches another
-session. Every route also passes the API's browser
-rules (`atropos.api.origin`): no cross-site writes, no foreign `Host`.
+session. In front of every route are the HTTP rules of every server we ship (`atropos.http`):
+no foreign `Host` (DNS rebinding), no page of another site, no content type a form can send,
+the body limit; their refusals too are in the dialect of the path.
 
 A session id alone is not a credential. It is public: trajectories, logs, the listing and the
 `/s/{id}/` URLs show it, so every route that reaches a session by its id also needs the
@@ -53,6 +54,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from atropos.http import ErrorShape, HttpRules, Rules, Site, guard
+from atropos.proxy import anthropic_api, openai_api, responses_api
 from atropos.proxy.asgi import ProxyApp
 from atropos.proxy.session import (
     Limits,
@@ -224,6 +227,29 @@ class Proxy:
         return len(old)
 
 
-def build_app(proxy: Proxy) -> ProxyApp:
-    """The ASGI app of `proxy` (`atropos.proxy.asgi.ProxyApp`)."""
-    return ProxyApp(proxy)
+def build_app(proxy: Proxy) -> HttpRules:
+    """The ASGI app of `proxy` (`atropos.proxy.asgi.ProxyApp`) behind the HTTP rules of every
+    server we ship (`atropos.http`), which answer in the dialect of the path refused."""
+    s = proxy.settings
+    site = Site.of(s.host, (), s.api_key is not None)
+    return guard(ProxyApp(proxy), Rules(site, ("/health",), s.max_body_bytes, dialect_of))
+
+
+_KINDS = {"Refused": "refused", "InternalError": "api_error"}
+
+
+def dialect_of(path: str) -> ErrorShape:
+    """The error shape of a path: Anthropic's for `/messages`, OpenAI's (with the Responses
+    API's `param`) for everything else."""
+    if path.endswith("/messages"):
+        shape = anthropic_api.error_body
+    elif path.endswith("/responses"):
+        shape = responses_api.error_body
+    else:
+        shape = openai_api.error_body
+
+    def error(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+        kind = _KINDS.get(kind, "invalid_request_error")
+        return shape(ProxyError(status, message, kind, param))
+
+    return error

@@ -22,7 +22,6 @@ from jinja2 import TemplateError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from atropos.http.origin import Site, refusal
 from atropos.inference.errors import InferenceError
 from atropos.proxy import anthropic_api, fields, openai_api, responses_api
 from atropos.proxy.session import Limits, Session
@@ -103,8 +102,6 @@ class Routes:
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
-        s = proxy.settings
-        self.site = Site.of(s.host, (), s.api_key is not None)
 
     # --- access ---
 
@@ -155,14 +152,11 @@ class Routes:
         return found
 
     def guard(self, fn: Handler, error: ErrorShape = openai_api.error_body) -> Handler:
-        """Browser rules, then `fn`; a ProxyError becomes its status in `error`'s shape."""
+        """`fn`, with its failures in `error`'s shape: a ProxyError its status, an inference
+        failure its status (`inference_failure`), a bug a logged 500. The browser rules and
+        the body limit run before, in front of every route (`atropos.http`, `build_app`)."""
 
         async def route(request: Request) -> Response:
-            refused = refusal(request.method, request.url.path, request.headers, self.site)
-            if refused is not None:
-                return json_response(
-                    error(ProxyError(refused.status, refused.message, "refused")), refused.status
-                )
             try:
                 return await fn(request)
             except ProxyError as err:
