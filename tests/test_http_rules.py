@@ -8,8 +8,9 @@ hostile request the same way, in its own dialect.
   server, the fake inference server), served on 127.0.0.1 and attacked as a web page or another
   process would: a foreign `Host` (DNS rebinding), a cross-site `Origin`, `Origin: null`,
   `Sec-Fetch-Site: cross-site`, a content type a form can send, a declared body over the limit,
-  a body nested 100k levels deep and one that is not UTF-8. Each is refused with its 4xx in the
-  server's error shape, never a 5xx, and an ordinary request still passes.
+  a body nested 100k levels deep and one that is not UTF-8, a request head of too many fields.
+  Each is refused with its 4xx in the server's error shape (the 431 of a head, refused before
+  any route is known, in the API's), never a 5xx, and an ordinary request still passes.
 """
 
 from __future__ import annotations
@@ -237,3 +238,12 @@ def test_an_ordinary_request_passes(target: Target) -> None:
     answer = _send(target, "POST", {}, None)
     assert answer.status_code < 300 or answer.status_code in (401, 422), answer.text[:300]
     assert _send(target, "GET", {}, b"").status_code not in (403, 415)
+
+
+def test_a_request_head_over_the_limit_is_a_431(target: Target) -> None:
+    from atropos.http.heads import MAX_HEADERS
+
+    headers = {f"x-filler-{i}": "y" for i in range(MAX_HEADERS + 1)}
+    with httpx.Client(base_url=target.url, timeout=60) as client:
+        answer = client.get(target.read, headers=headers)
+    assert answer.status_code == 431, answer.text[:300]
