@@ -48,6 +48,16 @@ def import_transformers_quietly() -> ModuleType:
     return module
 
 
+def quiet_progress_bars() -> ModuleType:
+    """`import_transformers_quietly()`, with transformers' progress bars off in this process
+    (`from_pretrained`'s "Loading weights" bar): our servers, trainer and demo say their own
+    progress, and a bar in their output is noise."""
+    transformers = import_transformers_quietly()
+    disable: Any = transformers.utils.logging.disable_progress_bar  # untyped in some releases
+    disable()
+    return transformers
+
+
 class TokenizerError(FatalError, ValueError):
     """A tokenizer that cannot be loaded: fatal to a run (every item needs it)."""
 

@@ -40,10 +40,10 @@ def pick_device(device: str) -> str:
 def load_fp32(model_dir: str) -> Any:
     """`AutoModelForCausalLM.from_pretrained(model_dir)` in float32, whatever the transformers
     release calls the argument (`dtype` from 5 on, `torch_dtype` before: an unknown keyword
-    would land in the model's config)."""
-    from atropos.inference.tokenizer import import_transformers_quietly
+    would land in the model's config); no progress bar."""
+    from atropos.inference.tokenizer import quiet_progress_bars
 
-    transformers = import_transformers_quietly()
+    transformers = quiet_progress_bars()
     major = int(transformers.__version__.split(".")[0])
     dtype_key = "dtype" if major >= 5 else "torch_dtype"
     return transformers.AutoModelForCausalLM.from_pretrained(

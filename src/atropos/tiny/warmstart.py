@@ -215,9 +215,10 @@ def _load(model: str | Path | Any) -> Any:
     """A model in eval mode: loaded from a directory (None: the shipped policy) or as given."""
     loaded: Any = model
     if model is None or isinstance(model, str | Path):
-        from transformers import AutoModelForCausalLM
+        from atropos.inference.tokenizer import quiet_progress_bars
 
-        loaded = AutoModelForCausalLM.from_pretrained(str(model or policy_path()))
+        transformers = quiet_progress_bars()
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(model or policy_path()))
     loaded.eval()
     return loaded
 

@@ -248,14 +248,12 @@ def open_metrics(cfg: TrainConfig) -> tuple[MetricsSink, str, str]:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run until `cfg.steps` or a signal; returns the last step's metrics. Under torchrun every
     rank runs this (module docstring)."""
-    from transformers.utils import logging as hf_logging
-
+    from atropos.inference.tokenizer import quiet_progress_bars
     from atropos.trainer.ranks import Ranks
     from atropos.trainer.session import Session
     from atropos.trainer.stop import stop_on_signals
 
-    quiet_progress: Any = hf_logging.disable_progress_bar  # typed in some releases only
-    quiet_progress()
+    quiet_progress_bars()
     ranks = Ranks.from_env(cfg.device, cfg.rank_timeout)
     stopping, restore_signals, waiting = stop_on_signals()
     session: Session | None = None
