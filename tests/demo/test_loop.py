@@ -41,3 +41,6 @@ def test_the_demo_loop_learns_in_real_processes(tmp_path: Path) -> None:
     # by their environments, never a command line
     assert "(api key required)" in (cfg.out / "logs" / "server.log").read_text()
     assert "api_key" not in (cfg.out / "commands.json").read_text()
+    # no progress bar of transformers' in any process's output (the demo shows its own)
+    for log in (cfg.out / "logs").glob("*.log"):
+        assert "Loading weights" not in log.read_text(), log.name
