@@ -32,29 +32,93 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+FONT = 11  # tick, axis-title and legend text, in the chart's own units (px at full size)
+CHAR_W = 0.62 * FONT  # a generous width of one character of that text (digits are ~0.55 em)
+WIDTH = 640  # the chart's own width: it scales down to its container (viewBox), never wider
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
+    """Round ticks about `count` intervals apart (1, 2 or 5 times a power of ten) covering
+    [lo, hi]: the first at or below `lo`, the last at or above `hi`; with `integer`, whole
+    numbers a whole step apart (steps of training are never 25.8).
+
+    >>> nice_ticks(1, 100, integer=True)
+    [0, 20, 40, 60, 80, 100]
+    >>> nice_ticks(1, 3, integer=True), nice_ticks(4, 4, integer=True)
+    ([1, 2, 3], [3, 4, 5])
+    >>> nice_ticks(0.0, 1.0)
+    [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    """
+    if hi <= lo:  # one value: around it
+        pad = 1.0 if integer or lo == 0 else abs(lo) / 10
+        lo, hi = lo - pad, hi + pad
+    step = _nice_step((hi - lo) / max(count, 1))
+    if integer:
+        step = max(1.0, round(step))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    digits = _decimals(step)
+    if integer:
+        return [int(k * step) for k in range(first, last + 1)]
+    return [round(k * step, digits + 1) for k in range(first, last + 1)]
+
+
+def _nice_step(raw: float) -> float:
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+
+
+def _decimals(step: float) -> int:
+    return max(0, -math.floor(math.log10(step) + 1e-9))
+
+
+def tick_label(value: float, step: float) -> str:
+    """`value` with as many decimals as the tick step needs (exponent form below 1e-4).
+
+    >>> [tick_label(v, s) for v, s in [(0, 0.2), (0.4, 0.2), (20, 20), (15e-4, 5e-4), (4e-5, 2e-5)]]
+    ['0.0', '0.4', '20', '0.0015', '4e-05']
+    """
+    digits = _decimals(step)
+    if digits > 4 or abs(value) >= 1e5:
+        return f"{value:.2g}"
+    return f"{value:.{digits}f}"
+
+
 def line_chart(
     series: dict[str, list[Point]],
     title: str,
     y_label: str,
     y_range: tuple[float, float] | None = None,
-    width: int = 640,
     height: int = 260,
 ) -> str:
-    """An SVG line chart of named series of (x, y) points (None-free).
+    """An SVG line chart of named series of (x = step, y) points (None-free).
 
-    Long because it writes one SVG in drawing order: frame, grid, labels, series.
+    It scales to its container (viewBox, CSS width 100% up to its own width). Steps get whole
+    round ticks; the legend is a row above the plot, never over the data; the plot's left margin
+    is sized to the longest y tick label, so the rotated y title never meets them.
+
+    Long because it writes one SVG in drawing order: title, legend, frame, grid, labels, series.
     """
     pts = [p for s in series.values() for p in s]
     if not pts:
         return f"<p>{html.escape(title)}: no data</p>"
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = y_range or (min(p[1] for p in pts), max(p[1] for p in pts))
-    if x1 == x0:
-        x1 = x0 + 1
+    xs = nice_ticks(min(p[0] for p in pts), max(p[0] for p in pts), 6, integer=True)
+    lo, hi = y_range or (min(p[1] for p in pts), max(p[1] for p in pts))
+    ys = nice_ticks(lo, hi, 5)
+    if y_range is not None:  # the fixed range, its round ticks only
+        ys = [y for y in ys if lo - 1e-9 <= y <= hi + 1e-9] or [lo, hi]
+    x0, x1 = xs[0], xs[-1]
+    y0, y1 = (lo, hi) if y_range is not None else (ys[0], ys[-1])
     if y1 == y0:
         y1 = y0 + 1
-    left, right, top, bottom = 56, 16, 28, 36
-    pw, ph = width - left - right, height - top - bottom
+    y_step = ys[1] - ys[0] if len(ys) > 1 else 1.0
+    y_texts = [tick_label(y, y_step) for y in ys]
+    # left: a gap, the rotated y title (one line tall), a gap, the widest tick label, a gap
+    left = 6 + FONT + 8 + math.ceil(max(len(t) for t in y_texts) * CHAR_W) + 6
+    right = 8 + math.ceil(len(str(xs[-1])) * CHAR_W / 2)
+    pw = WIDTH - left - right
+    rows = _legend_rows(list(series), pw)
+    top, bottom = 26 + 16 * len(rows) + 6, 36
+    ph = height - top - bottom
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * pw
@@ -62,40 +126,71 @@ def line_chart(
     def sy(y: float) -> float:
         return top + (1 - (y - y0) / (y1 - y0)) * ph
 
+    e = html.escape
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'role="img" aria-label="{html.escape(title)}">',
-        f'<text x="{left}" y="18" font-size="14" font-weight="600">{html.escape(title)}</text>',
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
+        f'width="{WIDTH}" height="{height}" role="img" aria-label="{e(title)}" '
+        f'font-size="{FONT}">',
+        f'<text x="{left}" y="18" font-size="14" font-weight="600">{e(title)}</text>',
+        '<g class="legend">',
+    ]
+    colors = {name: COLORS[i % len(COLORS)] for i, name in enumerate(series)}
+    for r, row in enumerate(rows):
+        lx, ly = left, 26 + 16 * r + 8
+        for name in row:
+            parts.append(
+                f'<line x1="{lx}" x2="{lx + 16}" y1="{ly}" y2="{ly}" stroke="{colors[name]}" '
+                f'stroke-width="2"/><text x="{lx + 20}" y="{ly + 4}">{e(name)}</text>'
+            )
+            lx += _legend_width(name) + 16
+    parts += [
+        "</g>",
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
     ]
-    for i in range(5):
-        y = y0 + (y1 - y0) * i / 4
+    for y, text in zip(ys, y_texts, strict=True):
         parts.append(
             f'<line x1="{left}" x2="{left + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" '
-            f'stroke="#eee"/><text x="{left - 6}" y="{sy(y) + 4:.1f}" font-size="11" '
-            f'text-anchor="end">{_num(y)}</text>'
+            f'stroke="#eee"/><text class="tick y" x="{left - 6}" y="{sy(y) + 4:.1f}" '
+            f'text-anchor="end">{text}</text>'
         )
-    for i in range(5):
-        x = x0 + (x1 - x0) * i / 4
+    for x in xs:
         parts.append(
-            f'<text x="{sx(x):.1f}" y="{top + ph + 16}" font-size="11" '
-            f'text-anchor="middle">{_num(x)}</text>'
+            f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top + ph}" y2="{top + ph + 4}" '
+            f'stroke="#999"/><text class="tick x" x="{sx(x):.1f}" y="{top + ph + 16}" '
+            f'text-anchor="middle">{x:g}</text>'
         )
+    mid = top + ph / 2
     parts.append(
-        f'<text x="{left + pw / 2}" y="{height - 4}" font-size="11" text-anchor="middle">'
-        f'step</text><text x="12" y="{top + ph / 2}" font-size="11" text-anchor="middle" '
-        f'transform="rotate(-90 12 {top + ph / 2})">{html.escape(y_label)}</text>'
+        f'<text class="x-title" x="{left + pw / 2}" y="{height - 4}" text-anchor="middle">step'
+        f'</text><text class="y-title" x="{6 + FONT - 2}" y="{mid}" text-anchor="middle" '
+        f'transform="rotate(-90 {6 + FONT - 2} {mid})">{e(y_label)}</text>'
     )
-    for i, (name, points) in enumerate(series.items()):
-        color = COLORS[i % len(COLORS)]
+    for name, points in series.items():
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
         parts.append(
-            f'<text x="{left + pw - 4}" y="{top + 16 + 14 * i}" font-size="11" '
-            f'text-anchor="end" fill="{color}">{html.escape(name)}</text>'
+            f'<polyline class="series" fill="none" stroke="{colors[name]}" stroke-width="2" '
+            f'points="{path}"><title>{e(name)}</title></polyline>'
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _legend_width(name: str) -> int:
+    return 20 + math.ceil(len(name) * CHAR_W)
+
+
+def _legend_rows(names: list[str], width: int) -> list[list[str]]:
+    """The legend's entries in rows no wider than `width` (one entry per row at the least)."""
+    rows: list[list[str]] = [[]]
+    used = 0
+    for name in names:
+        w = _legend_width(name)
+        if rows[-1] and used + 16 + w > width:
+            rows.append([])
+            used = 0
+        used += (16 if rows[-1] else 0) + w
+        rows[-1].append(name)
+    return rows
 
 
 def _num(v: float) -> str:
@@ -118,6 +213,26 @@ def reward_chart(metrics: list[dict[str, Any]]) -> str:
         "Reward of the rollouts trained on",
         "mean reward",
         (0.0, 1.0),
+    )
+
+
+def reward_note(metrics: list[dict[str, Any]]) -> str:
+    """Why the reward curve moves less than held-out accuracy, true of the run's settings
+    (`atropos.demo.run`: the environment samples at its temperature 1 and drops groups of all-equal
+    rewards unless distilling; `held_out` decodes greedily, the same items before and after)."""
+    kept = any(m.get("reverse_kl") is not None for m in metrics)  # distillation keeps them all
+    dropped = (
+        ""
+        if kept
+        else "; groups whose answers all score the same are dropped, so the batch never holds "
+        "the questions the policy always solves"
+    )
+    return (
+        "Why this moves less than held-out accuracy: each point is the mean reward of one "
+        "trained batch, a group of answers per training question sampled at temperature 1"
+        f"{dropped}. Held-out accuracy is greedy decoding of fixed held-out questions (before "
+        "and after training): one counts as solved once the right answer is the most likely, "
+        "long before every sample gets it right."
     )
 
 
@@ -174,10 +289,14 @@ def write_report(
     )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
 <title>{e(title)}</title>
 <style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 980px; color: #222 }}
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; padding: 0 1em;
+  max-width: 980px; color: #222 }}
+svg.chart {{ display: block; width: 100%; max-width: {WIDTH}px; height: auto; margin: 1em 0 0 }}
+p.note {{ max-width: {WIDTH}px; color: #444 }}
 table {{ border-collapse: collapse; margin: 1em 0 }}
 th, td {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top }}
 pre {{ margin: 0; white-space: pre-wrap; font-size: 12px }}
@@ -187,6 +306,7 @@ td.ok {{ background: #ecfdf3 }} td.bad {{ background: #fef2f2 }}
 <table>{rows}</table>
 {kl_chart(metrics)}
 {reward_chart(metrics)}
+<p class="note">{e(reward_note(metrics))}</p>
 {mismatch_chart(metrics)}
 <h2>Held-out samples, greedy decoding</h2>
 <table><tr><th>prompt</th><th>warm start</th><th>after training</th><th>answer</th></tr>
