@@ -44,7 +44,7 @@ class Sampling:
     """How to sample one request's rows (`n` per prompt)."""
 
     n: int = 1
-    max_tokens: int | None = 16  # None: up to the context length
+    max_tokens: int | None = 16  # None: the rest of the context (`max_model_len` - prompt)
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1): off
@@ -207,6 +207,8 @@ def _sampling(
     if not isinstance(stop_ids, list):
         raise RequestError("stop_token_ids must be a list of token ids", "stop_token_ids")
     top_k = get_int(body, "top_k", 0, -1, codec.vocab_size)
+    # vLLM: an absent field takes the request's default, an explicit null is "no limit"
+    max_default = max_default if body.get(max_key, max_default) is not None else None
     return Sampling(
         n=get_int(body, "n", 1, 1, 1024) or 1,
         max_tokens=get_int(body, max_key, max_default, 1, codec.max_model_len),
@@ -244,7 +246,10 @@ def _check_lengths(prompts: list[list[int]], sampling: Sampling, codec: Codec, k
 
 
 def parse_completion(body: Mapping[str, Any], codec: Codec) -> Parsed:
-    """`POST /v1/completions`: `prompt` is a string, strings, token ids or lists of them."""
+    """`POST /v1/completions`: `prompt` is a string, strings, token ids or lists of them.
+
+    `max_tokens` absent is 16 (vLLM's `CompletionRequest.max_tokens`, OpenAI's default); null
+    is the rest of the context, as in vLLM (`vllm.entrypoints.utils.get_max_tokens`)."""
     _refuse(body, "stream", "echo")
     prompt: Any = body.get("prompt")
     vocab = codec.vocab_size
@@ -281,7 +286,10 @@ def parse_completion(body: Mapping[str, Any], codec: Codec) -> Parsed:
 
 
 def parse_chat(body: Mapping[str, Any], codec: Codec) -> Parsed:
-    """`POST /v1/chat/completions`: `messages` rendered with the tokenizer's chat template."""
+    """`POST /v1/chat/completions`: `messages` rendered with the tokenizer's chat template.
+
+    No `max_completion_tokens` or `max_tokens` (absent or null): the rest of the context,
+    `max_model_len` minus the prompt, as vLLM's `ChatCompletionRequest` (both default None)."""
     _refuse(body, "stream")
     text = render_chat(body, codec.tokenizer)
     ids = codec.encode(text, add_special_tokens=False)
