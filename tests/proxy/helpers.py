@@ -20,6 +20,8 @@ class Recording:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.outputs: list[tuple[list[int], list[float]]] = []
+        servers = getattr(inner, "servers", None)  # a ServerManager: its (first) backend, which
+        self.backend = servers[0] if servers else None  # the session asks for its context length
 
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
         prompt, outs, lps, finishes = await self.inner.tokens_and_logprobs_completion(**kwargs)

@@ -14,7 +14,7 @@ import pytest
 
 from atropos.envs.config import BaseEnvConfig
 from atropos.inference.config import APIServerConfig
-from atropos.proxy.agent_env import AgentClient, AgentEnv, AgentEnvConfig, AgentRun
+from atropos.proxy.agent_env import AgentClient, AgentEnv, AgentEnvConfig, AgentRun, run_command
 from atropos.testing import FakeInferenceServer
 
 
@@ -187,3 +187,19 @@ def test_the_config_is_typed_by_the_generic_argument():
     assert Mine.env_config_cls is Tuned
     env = Mine(BaseEnvConfig(group_size=2, use_wandb=False), [])
     assert env.config.extra == 3 and env.config.agent_timeout == 600.0
+
+
+class _Session:
+    environ = {"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_API_KEY": "sk-atropos-x"}
+
+
+SHOW_TRACING = "import os; print(os.environ.get('OPENAI_AGENTS_DISABLE_TRACING'))"
+
+
+def test_an_agent_command_runs_with_the_agents_sdks_tracing_off(monkeypatch):
+    command = f"{sys.executable} -c {json.dumps(SHOW_TRACING)}"
+    monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)
+    run = asyncio.run(run_command(command, {}, _Session(), 30))  # type: ignore[arg-type]
+    assert run == "1"
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "0")  # the user's choice is kept
+    assert asyncio.run(run_command(command, {}, _Session(), 30)) == "0"  # type: ignore[arg-type]

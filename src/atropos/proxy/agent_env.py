@@ -24,6 +24,10 @@ through its session, so what is trained is exactly what the policy generated:
 An external agent (`--env.agent_command "python my_agent.py"`) gets the task as JSON on stdin and
 in `ATROPOS_TASK`, its session in `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
 `ANTHROPIC_API_KEY` (and `ATROPOS_SESSION_URL` to post a reward); its stdout is `run.output`.
+Its environment also sets `OPENAI_AGENTS_DISABLE_TRACING=1` (unless that variable is already
+set in ours): the OpenAI Agents SDK would otherwise upload its traces to api.openai.com with the
+session's key, fail and print `[non-fatal] Tracing request failed` on every run. An agent run in
+process (`agent(task, client)`) is the host's own: call `agents.set_tracing_disabled(True)`.
 
 **From rollouts to a group.** A rollout is one session; it may hold several sequences (a
 sub-agent, a rewritten history: `atropos.proxy.trajectory`). Every sequence of every rollout
@@ -347,12 +351,19 @@ async def _value(score: Any) -> float:
     return float(score)
 
 
+#: What an agent command's environment sets unless ours already does: the OpenAI Agents SDK's
+#: trace upload off (`agents.tracing.provider` reads OPENAI_AGENTS_DISABLE_TRACING), since its
+#: traces would go to api.openai.com with the session's key and fail.
+_QUIET = {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
+
+
 async def run_command(command: str, task: Item, client: AgentClient, timeout: float) -> str:
     """Run an external agent for `task`: the task as JSON on stdin and in `ATROPOS_TASK`, the
-    session in its environment; its stdout (stripped) is the output. A non-zero exit raises
+    session in its environment (with `OPENAI_AGENTS_DISABLE_TRACING=1` unless ours sets it);
+    its stdout (stripped) is the output. A non-zero exit raises
     RuntimeError with the end of its stderr; past `timeout` its process group is killed."""
     text = json.dumps(task, ensure_ascii=False, default=str)
-    env = {**os.environ, **client.environ, "ATROPOS_TASK": text}
+    env = {**_QUIET, **os.environ, **client.environ, "ATROPOS_TASK": text}
     proc = await asyncio.create_subprocess_exec(
         *shlex.split(command),
         stdin=asyncio.subprocess.PIPE,

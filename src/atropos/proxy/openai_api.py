@@ -8,7 +8,11 @@ then `data: [DONE]`). Errors are OpenAI's `{"error": {"message", "type", "param"
 Read: `messages` (roles system, developer (as system), user, assistant with `tool_calls`, tool;
 content a string or text parts), `tools` (function tools), `tool_choice`, `n`, `max_tokens` /
 `max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `presence_penalty`,
-`frequency_penalty`, `stream`, `stream_options.include_usage`. Ignored: everything else (`user`,
+`frequency_penalty`, `stream`, `stream_options.include_usage`. Defaults are vLLM's: a chat
+without `max_tokens` / `max_completion_tokens` (absent or null) may write the rest of the
+context, within the session's token budget (`session.Session`); a text completion without
+`max_tokens` gets 16 (null: the rest of the context); unset sampling fields are left to the
+server (temperature 1, top_p 1, n 1). Ignored: everything else (`user`,
 `metadata`, `logprobs`, ...). Refused (400, `param` naming the field): image or audio parts,
 non-function tools, `n` over `MAX_N`, a field of the wrong type or out of its range (`max_tokens`
 up to `fields.MAX_TOKENS`, `temperature` 0 to 2, `top_p` 0 to 1, penalties -2 to 2, `seed` an
@@ -27,6 +31,7 @@ from atropos.proxy import fields
 from atropos.proxy.turns import ProxyError, TurnRequest, TurnResult
 
 __all__ = [
+    "COMPLETION_MAX_TOKENS",
     "MAX_N",
     "chat_from_turn",
     "chat_stream",
@@ -40,6 +45,7 @@ __all__ = [
 ]
 
 MAX_N = 64
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's and vLLM's default
 _RANGES = {
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
@@ -148,12 +154,16 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _common(body: Mapping[str, Any]) -> dict[str, Any]:
+def _common(body: Mapping[str, Any], default_max: int | None = None) -> dict[str, Any]:
+    """`n`, the token limit and the sampling fields. The limit is `max_completion_tokens`, else
+    `max_tokens`; absent, `default_max`; null, None (the rest of the context: `Session`)."""
     n = fields.integer(body, "n", 1, MAX_N) or 1
     name = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     limit = fields.integer(body, name, 1, fields.MAX_TOKENS)
+    if limit is None and name not in body:
+        limit = default_max
     sampling: dict[str, Any] = {}
     for key, (low, high) in _RANGES.items():
         value = fields.number(body, key, low, high)
@@ -214,13 +224,14 @@ def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
 
 
 def completion_to_turn(body: Mapping[str, Any]) -> TurnRequest:
-    """A `/v1/completions` body as a `TurnRequest` with a raw `prompt`."""
+    """A `/v1/completions` body as a `TurnRequest` with a raw `prompt`; `max_tokens` absent is
+    `COMPLETION_MAX_TOKENS` (16), null the rest of the context, as in vLLM."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ProxyError(400, "prompt must be a non-empty string (one prompt per request)")
-    return TurnRequest(messages=[], prompt=prompt, **_common(body))
+    return TurnRequest(messages=[], prompt=prompt, **_common(body, COMPLETION_MAX_TOKENS))
 
 
 def _usage(result: TurnResult) -> dict[str, int]:

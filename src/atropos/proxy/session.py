@@ -14,17 +14,27 @@ included) and the conversation is tokenized locally at the end (`token_source`
 
 Limits per session (`Limits`): calls, generated tokens, wall time; a call past one is refused
 with a 400 that names the limit (never 429, which SDKs retry).
+
+A call that names no limit (`max_tokens`, `max_completion_tokens`, `max_output_tokens` absent
+or null) gets what vLLM gives a chat: the rest of the context (the context length minus the
+prompt), bounded here by the tokens left in the session's budget. The session asks its server
+for the context length once (`context_length`: `max_model_len` in `GET /models`, as vLLM, SGLang
+and `atropos local serve` report it) and puts the bound on every request it sends with the
+prompt's ids in hand; a server that reports none gets no `max_tokens` (its own default).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from atropos.inference.errors import InferenceError
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_calls
@@ -34,6 +44,7 @@ from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 __all__ = [
     "Limits",
     "Session",
+    "context_length",
     "cut_at_stop",
     "new_capability",
     "new_session_id",
@@ -47,8 +58,74 @@ class Limits:
 
     max_turns: int = 256  # model calls
     max_tokens: int = 262_144  # completion tokens, all calls together (a call that names its
-    # max_tokens is capped at what is left; one that does not gets the server's default)
+    # max_tokens is capped at what is left; one that does not gets the rest of the context,
+    # capped the same way)
     max_seconds: float = 3600.0  # from the session's creation
+
+
+log = logging.getLogger(__name__)
+#: A backend -> the context length it reported (None: none); forgotten when a request sized by
+#: it is refused (the server restarted with another `--max-model-len`).
+_CONTEXT: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+
+
+async def context_length(server: Any) -> int | None:
+    """The context length of `server` (a backend, or a `PinnedServer` and its current
+    backend): the `max_model_len` of its model in `GET {base_url}/models` (vLLM's, SGLang's and
+    `atropos local serve`'s model cards), asked once per server; None when it reports none or
+    cannot be asked (a test double, a plain OpenAI server)."""
+    backend = getattr(server, "backend", server)
+    url, ask = getattr(backend, "base_url", None), getattr(backend, "_request", None)
+    if not isinstance(url, str) or ask is None:
+        return None
+    if backend in _CONTEXT:
+        return _CONTEXT[backend]
+    try:
+        answer = await ask("GET", url + "/models", timeout=10.0)
+    except Exception as exc:  # asked again on the next call; this one takes the server's default
+        log.warning("GET %s/models failed (%s): no context length for the default", url, exc)
+        return None
+    cards = answer.get("data") if isinstance(answer, Mapping) else None
+    cards = [c for c in cards or [] if isinstance(c, Mapping)]
+    name = getattr(getattr(backend, "config", None), "model_name", None)
+    cards.sort(key=lambda c: c.get("id") != name)  # the configured model's card first
+    found = [c["max_model_len"] for c in cards if isinstance(c.get("max_model_len"), int)]
+    _CONTEXT[backend] = found[0] if found else None
+    if not found:
+        log.warning(
+            "%s/models reports no max_model_len: a call without max_tokens gets the server's"
+            " default (16 tokens on vLLM's /v1/completions); send max_tokens",
+            url,
+        )
+    return _CONTEXT[backend]
+
+
+class _RestOfContext:
+    """The session's server, as its `ManagedServer` sees it: a request sent without
+    `max_tokens` gets the rest of the context (`context_length` minus its prompt's ids), at
+    most the session's tokens left; everything else is the server's."""
+
+    def __init__(self, server: Any, session: Session) -> None:
+        self._server, self._session = server, session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids")
+        if kwargs.get("max_tokens") is not None or ids is None:
+            return await self._server.tokens_and_logprobs_completion(**kwargs)
+        backend = getattr(self._server, "backend", self._server)
+        context = await context_length(backend)
+        if context is not None:
+            left = self._session.tokens_left()
+            kwargs["max_tokens"] = max(1, min(context - len(ids), left))
+        try:
+            return await self._server.tokens_and_logprobs_completion(**kwargs)
+        except InferenceError as err:
+            if err.status_code == 400:  # perhaps sized by a stale length: ask again next time
+                _CONTEXT.pop(backend, None)
+            raise
 
 
 def new_session_id() -> str:
@@ -145,6 +222,9 @@ class Session:
             raise ValueError("a session needs a ManagedServer or a text server")
         self.id = session_id
         self.key = key
+        server = getattr(managed, "server", None)
+        if server is not None and not isinstance(server, _RestOfContext):
+            managed.server = _RestOfContext(server, self)  # type: ignore[union-attr]
         self.managed = managed
         self.text_server = text_server
         self.tokenizer = tokenizer
@@ -191,12 +271,16 @@ class Session:
             raise ProxyError(400, f"session {self.id} reached max_turns={limits.max_turns}")
         if time.monotonic() - self.created > limits.max_seconds:
             raise ProxyError(400, f"session {self.id} reached max_seconds={limits.max_seconds:g}")
-        left = limits.max_tokens - self.completion_tokens
+        left = self.tokens_left()
         if left <= 0:
             raise ProxyError(400, f"session {self.id} reached max_tokens={limits.max_tokens}")
-        if request.max_tokens is None:  # the server's default; the budget is checked per call
+        if request.max_tokens is None:  # the rest of the context: `_RestOfContext`
             return None
         return min(request.max_tokens, left)
+
+    def tokens_left(self) -> int:
+        """Completion tokens the session's budget (`Limits.max_tokens`) has left."""
+        return self.limits.max_tokens - self.completion_tokens
 
     def _render(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages to render: an assistant message the proxy answered becomes the raw
