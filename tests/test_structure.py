@@ -31,12 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ----- the table ----------------------------------------------------------------------------
 # The part of a module is its first name below `atropos` (`atropos.envs.runner.serve` -> envs),
-# with five leaves named on their own: `wire` (the protocol), `net` (free ports), `names`
-# (the one "did you mean" hint and the one loopback check), `engines` (how vLLM is started) and
+# with six leaves named on their own: `wire` (the protocol), `net` (free ports), `names`
+# (the one "did you mean" hint and the one loopback check), `engines` (how vLLM is started),
+# `install` (the one install hint: the pip command that fits how atropos was installed) and
 # `tiny-data` (`atropos.tiny` itself, which only names the shipped tokenizer and policy files;
 # `atropos.tiny.model` and `.warmstart` are the part `tiny`). `root` is `atropos/__init__.py`
 # (the version and nothing else).
-LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root", "engines"})
+LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root", "engines", "install"})
 """Parts anyone may import: they import nothing of ours."""
 
 LAYERS: dict[str, frozenset[str]] = {
@@ -45,6 +46,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "wire": frozenset(),
     "net": frozenset(),
     "names": frozenset(),
+    "install": frozenset(),  # the install hint every missing extra prints
     "engines": frozenset(),  # how vLLM is started (the demo, launch and the tests share it)
     "tiny-data": frozenset(),
     # the first floor: reward functions, inference clients, metrics sinks, the rollout viewer

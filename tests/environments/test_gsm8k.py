@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 import sys
 from functools import partial
 from pathlib import Path
@@ -16,6 +17,7 @@ from atropos.environments.gsm8k import GSM8K, GSM8KConfig
 from atropos.envs import registry
 from atropos.envs.layering import resolve_config
 from atropos.envs.simple import Rollout
+from atropos.install import install_hint
 from atropos.rewards.math import gsm8k_gold, parse_gold
 from atropos.testing import FakeInferenceServer
 
@@ -154,7 +156,7 @@ def test_the_hub_dataset_is_loaded_when_named(monkeypatch):
 
 def test_a_missing_datasets_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
-    with pytest.raises(HubUnavailable, match=r"atropos-rl\[hub\]"):
+    with pytest.raises(HubUnavailable, match=re.escape(install_hint("hub"))):
         make("http://127.0.0.1:9", dataset_name="gsm8k").load()
 
 

@@ -28,6 +28,7 @@ from atropos.environments.textworld.game import (
 from atropos.environments.textworld.generate import PRESETS, GameSpec
 from atropos.envs.registry import missing_extras
 from atropos.inference.sequence import MASKED, SequenceNode
+from atropos.install import install_hint
 
 from .helpers import make_env, modules_loaded_by
 
@@ -333,7 +334,7 @@ def test_importing_the_env_loads_neither_textworld_nor_jericho():
 def test_a_missing_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "textworld", None)
     message = missing_extras(TextWorld, "textworld")
-    assert message == "textworld needs textworld: pip install 'atropos-rl[textworld]'"
+    assert message == f"textworld needs textworld: {install_hint('textworld')}"
 
 
 def test_the_package_does_not_shadow_the_library():

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from atropos.envs import registry
+from atropos.install import install_hint
 from atropos.testing import FakeInferenceServer, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,7 +195,7 @@ def test_in_our_venv_the_missing_extra_is_named():
     env_cls = registry.get("verifiers:anything")
     assert env_cls.name == "verifiers:anything"
     assert registry.missing_extras(env_cls, "verifiers:anything") == (
-        "verifiers:anything needs verifiers: pip install 'atropos-rl[verifiers]'"
+        f"verifiers:anything needs verifiers: {install_hint('verifiers')}"
     )
 
 

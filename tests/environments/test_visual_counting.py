@@ -45,6 +45,7 @@ from atropos.environments.visual_counting.shapes import (  # noqa: E402
 )
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.simple import Rollout  # noqa: E402
+from atropos.install import install_hint  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from .helpers import (  # noqa: E402
@@ -254,7 +255,7 @@ def test_the_env_reads_the_hub_when_named(fake_datasets):
 
 def test_no_datasets_package_names_the_hub_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(HubUnavailable, match=r"atropos-rl\[hub\]"):
+    with pytest.raises(HubUnavailable, match=re.escape(install_hint("hub"))):
         hub_items("howard-hou/OCR-VQA", "train")
 
 

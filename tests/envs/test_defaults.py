@@ -21,6 +21,7 @@ from atropos.inference.config import (
     ServerBaseline,
     local_server_config,
 )
+from atropos.install import install_hint
 
 
 class Plain(Env):
@@ -127,7 +128,7 @@ def test_a_missing_extra_is_named_at_once_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err == (
         "atropos env process needs_missing: error: needs_missing needs"
-        " atropos-no-such-module-xyz: pip install 'atropos-rl[envs]'\n"
+        f" atropos-no-such-module-xyz: {install_hint('envs')}\n"
     )
     assert ran == []
 

@@ -15,6 +15,7 @@ import pytest
 import atropos
 from atropos.cli.main import main as atropos_main
 from atropos.envs.scaffold import ScaffoldError, package_names, write_package
+from atropos.install import atropos_command, python_command
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +40,8 @@ def test_env_new_writes_the_package(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert f"wrote the environment package {root}:" in out and "  my_env/env.py" in out
-    assert f"next: cd {root} && pip install -e . && pytest" in out
+    python = python_command()
+    assert f"next: cd {root} && {python} -m pip install -e '.[test]' && {python} -m pytest" in out
 
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert project["project"]["name"] == "my-env" and project["project"]["version"] == "0.1.0"
@@ -53,7 +55,8 @@ def test_env_new_writes_the_package(tmp_path, capsys):
     assert "class MyEnv(Env[MyEnvConfig]):" in env_py and 'name = "my-env"' in env_py
     assert len((root / "my_env/data/train.jsonl").read_text().splitlines()) >= 5
     readme = (root / "README.md").read_text()
-    assert "pip install -e ." in readme and "atropos env process my-env" in readme
+    assert f"{python} -m pip install -e '.[test]'" in readme and f"{python} -m pytest" in readme
+    assert f"{atropos_command()} env process my-env" in readme
 
 
 @pytest.mark.parametrize(
@@ -130,7 +133,7 @@ def test_env_new_help(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "usage: atropos env new [-h] [--dir PATH] [--force] name" in out
-    assert "pip install -e ." in out
+    assert "-m pip install -e '.[test]'" in out
 
 
 # ----- installed into a throwaway virtualenv --------------------------------------------------

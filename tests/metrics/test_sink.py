@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import types
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from atropos.envs.config import BaseEnvConfig
+from atropos.install import install_hint
 from atropos.metrics import (
     MetricsError,
     MetricsSink,
@@ -141,7 +143,7 @@ def test_missing_wandb_is_a_clear_error_naming_the_extra(monkeypatch, tmp_path):
     with pytest.raises(MetricsError) as err:
         WandbRun.start(project="p", off_hint="--env.use_wandb false")
     message = str(err.value)
-    assert "pip install 'atropos-rl[wandb]'" in message and "--env.use_wandb false" in message
+    assert install_hint("wandb") in message and "--env.use_wandb false" in message
 
 
 class FakeEnv:
@@ -161,7 +163,7 @@ def test_env_sink_uses_wandb_only_with_a_project(monkeypatch, tmp_path, caplog):
     off = open_env_sink(FakeEnv(use_wandb=False), tmp_path / "m.jsonl", wandb_info={"project": "p"})
     assert off.wandb is None
     off.close()
-    with pytest.raises(MetricsError, match=r"atropos-rl\[wandb\]"):
+    with pytest.raises(MetricsError, match=re.escape(install_hint("wandb"))):
         open_env_sink(FakeEnv(wandb_name="x"), tmp_path / "m.jsonl", wandb_info={"project": "p"})
     monkeypatch.setenv("WANDB_PROJECT", "from-env")  # process mode's way to name a project
     with pytest.raises(MetricsError):

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from atropos.api.app import create_app  # noqa: E402
+from atropos.install import install_hint
 from atropos.metrics import MetricsError  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
 from atropos.trainer.train import WANDB_NAMES, TrainConfig, open_metrics, train  # noqa: E402
@@ -53,7 +54,7 @@ def test_trainer_wandb_without_the_package_is_a_clear_error(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(MetricsError) as err:
         open_metrics(TrainConfig(model="m", out_dir=tmp_path, wandb=True))
-    assert "pip install 'atropos-rl[wandb]'" in str(err.value) and "--wandb" in str(err.value)
+    assert install_hint("wandb") in str(err.value) and "--wandb" in str(err.value)
 
 
 def test_every_trainer_metric_has_a_wandb_name(tiny_model_dir, tmp_path):

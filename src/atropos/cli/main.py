@@ -127,7 +127,8 @@ def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
         help="write an installable package for a new environment",
         description="Write DIR/NAME/: a package with the environment NAME (module NAME with '-'"
         " made '_'), its entry point, a small dataset, tests against the fake inference"
-        " server, and a README. Then: cd NAME && pip install -e . && pytest.",
+        " server, and a README. It prints the command that installs the package into this"
+        " Python (`PYTHON -m pip install -e '.[test]'`) and runs its tests.",
     )
     new_p.add_argument("name", help="letters, digits, '-' and '_', starting with a letter")
     new_p.add_argument(
@@ -182,6 +183,7 @@ def _env_new(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from atropos.envs.scaffold import ScaffoldError, package_names, write_package
+    from atropos.envs.scaffold_files import next_step
 
     prog = "atropos env new"
     try:
@@ -198,7 +200,7 @@ def _env_new(args: argparse.Namespace) -> int:
     print(f"wrote the environment package {root}:")
     for path in written:
         print(f"  {path.relative_to(root).as_posix()}")
-    print(f"next: cd {root} && pip install -e . && pytest")
+    print(f"next: {next_step(root)}")
     return 0
 
 

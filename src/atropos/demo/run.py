@@ -29,6 +29,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atropos.demo.procs import Service, ServiceError, wait_until_up
 from atropos.demo.report import write_report
+from atropos.install import activate_command, atropos_command, checkout
 from atropos.net import free_port
 
 SERVED_NAME = "atropos-tiny"
@@ -304,7 +305,27 @@ def run(cfg: DemoConfig | None = None, console: Console | None = None) -> dict[s
         json.dumps({"summary": summary, "config": asdict(cfg)}, indent=2, default=str)
     )
     console.print(f"report: {report}")
+    for line in next_lines():
+        console.print(line, markup=False, highlight=False)
     return summary
+
+
+def next_lines() -> list[str]:
+    """What to run next, in this install's commands (`atropos.install`): how to use its
+    virtualenv when it is not activated, every built-in environment's extras, the environments."""
+    activate = activate_command()
+    atropos = "atropos" if activate else atropos_command()
+    lines = ["next:"]
+    if activate:
+        lines.append(
+            f"  {activate}   # then `atropos` and `python` are this install's"
+            f" (or, without it: {atropos_command()} ...)"
+        )
+    root = checkout()
+    if root is not None and (root / "Makefile").is_file():
+        lines.append("  make extras   # the packages of every built-in environment (README)")
+    lines.append(f"  {atropos} env list   # the environments; docs/environments.md: your own")
+    return lines
 
 
 def sample_rows(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from atropos.install import DISTRIBUTION, install_hint
 from atropos.names import did_you_mean
 
 __all__ = [
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "atropos.environments"
-DISTRIBUTION = "atropos-rl"  # whose extras `requires` names
 _PIP_NAMES = {  # importable module -> the package pip installs it from, where they differ
     "math_verify": "math-verify",
     "PIL": "pillow",
@@ -276,15 +276,14 @@ def missing_extras(env_cls: type, name: str) -> str | None:
 
     >>> class Needs:
     ...     requires = {"math_verify": "envs", "no_such_module_x": "envs"}
-    >>> missing_extras(Needs, "demo").endswith("no-such-module-x: pip install 'atropos-rl[envs]'")
+    >>> missing_extras(Needs, "demo").endswith("no-such-module-x: " + install_hint("envs"))
     True
     """
     missing = {m: extra for m, extra in requirements(env_cls).items() if not _importable(m)}
     if not missing:
         return None
     packages = ", ".join(_PIP_NAMES.get(m, m.replace("_", "-")) for m in missing)
-    extras = ",".join(sorted(set(missing.values())))
-    return f"{name} needs {packages}: pip install '{DISTRIBUTION}[{extras}]'"
+    return f"{name} needs {packages}: {install_hint(missing.values())}"
 
 
 def _importable(module: str) -> bool:

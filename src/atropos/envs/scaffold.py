@@ -74,7 +74,7 @@ def package_files(names: PackageNames) -> dict[str, str]:
     m = names.module
     return {
         "pyproject.toml": files.PYPROJECT.substitute(fill),
-        "README.md": files.README.substitute(fill),
+        "README.md": files.README.substitute(fill, **files.setup_commands()),
         f"{m}/__init__.py": files.INIT.substitute(fill),
         f"{m}/env.py": files.ENV.substitute(fill),
         f"{m}/data/train.jsonl": files.DATA.substitute(fill),

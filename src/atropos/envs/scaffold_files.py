@@ -1,11 +1,32 @@
 """The text of the files `atropos env new` writes (`atropos.envs.scaffold`), as
 `string.Template`s: `$name` (the environment and distribution name), `$module` (its import
 name), `$cls` (the environment class) and `$config_cls` (its config class); `$$` is a dollar.
+The README also names `$python` and `$atropos`: the commands of the install that writes it
+(`setup_commands`).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 from string import Template
+
+from atropos.install import atropos_command, python_command
+
+
+def setup_commands() -> dict[str, str]:
+    """`python` and `atropos` as the install that runs this names them (`atropos.install`):
+    `python` and `atropos` in an activated virtualenv, else their full paths."""
+    return {"python": python_command(), "atropos": atropos_command()}
+
+
+def next_step(root: str | os.PathLike[str]) -> str:
+    """The one command that installs the package in folder `root` into this Python and runs
+    its tests (`pytest` comes with the package's `test` extra)."""
+    python = python_command()
+    cd = shlex.quote(os.fspath(root))
+    return f"cd {cd} && {python} -m pip install -e '.[test]' && {python} -m pytest"
+
 
 PYPROJECT = Template("""\
 [build-system]
@@ -220,17 +241,19 @@ reward of 1.0 for the right answer inside `<answer></answer>` tags. The environm
 
 ## Install
 
-In the Python environment where `atropos-rl` is installed:
+Into the Python environment where `atropos-rl` is installed. The commands below name its
+interpreter and its `atropos` as they were found when this package was written: by their full
+paths, or plain `python` and `atropos` where those were on `PATH` (an activated virtualenv).
 
 ```bash
-pip install -e .
-atropos env list          # lists $name, from $name 0.1.0
+$python -m pip install -e '.[test]'     # the package, and pytest for its tests
+$atropos env list          # lists $name, from $name 0.1.0
 ```
 
 ## Test
 
 ```bash
-pytest
+$python -m pytest
 ```
 
 The tests run `check_env` against `atropos.testing.FakeInferenceServer`, a fake policy server
@@ -241,14 +264,14 @@ on 127.0.0.1 that answers every question of the data right, and check the reward
 Against the local CPU server and its tiny policy (offline; its answers are noise):
 
 ```bash
-atropos local serve tiny &
-atropos env process $name --env.total_steps 4 --env.data_path_to_save_groups runs/$module.jsonl
+$atropos local serve tiny &
+$atropos env process $name --env.total_steps 4 --env.data_path_to_save_groups runs/$module.jsonl
 ```
 
 Against another inference server, and with your own data:
 
 ```bash
-atropos env process $name --openai.base_url http://127.0.0.1:8000/v1 \\
+$atropos env process $name --openai.base_url http://127.0.0.1:8000/v1 \\
     --openai.model_name MODEL --openai.server_type vllm --env.data_file rows.jsonl
 ```
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from atropos.install import install_hint
 from atropos.launch.config import RunFile
 from atropos.launch.driver import drive
 from atropos.launch.keys import run_key, write_private
@@ -43,7 +44,7 @@ from atropos.launch.show import describe
 from atropos.launch.supervise import LISTENS, Status, Supervisor
 
 PROG = "atropos launch"
-RAY_EXTRA = "backend ray needs Ray: pip install 'atropos-rl[ray]'"
+RAY_EXTRA = f"backend ray needs Ray: {install_hint('ray')}"
 LOG_PULL = 1.0
 
 

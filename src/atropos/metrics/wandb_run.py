@@ -1,6 +1,6 @@
 """The Weights & Biases side of a `MetricsSink`: `wandb` imported only when a run starts.
 
-`wandb` is an optional extra (`pip install 'atropos-rl[wandb]'`); without it, asking for W&B
+`wandb` is an optional extra (`wandb`); without it, asking for W&B
 is a `MetricsError` that says which package to install and how to turn W&B off. The mode
 (online, offline, disabled) and the directory follow wandb's own variables (`WANDB_MODE`,
 `WANDB_DIR`) unless given. Each `WandbRun` is its own run object (`reinit="create_new"` on
@@ -18,9 +18,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from atropos.install import install_hint
+
 log = logging.getLogger("atropos.metrics")
 
-WANDB_EXTRA = "pip install 'atropos-rl[wandb]'"
+WANDB_EXTRA = "wandb"  # the extra of atropos-rl that installs it
 
 
 class MetricsError(ValueError):
@@ -35,7 +37,8 @@ def import_wandb(off_hint: str = "") -> Any:
     except ImportError as err:
         off = f" (or turn W&B off: {off_hint})" if off_hint else ""
         raise MetricsError(
-            f"W&B logging is on but the wandb package is not installed: {WANDB_EXTRA}{off}"
+            "W&B logging is on but the wandb package is not installed:"
+            f" {install_hint(WANDB_EXTRA)}{off}"
         ) from err
     return wandb
 

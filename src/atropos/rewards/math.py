@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from atropos.install import install_hint
 from atropos.rewards.registry import Completion, reward, text_of
 
 __all__ = [
@@ -46,9 +47,7 @@ def _mv() -> Any:
     try:
         import math_verify
     except ImportError:
-        raise ImportError(
-            "the math rewards need math-verify: pip install 'atropos-rl[envs]'"
-        ) from None
+        raise ImportError(f"the math rewards need math-verify: {install_hint('envs')}") from None
     return math_verify
 
 

@@ -98,6 +98,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from atropos.install import install_hint
 from atropos.net import free_port
 from atropos.testing.proc import (
     Listener,
@@ -114,7 +115,7 @@ __all__ = ["NodePorts", "RayCluster", "RayNotInstalledError", "ray_available", "
 
 MISSING_RAY = (
     "ray is not installed: run `make test`, which installs the ray extra "
-    "(or `pip install 'atropos-rl[ray]'` in this environment)"
+    f"(or `{install_hint('ray')}`)"
 )
 MARKER = "ATROPOS_RAY_CLUSTER"
 WORKER_PORTS = 32  # worker processes per node, drivers included; each takes one port

@@ -4,12 +4,14 @@ names the hub dataset when the hub cannot be used."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from atropos.environments.common.data_loading import HubUnavailable, load_hub
+from atropos.install import install_hint
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -48,5 +50,5 @@ def test_a_bad_local_line_names_file_and_line(tmp_path: Path) -> None:
 
 def test_a_hub_name_without_datasets_says_what_to_install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
-    with pytest.raises(HubUnavailable, match=r"atropos-rl\[hub\]"):
+    with pytest.raises(HubUnavailable, match=re.escape(install_hint("hub"))):
         load_hub("someone/not-a-local-path", "train")

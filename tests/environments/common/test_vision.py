@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import sys
 
 import pytest
@@ -23,6 +24,7 @@ from atropos.environments.common.vision import (  # noqa: E402
     text_only,
     to_png_base64,
 )
+from atropos.install import install_hint
 
 from ..helpers import decode_png  # noqa: E402
 
@@ -77,5 +79,5 @@ def test_the_text_only_copy_flattens_content_lists_and_keeps_the_original():
 
 def test_missing_pillow_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(ImportError, match=r"atropos-rl\[vision\]"):
+    with pytest.raises(ImportError, match=re.escape(install_hint("vision"))):
         require_pillow()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from atropos.environments.evals import (
     Math500Eval,
     MMLUEval,
 )
+from atropos.install import install_hint
 
 from .helpers import fake_hub, make
 
@@ -76,7 +78,7 @@ def test_a_local_file_in_the_benchmarks_layout(tmp_path, monkeypatch):
 
 def test_a_missing_datasets_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
-    with pytest.raises(HubUnavailable, match=r"atropos-rl\[hub\]"):
+    with pytest.raises(HubUnavailable, match=re.escape(install_hint("hub"))):
         make(GSM8KEval, dataset_name="openai/gsm8k").load_problems()
 
 

@@ -4,6 +4,7 @@ token-exact multi-turn sequences, per-step groups with advantages, check_env, th
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from functools import partial
 
@@ -25,6 +26,7 @@ from atropos.environments.games.blackjack import (  # noqa: E402
 )
 from atropos.environments.games.value import optimal_value  # noqa: E402
 from atropos.envs import registry  # noqa: E402
+from atropos.install import install_hint  # noqa: E402
 from atropos.testing import FakeInferenceServer  # noqa: E402
 
 from ..helpers import check_against, env_defaults, evaluate_against, process_through_cli  # noqa: E402
@@ -311,7 +313,7 @@ def test_registry_resolves_and_defaults():
 
 def test_a_missing_gymnasium_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnasium", None)
-    with pytest.raises(ImportError, match=r"atropos-rl\[games\]"):
+    with pytest.raises(ImportError, match=re.escape(install_hint("games"))):
         require_gymnasium()
     with pytest.raises(ImportError, match="games"):
         BlackjackGame(0)

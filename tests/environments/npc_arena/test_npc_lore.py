@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -21,6 +22,7 @@ from atropos.environments.npc_arena import (
     load_lore,
     make_retriever,
 )
+from atropos.install import install_hint
 
 CORPUS = [
     LoreDoc("forge", "Emberdeep", "The dwarves of Emberdeep forge hammers and mine mithril."),
@@ -156,7 +158,7 @@ def test_the_embeddings_retriever_uses_sentence_transformers(monkeypatch):
 
 def test_a_missing_sentence_transformers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # import fails
-    with pytest.raises(RetrieverUnavailable, match="pip install sentence-transformers"):
+    with pytest.raises(RetrieverUnavailable, match=re.escape(install_hint("embeddings"))):
         make_retriever("embeddings")
     with pytest.raises(RetrieverUnavailable, match="did you mean 'embeddings'"):
         make_retriever("embedding")

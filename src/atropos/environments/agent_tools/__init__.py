@@ -3,9 +3,9 @@
 Each rollout runs an `agents.Agent` with a `lookup` tool (the shipped planet catalogue) and a
 `calculator` tool against its own session of the rollout proxy (`atropos.proxy.AgentEnv`), so
 the trained tokens are the policy's own across every tool round trip. Score: 1.0 when the
-agent's final answer states the right number, else 0.0. Needs the `agents` extra
-(`pip install 'atropos-rl[agents]'`). Offline demo: `python -m atropos.testing.fake_server
---responder atropos.environments.agent_tools.tasks:demo_responder`.
+agent's final answer states the right number, else 0.0. Needs the `agents` extra (a missing
+one is named, with its install command, before the run). Offline demo: `python -m
+atropos.testing.fake_server --responder atropos.environments.agent_tools.tasks:demo_responder`.
 """
 
 from __future__ import annotations

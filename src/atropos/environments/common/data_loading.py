@@ -23,6 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from atropos.install import install_hint
+
 __all__ = [
     "SPLIT_SEED",
     "HubUnavailable",
@@ -103,7 +105,7 @@ def load_hub(
     except ImportError:
         raise HubUnavailable(
             f"loading {name!r} from the Hugging Face hub needs the `datasets` package:"
-            " pip install 'atropos-rl[hub]' (or use the shipped fixture dataset)"
+            f" {install_hint('hub')} (or use the shipped fixture dataset)"
         ) from None
     try:
         loaded = datasets.load_dataset(name, config, split=split, **kwargs)

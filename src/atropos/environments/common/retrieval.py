@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from atropos.install import install_hint
+
 __all__ = [
     "BM25",
     "RETRIEVERS",
@@ -140,8 +142,8 @@ class EmbeddingRetriever:
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise RetrieverUnavailable(
-                "--env.retriever embeddings needs the sentence-transformers package: pip install"
-                " sentence-transformers (or use the default --env.retriever bm25)"
+                "--env.retriever embeddings needs the sentence-transformers package:"
+                f" {install_hint('embeddings')} (or use the default --env.retriever bm25)"
             ) from None
         self.model: Any = SentenceTransformer(model_name)
         self.docs: list[LoreDoc] = []

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from atropos.envs.base import ConfigT
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.install import install_hint
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -58,8 +59,7 @@ def require_pillow() -> SimpleNamespace:
         from PIL import Image, ImageDraw, ImageFont
     except ImportError:
         raise ImportError(
-            "the vision environments draw and read pictures with Pillow:"
-            " pip install 'atropos-rl[vision]' (or pip install pillow)"
+            f"the vision environments draw and read pictures with Pillow: {install_hint('vision')}"
         ) from None
     return SimpleNamespace(Image=Image, ImageDraw=ImageDraw, ImageFont=ImageFont)
 

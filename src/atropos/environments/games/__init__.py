@@ -2,13 +2,15 @@
 
 Each episode is one conversation (rules as the system turn, each observation as a user turn,
 each move as an assistant turn), generated token-exactly through `ManagedServer` (see
-`episodes.py` and `docs/games.md`). gymnasium is the `games` extra
-(`pip install 'atropos-rl[games]'`); it is imported when an env is set up, not here.
+`episodes.py` and `docs/games.md`). gymnasium is the `games` extra; it is imported when an env
+is set up, not here.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+
+from atropos.install import install_hint
 
 __all__ = ["require_gymnasium"]
 
@@ -18,7 +20,5 @@ def require_gymnasium() -> ModuleType:
     try:
         import gymnasium
     except ImportError as err:
-        raise ImportError(
-            "the game environments need gymnasium: pip install 'atropos-rl[games]'"
-        ) from err
+        raise ImportError(f"the game environments need gymnasium: {install_hint('games')}") from err
     return gymnasium

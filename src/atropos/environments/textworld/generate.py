@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from atropos.install import install_hint
+
 __all__ = [
     "PRESETS",
     "GameSpec",
@@ -39,7 +41,7 @@ __all__ = [
     "walkthrough",
 ]
 
-EXTRA_HINT = "pip install 'atropos-rl[textworld]'"
+EXTRA = "textworld"  # the extra of atropos-rl that installs textworld and jericho
 
 
 def _require(module: str, needed_by: str) -> ModuleType:
@@ -47,7 +49,7 @@ def _require(module: str, needed_by: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ImportError(f"{needed_by} needs {module}: {EXTRA_HINT}") from err
+        raise ImportError(f"{needed_by} needs {module}: {install_hint(EXTRA)}") from err
 
 
 def require_textworld() -> ModuleType:
