@@ -7,7 +7,7 @@ DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
-.PHONY: demo test test-latest lock check install fmt clean chromium slurm gcc test-sglang
+.PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -39,6 +39,21 @@ install: $(DEV)
 
 demo: $(CORE)
 	$(PY) -m atropos demo
+
+# After `make demo`: the packages every built-in environment needs, into .venv, from the lock
+# (the extras of EXTRAS that environments import; README, "Set-up"). Left out: `verifiers`
+# (pins openai < 3, which `agents` cannot share: a venv of its own, docs/ecosystem.md), `hub`
+# and `embeddings` (hub datasets and npc_arena's optional retriever: every environment runs on
+# its shipped fixture and BM25 without them; not in the lock), `ray` (a launch backend) and
+# `dev` (the tests). textworld's jericho builds with a C compiler (the gcc target).
+ENV_EXTRAS := envs,games,vision,textworld,mcp,agents,reasoning-gym
+ENVX := $(VENV)/.installed-extras
+
+$(ENVX): $(CORE)
+	$(PIN) $(PY) -m pip install -q -e '.[train,$(ENV_EXTRAS)]'
+	touch $(ENVX)
+
+extras: gcc $(ENVX)
 
 # The one check command: format, lint, types, tests.
 # The dashboard's browser test drives Debian's chromium; installed here when missing (root, or
