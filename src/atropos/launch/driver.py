@@ -120,6 +120,13 @@ class RunStats:
         return f"trainer step {self.step} · {self.queued} groups queued · {rate} groups/s"
 
 
+def say(console: Console, text: str) -> None:
+    """Print one message as it is: no markup, no highlighting, and no wrapping by Rich, which
+    (80 columns when the output is a log, not a terminal) would break a long error's lines and
+    fold a path mid-word; a terminal wraps the line itself."""
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
 def _uptime(status: Status) -> str:
     if status.started is None or status.state not in ("starting", "ready"):
         return "-"
@@ -136,10 +143,17 @@ def table(statuses: Sequence[Status], stats: RunStats, plan: Plan) -> Table:
     for s in statuses:
         color = colors.get(s.state, "white")
         where = f"{s.host}:{s.port}" if s.port else s.host
-        view.add_row(
-            s.name, f"[{color}]{s.state}[/]", str(s.restarts), _uptime(s), where, str(s.pid or "-")
-        )
+        view.add_row(s.name, f"[{color}]{s.state}[/]", str(s.restarts), _uptime(s), where, pid(s))
     return view
+
+
+def pid(status: Status) -> str:
+    """The pid column: the process's id; `1234 ended` once that process ended (its supervisor
+    may not have seen it yet: an environment ends by itself after the trainer's last step); `-`
+    before it ever started (on Ray: before Ray placed it)."""
+    if status.pid is None:
+        return "-"
+    return str(status.pid) if status.alive else f"{status.pid} ended"
 
 
 class Record:
@@ -216,7 +230,7 @@ def drive(
             extra = f" (restart {s.restarts})" if s.restarts and s.state == "ready" else ""
             if s.state == "restarting":
                 extra = f": {s.reason.splitlines()[0]}"
-            console.print(f"[launch] {s.name}: {s.state}{extra}", highlight=False, markup=False)
+            say(console, f"[launch] {s.name}: {s.state}{extra}")
 
     exit_code = 1
     with Signals() as signals, _View(live, console) as view:
@@ -238,10 +252,11 @@ def drive(
                     break
                 record.write(statuses(), placements())
             if not signals.event.is_set():
-                console.print(
+                say(
+                    console,
                     f"[launch] all {len(plan.processes)} processes ready; logs in"
-                    f" {plan.run_dir / 'logs'}", highlight=False, markup=False,
-                )  # fmt: skip
+                    f" {plan.run_dir / 'logs'}",
+                )
             while not signals.event.is_set():
                 current = tick()
                 by_name = {s.name: s for s in current}
@@ -252,9 +267,7 @@ def drive(
                         exit_code = 1
                     if trainer.state == "failed":
                         record.error = trainer.reason.split("\n", 1)[0]
-                        console.print(
-                            f"[launch] error: {trainer.reason}", highlight=False, markup=False
-                        )
+                        say(console, f"[launch] error: {trainer.reason}")
                     break
                 failed = [s for s in current if s.state == "failed"]
                 if failed:
@@ -267,30 +280,27 @@ def drive(
                 signals.event.wait(REFRESH)
             if signals.signum is not None:
                 exit_code = 128 + signals.signum
-                console.print(
-                    f"[launch] {signal.Signals(signals.signum).name}: stopping the run",
-                    highlight=False,
-                    markup=False,
-                )
+                say(console, f"[launch] {signal.Signals(signals.signum).name}: stopping the run")
         except LaunchError as err:
             record.error = str(err).split("\n", 1)[0]
-            console.print(f"[launch] error: {err}", highlight=False, markup=False)
+            say(console, f"[launch] error: {err}")
             exit_code = 1
         finally:
             stats.poll(now_or_never=True)
             record.api_stats = stats.doc
-            stop_all(plan, handles, console, signals)
+            view_now = view.live  # the table follows the stop (else it shows the last tick)
+            stop_all(
+                plan, handles, console, signals,
+                refresh=(lambda: view_now.update(table(statuses(), stats, plan)))
+                if view_now is not None else None,
+            )  # fmt: skip
             final = statuses()
             if live and view.live is not None:
                 view.live.update(table(final, stats, plan))
             record.exit_code = exit_code
             record.write(final, placements())
     lost = f", {stats.duplicates} duplicate groups" if stats.duplicates else ""
-    console.print(
-        f"[launch] run ended with exit status {exit_code}{lost}; record: {record.path}",
-        highlight=False,
-        markup=False,
-    )
+    say(console, f"[launch] run ended with exit status {exit_code}{lost}; record: {record.path}")
     return exit_code
 
 
@@ -316,13 +326,19 @@ def _start_tier(
 
 
 def stop_all(
-    plan: Plan, handles: Mapping[str, Handle], console: Console, hurry: Signals | None = None
+    plan: Plan,
+    handles: Mapping[str, Handle],
+    console: Console,
+    hurry: Signals | None = None,
+    refresh: Callable[[], None] | None = None,
 ) -> None:
     """Stop every process: trainer, envs, inference, API; each tier at once, then the next.
 
     A second SIGINT/SIGTERM while stopping (`hurry`) cuts every grace period short: what is
-    still running gets SIGKILL at once."""
+    still running gets SIGKILL at once. `refresh` (the live table's) is called about twice a
+    second meanwhile."""
     hurried = False
+    next_refresh = 0.0
     for tier in plan.stop_tiers():
         threads = [
             threading.Thread(target=handles[p.name].stop, name=f"stop-{p.name}", daemon=True)
@@ -335,17 +351,15 @@ def stop_all(
             while t.is_alive() and time.monotonic() < end:
                 if hurry is not None and hurry.count >= 2 and not hurried:
                     hurried = True
-                    console.print(
-                        "[launch] second signal: killing what is left", highlight=False,
-                        markup=False,
-                    )  # fmt: skip
+                    say(console, "[launch] second signal: killing what is left")
                 if hurried:
                     handles[proc.name].stop(0)
+                if refresh is not None and time.monotonic() >= next_refresh:
+                    next_refresh = time.monotonic() + REFRESH
+                    refresh()
                 t.join(0.1)
             if t.is_alive():
-                console.print(
-                    f"[launch] {proc.name} did not stop in time", highlight=False, markup=False
-                )
+                say(console, f"[launch] {proc.name} did not stop in time")
 
 
 def _api_url(handles: Mapping[str, Handle]) -> str | None:

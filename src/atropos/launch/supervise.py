@@ -62,7 +62,7 @@ class Status:
     role: str
     state: State
     restarts: int
-    pid: int | None
+    pid: int | None  # the process's id; after it ended, the last one's (None: never started)
     exit_code: int | None
     exit_codes: list[int]
     started: float | None  # wall-clock time of the current start
@@ -72,6 +72,7 @@ class Status:
     port: int | None
     log: str
     argv: list[str]
+    alive: bool = False  # whether process `pid` is still running
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,7 +152,7 @@ class Supervisor:
             role=self.proc.role,
             state=self.state,
             restarts=self.restarts,
-            pid=popen.pid if alive and popen is not None else None,
+            pid=popen.pid if popen is not None else None,
             exit_code=self.exit_codes[-1] if self.exit_codes else None,
             exit_codes=list(self.exit_codes),
             started=self.started_wall,
@@ -161,6 +162,7 @@ class Supervisor:
             port=port or None,
             log=str(self.log_path),
             argv=list(self.argv),
+            alive=alive,
         )
 
     def stop(self, grace: float | None = None) -> int | None:
