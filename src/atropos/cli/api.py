@@ -16,7 +16,7 @@ from typing import Any
 
 from atropos.api.app import ApiConfig, create_app
 from atropos.cli import listen
-from atropos.cli.argtypes import non_negative_int, usage_error
+from atropos.cli.argtypes import CHECK_ARGS_HELP, non_negative_int, usage_error
 from atropos.names import is_loopback
 
 __all__ = ["add_access_arguments", "add_serve_arguments", "config_from_args"]
@@ -67,6 +67,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         " clients on this machine, where compressing costs more CPU than it saves",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--check-args", action="store_true", help=CHECK_ARGS_HELP)
 
 
 class _KeyOnCommandLine(argparse.Action):
@@ -158,6 +159,8 @@ def config_from_args(args: argparse.Namespace, prog: str = "atropos api serve") 
 def serve(args: argparse.Namespace, prog: str = "atropos api serve") -> int:
     """Run the API until interrupted: the port is bound before anything says it listens."""
     config = config_from_args(args, prog)
+    if args.check_args:
+        return 0
     sock = listen.bind(args.host, args.port, prog)
     try:
         app = create_app(config)

@@ -21,6 +21,7 @@ from typing import NoReturn
 from atropos.names import did_you_mean
 
 __all__ = [
+    "CHECK_ARGS_HELP",
     "Parser",
     "non_negative_float",
     "non_negative_int",
@@ -32,6 +33,13 @@ __all__ = [
 _UNKNOWN_FROM = "_atropos_unknown_from"  # the (sub)parser that met the unknown arguments
 # argparse's words: "invalid choice: 'x' (choose from 'a', 'b')" (3.12.8 and later: a, b)
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+# `--check-args` of the commands `atropos launch` starts (api serve, local serve, env serve,
+# train): parse and validate the flags as a start would, then exit, starting nothing
+CHECK_ARGS_HELP = (
+    "check the flags and exit, starting nothing: 0 when they are good, 2 with the usage errors"
+)
 
 
 def usage_error(prog: str, message: str) -> NoReturn:

@@ -11,7 +11,7 @@ import sys
 
 from atropos.cli import listen
 from atropos.cli.api import add_access_arguments
-from atropos.cli.argtypes import usage_error
+from atropos.cli.argtypes import CHECK_ARGS_HELP, usage_error
 from atropos.names import is_loopback
 
 PROG = "atropos local serve"
@@ -71,6 +71,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_guard_arguments(p)
     add_access_arguments(p, "ATROPOS_LOCAL_API_KEY", "/health")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--check-args", action="store_true", help=CHECK_ARGS_HELP)
 
 
 def add_guard_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,6 +147,8 @@ def check_args(args: argparse.Namespace) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; the port is bound before the model loads."""
     check_args(args)
+    if args.check_args:
+        return 0
     from atropos.cli.listen import bind
     from atropos.local.server import run
 

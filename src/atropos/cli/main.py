@@ -153,7 +153,37 @@ def _env_run(args: argparse.Namespace) -> int:
     except (ImportError, TypeError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
+    if CHECK_FLAG in args.flags:
+        return _env_check(env_cls, args.verb, [f for f in args.flags if f != CHECK_FLAG], prog)
     return run_mode(env_cls, args.verb, args.flags, prog=prog)
+
+
+CHECK_FLAG = "--check-args"  # `atropos env serve NAME ... --check-args` (argtypes.CHECK_ARGS_HELP)
+
+
+def _env_check(env_cls: type, mode: str, flags: list[str], prog: str) -> int:
+    """`--check-args`: resolve the configuration as `run_mode` does and exit, running nothing:
+    0, or 2 with the usage error (`atropos launch` checks its environments so)."""
+    from atropos.envs.cli import parse
+    from atropos.envs.config import ConfigError
+    from atropos.envs.layering import env_name
+    from atropos.envs.registry import missing_extras
+
+    try:
+        parse(env_cls, mode, flags, prog=prog)  # type: ignore[arg-type]
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    name = env_name(env_cls)
+    problem = missing_extras(env_cls, name)
+    if problem is None and mode != "evaluate" and getattr(env_cls, "evaluation_only", False):
+        problem = f"{name} is an evaluation-only environment; use `atropos env evaluate {name}`"
+    if problem is not None:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _env_list(args: argparse.Namespace) -> int:

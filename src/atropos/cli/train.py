@@ -4,6 +4,13 @@ argparse (`atropos.cli.argtypes.Parser`) reads the flags as text, with "did you 
 misspelt one; `TrainConfig` validates them (and reads `ATROPOS_TRAIN_<FIELD>` variables below
 the flags). A value that breaks a rule is one line naming the flag as typed, its rule and fix
 (`atropos.envs.layering.validation_lines`): exit status 2, never a traceback.
+
+`--check-args` parses and validates the flags and starts nothing: exit status 2 as above, or 0
+with one JSON line on stdout saying where the trainer would start (`atropos launch` runs it
+before a run: docs/launch.md, "Checks before anything starts"):
+`{"steps": 20, "start_step": 20, "checkpoint": "runs/x/trainer/checkpoints/step_20", ...}`,
+`start_step` being the step of the newest checkpoint in `--out-dir` (0 without one), as the
+trainer itself resumes.
 """
 
 from __future__ import annotations
@@ -47,9 +54,16 @@ _TYPE_METAVARS: dict[Any, str] = {
 }
 
 
+CHECK_FLAG = "--check-args"
+
+
 def main(argv: list[str]) -> int:
     """Parse `argv` into a `TrainConfig` and train; 2 on a bad flag, 1 on a failure."""
-    cfg = parse(argv)
+    check = CHECK_FLAG in argv
+    cfg = parse([a for a in argv if a != CHECK_FLAG])
+    if check:
+        print(json.dumps(start_point(cfg)))
+        return 0
     from atropos.trainer.client import ApiError
     from atropos.trainer.sync import SyncError
     from atropos.trainer.train import train
@@ -65,8 +79,50 @@ def main(argv: list[str]) -> int:
     except (ApiError, SyncError, ValueError, OSError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(last))
+    if last:
+        print(json.dumps(last))
+    else:  # no step ran: say why rather than print an empty mapping
+        print(f"{PROG}: {_nothing_trained(cfg)}", file=sys.stderr)
     return 0
+
+
+def resume_point(out_dir: Path) -> tuple[Path | None, int | None]:
+    """The newest complete checkpoint in `out_dir` and its step, where the trainer resumes
+    (`atropos.trainer.checkpoint.latest_checkpoint`, the step from its ``state.json`` as
+    `load_optimizer` reads it); (None, 0) without one; (path, None) when its state is unreadable.
+    The checkpoint module (and torch) is imported only when a checkpoint may be there."""
+    if not any((out_dir / "checkpoints").glob("step_*")):
+        return None, 0
+    from atropos.trainer.checkpoint import latest_checkpoint
+
+    path = latest_checkpoint(out_dir)
+    if path is None:
+        return None, 0
+    try:
+        return path, int(json.loads((path / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return path, None
+
+
+def start_point(cfg: TrainConfig) -> dict[str, Any]:
+    """What `--check-args` prints: the steps to reach and the step the trainer would start at."""
+    checkpoint, step = resume_point(cfg.out_dir)
+    return {
+        "steps": cfg.steps,
+        "start_step": step,
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "out_dir": str(cfg.out_dir),
+    }
+
+
+def _nothing_trained(cfg: TrainConfig) -> str:
+    checkpoint, step = resume_point(cfg.out_dir)
+    if checkpoint is not None and step is not None and step >= cfg.steps:
+        return (
+            f"nothing to train: the newest checkpoint ({checkpoint}) is at step {step} and"
+            f" --steps is {cfg.steps}; raise --steps to train further"
+        )
+    return "no step was trained (stopped before the first step)"
 
 
 def parse(argv: list[str]) -> TrainConfig:
@@ -76,6 +132,7 @@ def parse(argv: list[str]) -> TrainConfig:
     from atropos.trainer.train import TrainConfig
 
     given = dict(vars(build_parser().parse_args(argv)))
+    given.pop("check_args", None)  # main's, not TrainConfig's
     try:
         return TrainConfig(**given)
     except ValidationError as err:
@@ -120,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
             if typing.get_origin(kind) is list:
                 kwargs["type"] = _names
         p.add_argument(_flag_of((name,)), **kwargs)
+    p.add_argument(
+        CHECK_FLAG,
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="check the flags and exit, starting nothing: 0 with one JSON line (the steps to"
+        " reach, the step it would start at), or 2 with the usage errors",
+    )
     return p
 
 
