@@ -35,8 +35,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,13 +53,21 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from procstat import code_version, cpu_seconds, free_port, machine  # noqa: E402
+from procstat import (  # noqa: E402
+    code_version,
+    cpu_seconds,
+    free_port,
+    machine,
+    machine_busy_seconds,
+    wait_quiet,
+)
 
 from atropos.demo import Service, wait_until_up  # noqa: E402
 
 LAUNCH = str(ROOT / "benchmarks" / "http_rules_launch.py")
 MODES = ("on", "off")
 SERVERS = ("api", "local", "proxy", "fake")
+TURNS = 8  # the proxy's chat calls per session (an agent's short conversation)
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -67,6 +77,7 @@ class Case:
     name: str
     send: Callable[[httpx.Client], None]  # one ordinary request (or pair)
     share: float = 1.0  # of --requests
+    prepare: Callable[[str, int], None] | None = None  # before each timed run: mode, requests
 
 
 class Pair:
@@ -77,7 +88,14 @@ class Pair:
         self.services: dict[str, Service] = {}
         self.urls: dict[str, str] = {}
 
-    def start(self, mode: str, module: str, args: list[str], as_: str | None = None) -> str:
+    def start(
+        self,
+        mode: str,
+        module: str,
+        args: list[str],
+        as_: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> str:
         """Start `module` in `mode`, known as `as_` (default: the mode)."""
         name = as_ or mode
         port = free_port()
@@ -89,7 +107,7 @@ class Pair:
             *(a.replace("{port}", str(port)) for a in args),
         ]
         service = Service(f"{self.name}-{name}", argv, self.tmp / f"{self.name}-{name}.log")
-        self.services[name] = service.start()
+        self.services[name] = service.start(env)
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url + "/health", deadline=180, service=service)
         self.urls[name] = url
@@ -154,7 +172,8 @@ def api_setup(pair: Pair) -> list[Case]:
 
 def local_setup(pair: Pair) -> list[Case]:
     for mode in MODES:
-        pair.start(mode, "atropos", ["local", "serve", "tiny", "--port", "{port}"])
+        args = ["local", "serve", "tiny", "--port", "{port}"]
+        pair.start(mode, "atropos", args, env={"OMP_NUM_THREADS": "1"})
     model = httpx.get(pair.urls["on"] + "/v1/models").json()["data"][0]["id"]
     body = {"model": model, "prompt": "hi", "max_tokens": 1}
     return [
@@ -171,25 +190,33 @@ def local_setup(pair: Pair) -> list[Case]:
 
 def proxy_setup(pair: Pair) -> list[Case]:
     fake = pair.start("on", "atropos.testing.fake_server", ["--port", "{port}"], "upstream")
-    keys: dict[str, str] = {}
+    urls: dict[str, str] = {}
     for mode in MODES:
         args = ["proxy", "serve", "--port", "{port}", "--openai.base_url", f"{fake}/v1"]
         args += ["--openai.server_type", "vllm", "--openai.model_name", "atropos-tiny"]
-        args += ["--env.tokenizer_name", "tiny", "--max-turns", "1000000"]
-        url = pair.start(mode, "atropos", args)
-        limits = {"max_turns": 10**6, "max_tokens": 10**9}
-        r = httpx.post(url + "/sessions", json={"limits": limits}, timeout=30)
-        _ok(r)
-        keys[url] = r.json()["api_key"]
+        args += ["--env.tokenizer_name", "tiny"]
+        urls[pair.start(mode, "atropos", args)] = mode
+    keys: dict[str, list[str]] = {m: [] for m in MODES}
+    calls = iter(range(10**12))
+
+    def sessions(mode: str, n: int) -> None:
+        """Sessions of `TURNS` calls each for the next `n` calls, made before the timing."""
+        keys[mode].clear()
+        for _ in range(n // TURNS + 1):
+            r = httpx.post(pair.urls[mode] + "/sessions", json={}, timeout=30)
+            _ok(r)
+            keys[mode].append(r.json()["api_key"])
 
     def chat(c: httpx.Client) -> None:
-        key = keys[str(c.base_url).rstrip("/")]
+        mine = keys[urls[str(c.base_url).rstrip("/")]]
+        key = mine[next(calls) // TURNS % len(mine)]
         _ok(c.post("/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {key}"}))
 
     return [
         Case("proxy", "GET /v1/models", lambda c: _ok(c.get("/v1/models"))),
-        Case("proxy", "POST /v1/chat/completions (over fake)", chat),
-    ]
+        Case("proxy", f"POST /v1/chat/completions (over fake, {TURNS} per session)", chat,
+             prepare=sessions),
+    ]  # fmt: skip
 
 
 def fake_setup(pair: Pair) -> list[Case]:
@@ -207,27 +234,46 @@ SETUPS = {"api": api_setup, "local": local_setup, "proxy": proxy_setup, "fake": 
 # ----- measuring ------------------------------------------------------------------------------
 
 
-def measure(pair: Pair, case: Case, mode: str, clients: dict[str, httpx.Client], n: int) -> float:
-    """µs of server CPU per request over `n` requests."""
+def measure(
+    pair: Pair, case: Case, mode: str, clients: dict[str, httpx.Client], n: int
+) -> tuple[float, float]:
+    """µs of server CPU per request over `n` requests, and the cores everything else on the
+    machine used meanwhile (not the server, not this client)."""
+    if case.prepare is not None:
+        case.prepare(mode, n)
+    wait_quiet(20)
     client, pid = clients[mode], pair.pid(mode)
-    before = cpu_seconds(pid)
+    t0, busy0, me0, server0 = time.monotonic(), machine_busy_seconds(), _me(), cpu_seconds(pid)
     for _ in range(n):
         case.send(client)
-    return (cpu_seconds(pid) - before) / n * 1e6
+    server = cpu_seconds(pid) - server0
+    others = machine_busy_seconds() - busy0 - server - (_me() - me0)
+    return server / n * 1e6, max(others, 0.0) / (time.monotonic() - t0)
+
+
+def _me() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def run_case(pair: Pair, case: Case, requests: int, rounds: int) -> dict[str, Any]:
     n = max(int(requests * case.share), 20)
     clients = {m: httpx.Client(base_url=pair.urls[m], timeout=120) for m in MODES}
     try:
+        warm = max(n // 10, 5)
         for mode in MODES:  # warm-up
-            for _ in range(max(n // 10, 5)):
+            if case.prepare is not None:
+                case.prepare(mode, warm)
+            for _ in range(warm):
                 case.send(clients[mode])
         per: dict[str, list[float]] = {m: [] for m in MODES}
+        others: list[float] = []
         for r in range(rounds):
             order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
-                per[mode].append(measure(pair, case, mode, clients, n))
+                us, load = measure(pair, case, mode, clients, n)
+                per[mode].append(us)
+                others.append(load)
             print(
                 f"  {case.server:6s} {case.name:40s} round {r + 1}/{rounds}: on"
                 f" {per['on'][-1]:7.1f} µs, off {per['off'][-1]:7.1f} µs ({n} requests each)",
@@ -239,8 +285,79 @@ def run_case(pair: Pair, case: Case, requests: int, rounds: int) -> dict[str, An
     diffs = [a - b for a, b in zip(per["on"], per["off"], strict=True)]
     return {
         "server": case.server, "case": case.name, "requests": n, "on_us": per["on"],
-        "off_us": per["off"], "diff_us": diffs,
+        "off_us": per["off"], "diff_us": diffs, "others_cores_max": round(max(others), 2),
     }  # fmt: skip
+
+
+HEADERS = [  # what httpx sends, as a uvicorn scope holds it
+    (b"host", b"127.0.0.1:8000"),
+    (b"accept", b"*/*"),
+    (b"accept-encoding", b"gzip, deflate"),
+    (b"connection", b"keep-alive"),
+    (b"user-agent", b"python-httpx/0.28.1"),
+]
+START = {"type": "http.response.start", "status": 200, "headers": []}
+BODY = {"type": "http.response.body", "body": b"{}"}
+
+
+def in_process(n: int, rounds: int) -> list[dict[str, Any]]:
+    """µs of CPU `HttpRules` adds to one request in process: an app that reads the body and
+    answers, called `n` times bare and `n` times behind `HttpRules` (loopback rules), on one
+    event loop, rounds alternating; no sockets, no parser, so nothing else varies."""
+    from atropos.http import HttpRules, Rules
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["method"] == "POST":
+            await receive()
+        await send(START)
+        await send(BODY)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Any) -> None:
+        return None
+
+    guarded = HttpRules(app, Rules.loopback())
+    post = [*HEADERS, (b"content-type", b"application/json"), (b"content-length", b"2")]
+    scopes = {
+        "GET /v1/models": {
+            "type": "http", "method": "GET", "path": "/v1/models", "headers": HEADERS,
+        },
+        "POST /v1/completions": {
+            "type": "http", "method": "POST", "path": "/v1/completions", "headers": post,
+        },
+    }  # fmt: skip
+
+    async def timed(target: Any, scope: Any) -> float:
+        start = time.process_time()
+        for _ in range(n):
+            await target(scope, receive, send)
+        return (time.process_time() - start) / n * 1e6
+
+    rows = []
+    for name, scope in scopes.items():
+        on: list[float] = []
+        off: list[float] = []
+        for r in range(rounds):
+            for target in (guarded, app) if r % 2 == 0 else (app, guarded):
+                (on if target is guarded else off).append(asyncio.run(timed(target, scope)))
+        rows.append({"request": name, "calls": n, "on_us": on, "off_us": off})
+        shown = f"on {statistics.median(on):.2f} µs, off {statistics.median(off):.2f} µs"
+        print(f"  in process {name:22s} {shown} ({n} calls x {rounds})", flush=True)
+    return rows
+
+
+def micro_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| request (in process, app that answers at once) | behind HttpRules, µs | bare app, µs |"
+        " HttpRules adds, µs |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        on, off = statistics.median(r["on_us"]), statistics.median(r["off_us"])
+        lines.append(f"| {r['request']} | {on:.2f} | {off:.2f} | {on - off:+.2f} |")
+    return "\n".join(lines)
 
 
 def _cell(values: list[float]) -> str:
@@ -250,8 +367,8 @@ def _cell(values: list[float]) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| server | ordinary request | requests/round | rules on, µs CPU/request | rules off |"
-        " on - off, µs | on - off, % | rules in path |",
-        "|---|---|---|---|---|---|---|---|",
+        " on - off, µs | on - off, % | rules in path | others' load, cores (max) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         off = statistics.median(r["off_us"])
@@ -261,6 +378,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['server']} | {r['case']} | {r['requests']} | {_cell(r['on_us'])} |"
             f" {_cell(r['off_us'])} | {diff:+.1f} ({min(r['diff_us']):+.0f} to"
             f" {max(r['diff_us']):+.0f}) | {share} | {'yes' if r['bypassed'] else 'no'} |"
+            f" {r['others_cores_max']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -280,12 +398,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds (on and off each, alternating)")
     p.add_argument("--only", help=f"comma-separated servers of {', '.join(SERVERS)}")
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--calls", type=int, default=200_000, help="in-process calls per round")
     args = p.parse_args(argv)
     only = args.only.split(",") if args.only else list(SERVERS)
     if set(only) - set(SERVERS):
         p.error(f"unknown servers: {sorted(set(only) - set(SERVERS))}")
     results: list[dict[str, Any]] = []
     start = time.monotonic()
+    print("HttpRules in process", flush=True)
+    micro = in_process(args.calls, args.rounds)
     with tempfile.TemporaryDirectory(prefix="http_rules_cpu_") as tmp:
         try:
             for name in only:
@@ -298,10 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted: every server stopped; partial results below", flush=True)
     print(f"\n{time.monotonic() - start:.0f} s\n")
+    print(micro_table(micro) + "\n")
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"machine": machine(), "code": code_version(), "results": results}
+        doc = {
+            "machine": machine(),
+            "code": code_version(),
+            "results": results,
+            "in_process": micro,
+        }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
