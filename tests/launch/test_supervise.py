@@ -128,3 +128,23 @@ def test_a_usage_error_before_ready_is_not_restarted(tmp_path: Path) -> None:
     status = sup.status()
     assert status.state == "failed" and status.restarts == 0 and status.exit_codes == [2]
     assert "unknown flag --prot" in status.reason
+
+
+def test_a_log_gate_waits_for_its_line_since_the_latest_start(tmp_path: Path) -> None:
+    """A resumed trainer is ready once it logged its new registration; the line of an earlier
+    start in the same log does not count."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "p.log").write_text("registered with http://old\n")
+    code = (
+        "import time; time.sleep(1.5); print('registered with http://x', flush=True);"
+        " time.sleep(30)"
+    )
+    sup = supervisor(tmp_path, code)
+    sup.proc.gate = Gate(kind="none", log="registered with ")
+    began = time.monotonic()
+    sup.begin()
+    try:
+        assert sup.wait_settled(10) == "ready"
+        assert time.monotonic() - began >= 1.4
+    finally:
+        sup.stop(1)

@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in err.lines:
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return 2
+    started = _preflight(plan, run_file, args)
+    if started is not None:
+        return started
     backend = run_file.run.backend
     if backend == "local":
         return _local(plan, args)
@@ -103,6 +106,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     from atropos.launch import slurm
 
     return slurm.main(plan, run_file, dry_run=args.dry_run)
+
+
+def _preflight(plan: object, run_file: object, args: argparse.Namespace) -> int | None:
+    """Check every process's arguments through its own command (`atropos.launch.preflight`)
+    and whether the run is complete already; an exit status when the launch ends here."""
+    from atropos.launch import preflight
+    from atropos.launch.config import RunFile
+    from atropos.launch.plan import Plan
+
+    assert isinstance(plan, Plan) and isinstance(run_file, RunFile)
+    outcome = preflight.check(plan, run_file, str(args.run_file))
+    for line in outcome.notes:
+        print(f"{PROG}: note: {line}", file=sys.stderr)
+    if outcome.errors:
+        for line in outcome.errors:
+            print(f"{PROG}: error: {line}", file=sys.stderr)
+        return 2
+    done = preflight.complete(plan, outcome.trainer, dry_run=args.dry_run)
+    if done is not None:
+        print(f"{PROG}: {'note: ' if args.dry_run else ''}{done}", file=sys.stderr)
+        if not args.dry_run:
+            return 0
+    preflight.resumed(plan, outcome.trainer)
+    return None
 
 
 def _live(args: argparse.Namespace) -> bool | None:

@@ -22,7 +22,8 @@ to the process through the supervisor (`keys.write_secrets` for a Slurm job's st
 
 Start order: the API and the inference servers first, then the trainer and the environments
 together (an environment's registration waits until the trainer has asked for its first batch,
-so its readiness follows the trainer's). Stop order: trainer (it checkpoints), envs (they
+so its readiness follows the trainer's; on a resumed run the environments start after the
+trainer has registered anew: `preflight.resumed`). Stop order: trainer (it checkpoints), envs (they
 drain), inference, API.
 """
 
@@ -75,11 +76,17 @@ class Gate(BaseModel):
     - `env`: the API's `/stats` lists an env with this process's `env_key`, registered
       after the process started;
     - `none`: ready once started.
+
+    With `log`, the process's log since its latest start must hold that text as well (a resumed
+    trainer: its new registration, `preflight.resumed`).
     """
 
     kind: Literal["http", "inference", "trainer", "env", "none"]
     url: str = ""
     env_key: str | None = None
+    log: str | None = Field(
+        None, description="also: the process's log, since its latest start, holds this text"
+    )
 
 
 class Process(BaseModel):
@@ -113,6 +120,9 @@ class Process(BaseModel):
     gpus: int = 0
     gpu_ids: list[int] | None = None
     resources: dict[str, float] = Field(default_factory=dict)
+    section: str = Field(
+        "", description="the run file's section it comes from: api, inference[0], envs[1], trainer"
+    )
 
     @property
     def stop_tier(self) -> int:
@@ -224,6 +234,7 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
             sections[name] = entry
     plan = Plan(name=rs.name, backend=rs.backend, run_dir=run_dir, processes=procs)
     for name, section in sections.items():
+        plan.get(name).section = _section_path(run, section)
         hidden = section.environ_split()[1]
         if isinstance(section, EnvEntry):
             hidden = {**openai_secrets(section.openai), **hidden}
@@ -232,6 +243,15 @@ def build(run: RunFile, run_dir: Path | None = None) -> Plan:
                 plan.get(name).environ.pop(variable, None)
             plan.set_secrets(name, hidden)
     return plan
+
+
+def _section_path(run: RunFile, section: Placement) -> str:
+    """Where `section` is in the run file: `api`, `trainer`, `inference[0]`, `envs[1]`."""
+    for key, entries in (("inference", run.inference), ("envs", run.envs)):
+        for i, entry in enumerate(entries):
+            if entry is section:
+                return f"{key}[{i}]"
+    return "api" if section is run.api else "trainer"
 
 
 def _replica_names(base: str, replicas: int) -> list[str]:

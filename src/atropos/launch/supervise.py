@@ -29,7 +29,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -113,6 +113,7 @@ class Supervisor:
         self.ready_after: float | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._first_start: float | None = None
+        self._log_start = 0  # where the latest start's output begins in the log
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -278,16 +279,7 @@ class Supervisor:
             with os.fdopen(fd, "w") as f:
                 f.write(render(content))
         argv = [render(part) for part in proc.argv]
-        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_environ}
-        if proc.python:  # an interpreter of its own (vLLM's venv): not our venv's search path
-            for name in FOREIGN_PYTHON_DROPS:
-                environ.pop(name, None)
-        environ.update({k: render(v) for k, v in proc.environ.items()})
-        environ.update({k: render(v) for k, v in self.secrets.items()})  # templates, as above
-        if self.key:
-            environ.update(dict.fromkeys(KEY_VARIABLES, self.key))
-        if proc.gpu_ids is not None:
-            environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, proc.gpu_ids))
+        environ = self._environ(render)
         self.gate_url = render(proc.gate.url)
         self.baseline = (
             ready.registrations(self.gate_url, proc.gate.env_key, self.key)
@@ -302,6 +294,7 @@ class Supervisor:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 log.write(f"=== {stamp} start {self.restarts}: {' '.join(argv)}\n".encode())
                 log.flush()
+                self._log_start = log.tell()
                 self._popen = subprocess.Popen(
                     argv,
                     stdout=log,
@@ -317,6 +310,21 @@ class Supervisor:
                 self._first_start = time.monotonic()
             self._set("starting")
 
+    def _environ(self, render: Callable[[str], str]) -> dict[str, str]:
+        """The process's environment: ours, then the plan's, its secrets, the key and GPUs."""
+        proc = self.proc
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_environ}
+        if proc.python:  # an interpreter of its own (vLLM's venv): not our venv's search path
+            for name in FOREIGN_PYTHON_DROPS:
+                environ.pop(name, None)
+        environ.update({k: render(v) for k, v in proc.environ.items()})
+        environ.update({k: render(v) for k, v in self.secrets.items()})  # templates, as above
+        if self.key:
+            environ.update(dict.fromkeys(KEY_VARIABLES, self.key))
+        if proc.gpu_ids is not None:
+            environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, proc.gpu_ids))
+        return environ
+
     def _await_ready(self) -> Literal["ready", "exited", "late", "stopped"]:
         deadline = time.monotonic() + self.proc.ready_timeout
         gate = self.proc.gate
@@ -325,7 +333,7 @@ class Supervisor:
                 return "stopped"
             if self._popen is not None and self._popen.poll() is not None:
                 return "exited"
-            if ready.check(gate, self.gate_url, self.key, self.baseline):
+            if ready.check(gate, self.gate_url, self.key, self.baseline) and self._logged(gate.log):
                 if self.ready_after is None and self._first_start is not None:
                     self.ready_after = time.monotonic() - self._first_start
                 self._set("ready")
@@ -338,6 +346,17 @@ class Supervisor:
                 return "late"
             if self._stopping.wait(POLL):
                 return "stopped"
+
+    def _logged(self, text: str | None) -> bool:
+        """Whether the log holds `text` since the process's latest start (True without one)."""
+        if text is None:
+            return True
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_start)
+                return text.encode() in f.read()
+        except OSError:
+            return False
 
     def _watch(self) -> int:
         assert self._popen is not None
