@@ -18,8 +18,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atropos.cli.argtypes import Parser
+
+if TYPE_CHECKING:
+    from atropos.launch.config import RunFile
+    from atropos.launch.plan import Plan
 
 PROG = "atropos launch"
 
@@ -108,14 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return slurm.main(plan, run_file, dry_run=args.dry_run)
 
 
-def _preflight(plan: object, run_file: object, args: argparse.Namespace) -> int | None:
+def _preflight(plan: Plan, run_file: RunFile, args: argparse.Namespace) -> int | None:
     """Check every process's arguments through its own command (`atropos.launch.preflight`)
     and whether the run is complete already; an exit status when the launch ends here."""
     from atropos.launch import preflight
-    from atropos.launch.config import RunFile
-    from atropos.launch.plan import Plan
 
-    assert isinstance(plan, Plan) and isinstance(run_file, RunFile)
     outcome = preflight.check(plan, run_file, str(args.run_file))
     for line in outcome.notes:
         print(f"{PROG}: note: {line}", file=sys.stderr)
