@@ -144,18 +144,26 @@ def test_unknown_envs_and_bad_json_are_refused_without_a_server_error(client):
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["detail"]
 
 
-def test_reports_go_on_disconnect_register_again_and_reset(client):
+def test_reports_outlive_disconnects_and_restarts_for_the_run_until_reset(client):
     a = env(client)
-    client.post("/status-env", json={"env_id": a, "dropped": {"x": 4}})
+    client.post("/status-env", json={"env_id": a, "dropped": {"x": 4}, "failed": {"t": 1}})
     client.post("/disconnect-env", json={"env_id": a})
-    assert client.get("/stats").json()["envs"][str(a)]["env_dropped"] == {}
+    stats = client.get("/stats").json()  # the dashboard still shows why the groups went
+    gone = stats["envs"][str(a)]
+    assert gone["env_dropped"] == {"x": 4} and not gone["connected"]
+    assert stats["env_dropped"] == {"x": 4} and stats["env_failed"] == {"t": 1}
     client.post("/status-env", json={"env_id": a, "dropped": {"x": 5}})
-    assert client.get("/stats").json()["env_dropped"] == {"x": 5}
+    assert client.get("/stats").json()["env_dropped"] == {"x": 9}
     client.post("/register-env", json={**ENV, "env_key": "k"})  # a new process: from zero
     b = client.post("/register-env", json={**ENV, "env_key": "k"}).json()["env_id"]
-    client.post("/status-env", json={"env_id": b, "dropped": {"y": 1}})
+    client.post("/status-env", json={"env_id": b, "dropped": {"y": 3}})
     client.post("/register-env", json={**ENV, "env_key": "k"})
-    assert client.get("/stats").json()["envs"][str(b)]["env_dropped"] == {}
+    client.post("/status-env", json={"env_id": b, "dropped": {"y": 1}})
+    assert client.get("/stats").json()["envs"][str(b)]["env_dropped"] == {"y": 4}
+    client.post("/status-env", json={"env_id": b, "dropped": {"y": 2}})  # the same process
+    assert client.get("/stats").json()["envs"][str(b)]["env_dropped"] == {"y": 5}
+    client.post("/status-env", json={"env_id": b, "dropped": {"y": 1}})  # restarted, unseen
+    assert client.get("/stats").json()["envs"][str(b)]["env_dropped"] == {"y": 6}
     client.post("/reset_data")
     assert client.get("/stats").json()["env_dropped"] == {}
 

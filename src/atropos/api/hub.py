@@ -68,7 +68,7 @@ class EnvCounters:
 
 @dataclass
 class EnvReport:
-    """What an env last reported about itself in `/status-env` (live status, in memory only):
+    """What an env last reported about itself in `/status-env` (in memory only):
     groups it dropped before sending, by reason, and rollouts that failed, by kind, each
     counted since that env started; `at` is when the report arrived (unix seconds)."""
 
@@ -120,6 +120,8 @@ class Hub:
         self.batch_latency: deque[float] = deque(maxlen=2048)
         self.counters: dict[int | None, EnvCounters] = {}
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
+        # what earlier processes (or connections) of each env reported, kept for the run
+        self.env_banked: dict[int, EnvReport] = {}
         # registrations of each env since this process started (a launcher's readiness gate
         # for a restarted env: the count grows when the new process has registered)
         self.registrations: Counter[int] = Counter()
@@ -371,7 +373,7 @@ class Hub:
         self.store.put_env(record.env_id, asdict(record), {})
         if record.env_id == len(self.envs):
             self.envs.append(record)
-        self.env_reports.pop(record.env_id, None)  # a (re)started env counts from zero
+        self._bank(record.env_id)  # a (re)started env counts from zero; the run keeps its past
         self.registrations[record.env_id] += 1
         self.last_seen[record.env_id] = self.clock()
         reg = self.registration
@@ -391,19 +393,47 @@ class Hub:
         record = self.env(env_id)
         record.connected = False
         self.store.put_env(env_id, asdict(record), {})
-        self.env_reports.pop(env_id, None)
+        self._bank(env_id)
         return {"status": "success"}
+
+    def _bank(self, env_id: int) -> None:
+        """Move an env's live report into its run totals (a disconnect, or a new process)."""
+        last = self.env_reports.pop(env_id, None)
+        if last is None:
+            return
+        banked = self.env_banked.get(env_id) or EnvReport({}, {}, last.at)
+        self.env_banked[env_id] = EnvReport(
+            dict(Counter(banked.dropped) + Counter(last.dropped)),
+            dict(Counter(banked.failed) + Counter(last.failed)),
+            last.at,
+        )
+
+    def env_totals(self, env_id: int) -> EnvReport | None:
+        """An env's drops and failures for the whole run: what its earlier processes reported
+        (kept when they disconnected) plus its live report; None when it never reported."""
+        live, banked = self.env_reports.get(env_id), self.env_banked.get(env_id)
+        if live is None or banked is None:
+            return live or banked
+        return EnvReport(
+            dict(Counter(banked.dropped) + Counter(live.dropped)),
+            dict(Counter(banked.failed) + Counter(live.failed)),
+            live.at,
+        )
 
     def report(
         self, env_id: int, dropped: dict[str, int] | None, failed: dict[str, int] | None
     ) -> None:
         """Keep an env's latest report of its own drops and failures (cumulative counts since
         it started, so each replaces the last). A part left out keeps its last value; a
-        report with neither part (every old client) changes nothing."""
+        report with neither part (every old client) changes nothing. A count lower than the
+        last report's means a new process of the env: the last report goes to its totals."""
         self.env(env_id)
         if dropped is None and failed is None:
             return
         last = self.env_reports.get(env_id)
+        if last is not None and _restarted(last, dropped, failed):
+            self._bank(env_id)  # a new process of the env counts from zero again
+            last = None
         self.env_reports[env_id] = EnvReport(
             dict(dropped) if dropped is not None else (last.dropped if last else {}),
             dict(failed) if failed is not None else (last.failed if last else {}),
@@ -578,9 +608,26 @@ class Hub:
         self.latest = None
         self.counters.clear()
         self.env_reports.clear()
+        self.env_banked.clear()
         self.recent.clear()
         self.recent_bytes = 0
         self._load()
+
+
+def _restarted(
+    last: EnvReport, dropped: dict[str, int] | None, failed: dict[str, int] | None
+) -> bool:
+    """Whether a report counts less than the last one of any kind (its process restarted).
+
+    >>> _restarted(EnvReport({"identical_scores": 5}, {}, 0.0), {"identical_scores": 2}, None)
+    True
+    >>> _restarted(EnvReport({"identical_scores": 5}, {}, 0.0), {"identical_scores": 7}, {})
+    False
+    """
+    for new, old in ((dropped, last.dropped), (failed, last.failed)):
+        if new is not None and any(new.get(k, 0) < n for k, n in old.items()):
+            return True
+    return False
 
 
 def _share(env: EnvRecord) -> float:

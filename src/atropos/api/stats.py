@@ -7,7 +7,9 @@ counter); queue depths and the step come from the durable state and survive rest
 Two sides drop groups: the API (`drops`: stale or oversize groups it received) and the
 environments (`env_dropped`: groups an env never sent, by the reason it gave, as the env last
 reported them in `/status-env`, with `env_failed` for its failed rollouts). An env's report is
-its own count since it started; it lives in memory and goes when the env disconnects.
+its own count since it started; the API keeps it for the run (in memory): when the env
+disconnects or restarts, its last report is added to the env's totals (`Hub.env_totals`), so a
+run whose groups were all dropped still shows why after its env has gone.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def stats(hub: Hub) -> dict[str, Any]:
     envs: dict[str, Any] = {}
     for env_id in sorted(env_ids, key=lambda e: -1 if e is None else e):
         c = hub.counters.get(env_id, EnvCounters())
-        report = hub.env_reports.get(env_id) if env_id is not None else None
+        report = hub.env_totals(env_id) if env_id is not None else None
         entry: dict[str, Any] = {
             "queued_groups": groups_by_env.get(env_id, 0),
             "waiting_groups": waiting.get(env_id, 0),
@@ -87,9 +89,11 @@ def stats(hub: Hub) -> dict[str, Any]:
         _add(drops, c.drops)
     env_dropped: dict[str, int] = {}
     env_failed: dict[str, int] = {}
-    for report in hub.env_reports.values():
-        _add(env_dropped, report.dropped)
-        _add(env_failed, report.failed)
+    for env_id in set(hub.env_reports) | set(hub.env_banked):
+        totals = hub.env_totals(env_id)
+        if totals is not None:
+            _add(env_dropped, totals.dropped)
+            _add(env_failed, totals.failed)
     return {
         "step": hub.step,
         "registered": hub.registration is not None,
