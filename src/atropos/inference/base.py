@@ -326,6 +326,7 @@ class HTTPBackend:
                 raw.decode("utf-8", "replace"),
                 server=self.base_url,
                 retry_after=_retry_after(answer.headers.get("retry-after")),
+                url=url,
             )
         if not raw:
             return None

@@ -80,6 +80,31 @@ def _fatal_body(text: str) -> str | None:
     return None
 
 
+COMPLETION_PATHS = ("/chat/completions", "/completions")
+"""The calls whose 404 from a base URL without /v1 means the /v1 is missing."""
+
+
+def missing_v1(server: str | None, url: str | None) -> str | None:
+    """The fix for a 404 on a completion call to a base URL that does not end in /v1, else
+    None (OpenAI-compatible servers serve these calls under /v1).
+
+    >>> missing_v1("http://127.0.0.1:9001", "http://127.0.0.1:9001/chat/completions")
+    'the server has no /chat/completions there: add /v1 to --openai.base_url (http://127.0.0.1:9001/v1)'
+    >>> missing_v1("http://127.0.0.1:9001/v1", "http://127.0.0.1:9001/v1/completions") is None
+    True
+    """
+    if not server or not url:
+        return None
+    base = server.rstrip("/")
+    path = url.split("?", 1)[0].rstrip("/")
+    if base.endswith("/v1") or not path.startswith(base):
+        return None
+    rest = path[len(base) :]
+    if rest not in COMPLETION_PATHS:
+        return None
+    return f"the server has no {rest} there: add /v1 to --openai.base_url ({base}/v1)"
+
+
 class FatalError(Exception):
     """An error that will be the same for every item (a missing package, a tokenizer that
     cannot load, a wrong model name): the runners stop at the first one, with its message."""
@@ -149,10 +174,12 @@ class InferenceError(Exception):
         *,
         server: str | None = None,
         retry_after: float | None = None,
+        url: str | None = None,
     ) -> InferenceError:
         """The error for an HTTP answer with status >= 400 (5xx, 408 and 429 are retryable;
         the statuses of `FATAL_STATUS` and the bodies of `FATAL_BODIES` are fatal, with the fix
-        in the message)."""
+        in the message). A 404 on a completion `url` of a `server` whose base URL does not end
+        in /v1 says to add /v1 (`missing_v1`)."""
         if status >= 500:
             kind: ErrorKind = "http_5xx"
         elif status in RETRYABLE_STATUS:
@@ -162,7 +189,8 @@ class InferenceError(Exception):
         text = " ".join(body.split())[:500]
         message = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         configured = _fatal_body(text)
-        fix = FATAL_STATUS.get(status) or configured
+        fix = (missing_v1(server, url) if status == 404 else None) or FATAL_STATUS.get(status)
+        fix = fix or configured
         return cls(
             f"{message} ({fix})" if fix else message,
             status_code=status,
