@@ -30,9 +30,17 @@ from typing import Any
 
 from atropos.view.data import Budget, group_data, page_data
 from atropos.view.page import render
-from atropos.view.read import Collection, Entry
+from atropos.view.read import Collection, Entry, recorded_tokenizer
 
-__all__ = ["DEFAULT_LIMIT", "Collection", "build_page", "page_of_files", "read_files", "write_page"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "Collection",
+    "build_page",
+    "page_of_files",
+    "read_files",
+    "recorded_tokenizer",
+    "write_page",
+]
 
 DEFAULT_LIMIT = 2000
 """Groups on one page unless `--limit` says otherwise."""
@@ -62,7 +70,8 @@ def page_of_files(
     for the page as it is read, so no raw group outlives its line."""
     budget = Budget()
     found = read_files(paths, limit, lambda e: group_data(e, tokenizer, budget))
-    return build_page(found, title, tokenizer, tokenizer_name, budget), found
+    recorded = recorded_tokenizer(Path(paths[0])) if paths and tokenizer is None else None
+    return build_page(found, title, tokenizer, tokenizer_name, budget, recorded), found
 
 
 def build_page(
@@ -71,10 +80,12 @@ def build_page(
     tokenizer: Any = None,
     tokenizer_name: str | None = None,
     budget: Budget | None = None,
+    recorded: str | None = None,
 ) -> str:
-    """The HTML page of `found`. With a tokenizer the trained tokens are highlighted."""
+    """The HTML page of `found`. With a tokenizer the trained tokens are highlighted; without,
+    the page names the `recorded` one (the run's, `read.recorded_tokenizer`) when known."""
     name = tokenizer_name or (getattr(tokenizer, "name_or_path", None) if tokenizer else None)
-    return render(page_data(found, title, tokenizer, name, budget))
+    return render(page_data(found, title, tokenizer, name, budget, recorded))
 
 
 def write_page(

@@ -353,12 +353,19 @@ def page_data(
     tokenizer: Any = None,
     tokenizer_name: str | None = None,
     budget: Budget | None = None,
+    recorded: str | None = None,
 ) -> dict[str, Any]:
-    """Everything the page's script needs, as JSON values."""
+    """Everything the page's script needs, as JSON values; `recorded` is the tokenizer the run
+    says it used (`read.recorded_tokenizer`), named when no tokenizer was given."""
     budget = budget or Budget()
     groups = [e.shown or group_data(e, tokenizer, budget) for e in found.entries]
     notes = list(found.notes)
-    if tokenizer is None:
+    if tokenizer is None and recorded is not None:
+        notes.append(
+            f"This run used the tokenizer {recorded!r}: `atropos view FILE --tokenizer"
+            f" {recorded}` highlights the trained tokens. Messages and token counts are shown."
+        )
+    elif tokenizer is None:
         notes.append(
             "Token highlighting needs a tokenizer: run `atropos view FILE --tokenizer NAME`"
             " (the model's tokenizer, or `tiny` for the test one). Messages and token counts"

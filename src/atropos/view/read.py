@@ -175,3 +175,25 @@ def _kind(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return "a number"
     return names.get(type(value), type(value).__name__)
+
+
+def recorded_tokenizer(jsonl: Path) -> str | None:
+    """The tokenizer the run that wrote `jsonl` used, as process mode records it: `env:
+    tokenizer_name` in `<stem>.config.yaml` beside it; None without that file or name.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "run.config.yaml").write_text("env:\\n  tokenizer_name: tiny\\n")
+    >>> recorded_tokenizer(d / "run.jsonl"), recorded_tokenizer(d / "other.jsonl")
+    ('tiny', None)
+    """
+    import yaml
+
+    config = Path(jsonl).with_suffix(".config.yaml")
+    try:
+        doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    env = doc.get("env") if isinstance(doc, dict) else None
+    name = env.get("tokenizer_name") if isinstance(env, dict) else None
+    return name if isinstance(name, str) and name else None
