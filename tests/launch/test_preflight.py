@@ -4,6 +4,7 @@ its own command's `--check-args`, a run that is complete already or resumed."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -239,3 +240,15 @@ def test_a_resumed_run_starts_its_environments_after_the_trainer_registered_anew
     assert [[p.name for p in tier] for tier in plan.tiers()][1:] == [
         ["trainer"], ["arithmetic-0", "arithmetic-1"],
     ]  # fmt: skip
+
+
+def test_a_slurm_run_is_checked_with_the_nodes_python_when_it_is_here(tmp_path: Path) -> None:
+    slurm = ROOT / "examples" / "launch" / "slurm.yaml"
+    here = config.load(slurm, [f"run.slurm.python={sys.executable}"])
+    assert preflight.check_python(here) == sys.executable
+    away = config.load(slurm, [f"run.slurm.python={tmp_path / 'no-python'}"])
+    assert preflight.check_python(away) is None
+    outcome = preflight.check(build(away), away, str(slurm))
+    assert outcome.errors == [] and outcome.trainer is None
+    (note,) = outcome.notes
+    assert "is not on this machine" in note

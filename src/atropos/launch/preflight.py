@@ -8,11 +8,13 @@ it parses and validates its flags exactly as a start would, then exits 0, or 2 w
 errors, starting nothing. `check` runs one such subprocess per distinct component (the replicas of
 one run-file entry share one), all at once, with the process's own environment, its template
 fields filled with stand-ins (ports, the run's key) and its files written to a scratch run
-directory. A failure becomes one line naming the run file, the key path the flag came from and
-the process: ``run.yaml: trainer.args.batch-size: Input should be a valid integer ... (got
-'abc') [trainer: atropos train]``; `atropos launch` then exits 2, before the API or a server
-has started. On 2 cores the four checks of the shipped example take about 1 s (2 s when the
-trainer has checkpoints: its check then loads torch to find the newest).
+directory, by this machine's Python (a Slurm run's `run.slurm.python` when this machine has
+it; when it has not, nothing is checked, with a note). A failure becomes one line naming the run
+file, the key path the flag came from and the process: ``run.yaml: trainer.args.batch-size:
+Input should be a valid integer ... (got 'abc') [trainer: atropos train]``; `atropos launch`
+then exits 2, before the API or a server has started. On 2 cores the four checks of the
+shipped example take about 1 s (2 s when the trainer has checkpoints: its check then loads
+torch to find the newest).
 
 Not checked: vLLM and SGLang servers and a trainer `command:` of your own, which have no check
 mode (their mistakes show when they start, in their logs).
@@ -132,12 +134,29 @@ def checks(plan: Plan, scratch: Path, python: str = sys.executable) -> list[Chec
     return list(found.values())
 
 
+def check_python(run_file: RunFile) -> str | None:
+    """The Python the checks run with: the one a Slurm job's nodes use (`run.slurm.python`) when
+    this machine has it too, else this one; None when the nodes' Python is not here (their
+    packages, an environment's extras, may differ from this machine's: nothing is checked)."""
+    nodes = run_file.run.slurm.python if run_file.run.backend == "slurm" else None
+    if not nodes:
+        return sys.executable
+    return nodes if os.path.isfile(nodes) and os.access(nodes, os.X_OK) else None
+
+
 def check(plan: Plan, run_file: RunFile, origin: str) -> Outcome:
     """Run every component's check at once (module docstring); what they found."""
     began = time.monotonic()
     outcome = Outcome()
+    python = check_python(run_file)
+    if python is None:
+        outcome.notes.append(
+            f"run.slurm.python {run_file.run.slurm.python} is not on this machine: the"
+            " processes' arguments are checked when they start on the nodes"
+        )
+        return outcome
     with tempfile.TemporaryDirectory(prefix="atropos-launch-check-") as scratch:
-        todo = checks(plan, Path(scratch))
+        todo = checks(plan, Path(scratch), python)
         running = [(c, _start(c)) for c in todo]
         for item, proc in running:
             try:
