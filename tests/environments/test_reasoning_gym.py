@@ -69,9 +69,25 @@ def test_a_bad_task_list_is_refused(tasks, message):
 
 
 def test_an_unknown_task_names_the_closest():
-    env = make(tasks="leg_countin,basic_arithmetic")
     with pytest.raises(ValueError, match="no task 'leg_countin'; did you mean 'leg_counting'"):
-        env.load()
+        ReasoningGymConfig(tasks="leg_countin,basic_arithmetic")
+
+
+def test_a_misspelt_task_on_the_command_line_is_one_line_and_exit_2(capsys):
+    assert cli.main(ReasoningGym, ["process", "--env.tasks", "no_such_task"], prog="rg") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rg process: error: --env.tasks: reasoning-gym has no task")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_misspelt_task_found_in_setup_is_a_config_error():
+    from reasoning_gym.factory import DATASETS
+
+    from atropos.environments.reasoning_gym.tasks import check_known
+    from atropos.envs.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no task 'gcdd'; did you mean 'gcd'"):
+        check_known(parse_tasks("gcdd"), DATASETS)
 
 
 def test_an_unknown_task_setting_lists_the_tasks_settings():

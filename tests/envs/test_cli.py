@@ -332,7 +332,7 @@ def test_environment_variables(monkeypatch):
 
 
 def test_secrets_never_reach_the_printout_or_the_saved_file(runs, capsys, tmp_path):
-    argv = ["serve", "--openai.api_key", "sk-cli", "--env.rollout_server_api_key", "rk-cli"]
+    argv = ["serve", "-v", "--openai.api_key", "sk-cli", "--env.rollout_server_api_key", "rk-cli"]
     assert cli.main(Dummy, [*argv, "--openai.base_url", "http://h/v1"], prog="dummy") == 0
     (r,) = runs
     assert r.servers[0].api_key.get_secret_value() == "sk-cli"

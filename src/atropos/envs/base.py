@@ -84,6 +84,7 @@ class BaseEnv(ABC, Generic[ConfigT]):
     config_defaults: ClassVar[dict[str, Any]] = {}  # values of the default `config_init`
     config: ConfigT
     metrics_sink: MetricsSink | None = None  # set by the runner for the length of a run
+    evaluations_shown = 0  # metrics lines `evaluate_log` printed (the evaluate runner's summary)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -318,6 +319,7 @@ class BaseEnv(ABC, Generic[ConfigT]):
         }
         if verbose:
             log.warning("evaluation %s: %s", task, metrics)
+            self.evaluations_shown += 1
         self._write_metrics({k if "/" in k else f"eval/{k}": v for k, v in metrics.items()})
         if not out:
             return None

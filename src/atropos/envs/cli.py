@@ -1,7 +1,8 @@
 """The command line of one environment: `MyEnv.cli()` and `atropos env serve|process|evaluate NAME`.
 
 Flags are generated from the config models (argparse): `--env.FIELD`, `--openai.FIELD`, the
-manager's `--slurm`, `--testing`, `--max_n_completions`, `--proxy_url`, and `--config FILE`.
+manager's `--slurm`, `--testing`, `--max_n_completions`, `--proxy_url`, `--config FILE`, and
+`--verbose` (`-v`: print the resolved configuration, which the run writes to its files anyway).
 This module only builds the parser and reads it: which flags exist and their defaults come from
 `atropos.envs.layering.flag_sections`, and the parsed values are layered there, once
 (`flags_layer`, `resolve_config`), in the order its module docstring lists.
@@ -112,7 +113,7 @@ def run_mode(env_cls: type, mode: Mode, argv: Sequence[str], *, prog: str | None
             file=sys.stderr,
         )
         return 2
-    show(env_cls, resolved)
+    show(env_cls, resolved, verbose=resolved.verbose)
     from atropos.envs import runner  # looked up now, so tests can replace runner.run
 
     return int(runner.run(env_cls, resolved))
@@ -132,13 +133,15 @@ def parse(
     parser = _parser(mode, sections, flags, prog=prog)
     ns, extra = parser.parse_known_args(_normalize(argv, flags))
     if extra:
-        _reject(extra, [f.option for f in flags] + ["--config", "--help"], parser)
+        _reject(extra, [f.option for f in flags] + ["--config", "--help", "--verbose"], parser)
     given = vars(ns)
     values = {(f.section, f.key): given[f.option] for f in flags if f.option in given}
     layer = flags_layer(values, sections.defaults)
-    return resolve_config(
+    resolved = resolve_config(
         env_cls, mode, config_path=ns.config, flags=layer, defaults=sections.defaults
     )
+    resolved.verbose = bool(ns.verbose)
+    return resolved
 
 
 def _flags(models: dict[str, type[BaseModel]]) -> list[_Flag]:
@@ -160,12 +163,18 @@ def _parser(
         prog=prog,
         allow_abbrev=False,
         usage="%(prog)s [--config FILE] [--env.NAME VALUE ...] [--openai.NAME VALUE ...]"
-        " [--slurm] [--testing] [--max_n_completions N] [--proxy_url URL]",
+        " [--slurm] [--testing] [--max_n_completions N] [--proxy_url URL] [--verbose]",
         description=f"{MODE_HELP[mode]}. Lowest to highest: defaults < config_init() <"
         " --config FILE < ATROPOS_ENV__NAME / ATROPOS_OPENAI__NAME / ATROPOS_NAME variables <"
         " flags. 'None' (or 'null') unsets an optional value.",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML file: env:, openai:, slurm:, ...")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="print the resolved configuration (the run writes it beside its outputs anyway)",
+    )
     shown, models = sections.shown, sections.models
     titles = {
         "env": f"environment ({models['env'].__name__})",
@@ -190,15 +199,18 @@ def _parser(
     return parser
 
 
-def show(env_cls: type, resolved: ResolvedConfig) -> None:
-    """Print the defaults chosen for the user (`resolved.notes`), then the resolved
-    configuration (secrets removed), to stderr."""
+def show(env_cls: type, resolved: ResolvedConfig, *, verbose: bool = True) -> None:
+    """Print the defaults chosen for the user (`resolved.notes`), then, when `verbose`, the
+    resolved configuration (secrets removed), to stderr. Without it the runner names the file
+    it writes the configuration to, in one line (`runner.save_config`)."""
     from rich.console import Console
     from rich.syntax import Syntax
 
     name = env_name(env_cls)
     for note in resolved.notes:  # first: which server and tokenizer nobody named
         print(f"{name} {resolved.mode}: {note}", file=sys.stderr, flush=True)
+    if not verbose:
+        return
     console = Console(stderr=True)
     console.rule(f"{name} {resolved.mode}")
     text = yaml.safe_dump(resolved.redacted(), sort_keys=False)
@@ -209,7 +221,7 @@ def _normalize(argv: Sequence[str], flags: list[_Flag]) -> list[str]:
     """Accept kebab case (`--env.group-size`), and bind `--flag VALUE` as `--flag=VALUE` so a
     value that starts with '-' (`--env.max_num_workers -1`) is never taken for a flag."""
     takes_value = {f.option for f in flags if not f.boolean} | {"--config"}
-    known = {f.option for f in flags} | {"--config", "--help", "-h"}
+    known = {f.option for f in flags} | {"--config", "--help", "-h", "--verbose", "-v"}
     out: list[str] = []
     args = list(argv)
     i = 0

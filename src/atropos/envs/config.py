@@ -259,6 +259,7 @@ class ResolvedConfig:
     manager: ServerManagerConfig
     mode: Mode
     notes: list[str] = field(default_factory=list)
+    verbose: bool = False  # `--verbose`: print the resolved configuration too
 
     def redacted(self) -> dict[str, Any]:
         """The configuration as plain data with every secret (API keys) removed.

@@ -62,7 +62,13 @@ class ReasoningGymConfig(BaseEnvConfig):
     @field_validator("tasks", mode="before")
     @classmethod
     def _parse_tasks(cls, value: Any) -> list[TaskSpec]:
-        return parse_tasks(value)
+        specs = parse_tasks(value)
+        try:  # a misspelt name is a usage error of the command line: one line, exit 2
+            from reasoning_gym.factory import DATASETS
+        except ImportError:  # named by the runner's missing-package check instead
+            return specs
+        check_known(specs, DATASETS)
+        return specs
 
 
 class ReasoningGym(Env[ReasoningGymConfig]):

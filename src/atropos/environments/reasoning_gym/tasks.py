@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from atropos.envs.config import ConfigError
 from atropos.names import did_you_mean
 
 __all__ = ["TaskSpec", "check_known", "parse_tasks", "pick"]
@@ -69,13 +70,13 @@ def parse_tasks(value: Any) -> list[TaskSpec]:
 
 
 def check_known(specs: Sequence[TaskSpec], known: Iterable[str]) -> None:
-    """Raise ValueError naming the first task of `specs` not in `known`, with the closest
-    known names."""
+    """Raise ConfigError (a ValueError; the command line's exit 2) naming the first task of
+    `specs` not in `known`, with the closest known names."""
     available = sorted(known)
     for spec in specs:
         if spec.name not in available:
             hint = did_you_mean(spec.name, available, repr)
-            raise ValueError(
+            raise ConfigError(
                 f"reasoning-gym has no task {spec.name!r}{hint} (`python -c 'import"
                 " reasoning_gym.factory as f; print(sorted(f.DATASETS))'` lists the"
                 f" {len(available)} tasks)"

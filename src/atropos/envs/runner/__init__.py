@@ -23,6 +23,7 @@ from typing import Any
 
 from atropos.envs.config import ConfigError, ResolvedConfig
 from atropos.envs.layering import env_name
+from atropos.envs.runner.config_file import save_config
 
 log = logging.getLogger("atropos.env")
 
@@ -45,7 +46,7 @@ async def run_async(env: Any, resolved: ResolvedConfig) -> int:
         # must not share a spool); by hand, runs/NAME under the working directory
         run_dir = Path(os.environ.get(RUN_DIR_VARIABLE) or Path("runs") / name)
         run_dir.mkdir(parents=True, exist_ok=True)
-        resolved.save(run_dir / "config.yaml")
+        save_config(resolved, run_dir / "config.yaml")
         return await ServeRunner(env, resolved, run_dir).run()
     if resolved.mode == "process":
         from atropos.envs.runner.process import ProcessRunner

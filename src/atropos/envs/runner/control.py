@@ -60,7 +60,8 @@ class ControlClient:
     async def register(
         self, request: dict[str, Any], deadline: float, stopper: Stopper | None = None
     ) -> dict[str, Any]:
-        """Register, waiting for the trainer with a log line every 10 s, up to `deadline` s.
+        """Register, waiting for the trainer with a log line every 10 s that names the command
+        to start (a trainer, or the API), up to `deadline` s.
 
         Raises ApiError at the deadline (naming what to check), `Stopped` when `stopper` is
         set meanwhile."""
@@ -75,7 +76,10 @@ class ControlClient:
                 if reply.get("status") == "success":
                     return reply
                 reason = "the API is up; no trainer has started"
-                check = "start the trainer (`atropos train`), which registers with the API"
+                check = (
+                    f"start a trainer, e.g. `atropos train --model tiny --api-url {self.url}`"
+                    " (docs/trainer.md), which registers with the API"
+                )
             except ApiError as err:
                 reason = str(err)
                 check = (
@@ -90,9 +94,10 @@ class ControlClient:
                 )
             if time.monotonic() >= next_note:
                 log.warning(
-                    "waiting to register with %s (%s); %.0f s of %.0f s",
+                    "waiting to register with %s (%s): %s; %.0f s of %.0f s",
                     self.url,
                     reason,
+                    check,
                     waited,
                     deadline,
                 )

@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from atropos.envs.config import ResolvedConfig
+from atropos.envs.config import ConfigError, ResolvedConfig
+from atropos.envs.runner.config_file import save_config
 from atropos.envs.runner.stop import Stopper
 from atropos.inference.errors import fatal_reason
 from atropos.metrics.envs import open_env_sink
@@ -44,6 +45,7 @@ class EvaluateRunner:
 
     async def _run(self) -> int:
         env, stopper = self.env, self.stopper
+        save_config(self.resolved, self.folder / "evaluate_config.yaml")
         env.metrics_sink = open_env_sink(
             env,
             self.folder / "metrics.jsonl",
@@ -82,6 +84,8 @@ class EvaluateRunner:
             )
             return self.stopper.exit_code
         err = task.exception()
+        if isinstance(err, ConfigError):  # a usage error: `runner.run` says it in one line
+            raise err
         if err is not None:
             reason = fatal_reason(err)
             if reason is not None:
@@ -89,9 +93,11 @@ class EvaluateRunner:
             else:
                 log.error("evaluation failed: %s", err, exc_info=err)
             return 1
-        if self.out is not None:
-            self.resolved.save(self.out / "evaluate_config.yaml")
-        log.warning("evaluated: %s (%s)", task.result(), self.folder / "metrics.jsonl")
+        where = self.folder / "metrics.jsonl"
+        if getattr(self.env, "evaluations_shown", 0):  # the env's own line showed the metrics
+            log.warning("evaluated: metrics above, in %s", where)
+        else:
+            log.warning("evaluated: %s (%s)", task.result(), where)
         if self.stopper.signum is not None:
             return self.stopper.exit_code
         return 0

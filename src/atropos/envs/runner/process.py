@@ -10,7 +10,8 @@ item (a missing package, a tokenizer that cannot load, a model the server does n
 inference server never reached within `--server_wait` seconds, or every server of the policy,
 the teacher or the judge unreachable that long in a row: `errors.fatal_reason`) stops the run at
 the first one, with one message naming the fix and status 1. While most groups are
-dropped, a line says so every 30 s (`watch.DropReport`).
+dropped, a line says so every 30 s (`watch.DropReport`); when nearly all go for equal scores,
+that line, the stop line and the summary end with what to do (`watch.drop_hint`).
 
 With `--teacher.*`, each group gets the teacher's logprobs before it is written
 (`atropos.envs.teacher`). Each group is written and flushed as soon as it is scored (and
@@ -40,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atropos.envs.config import ResolvedConfig
+from atropos.envs.runner.config_file import save_config
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.html import write_html
 from atropos.envs.runner.stop import Stopped, Stopper
-from atropos.envs.runner.watch import DropReport, FailureLog
+from atropos.envs.runner.watch import DropReport, FailureLog, drop_hint
 from atropos.envs.teacher import Teacher
 from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
@@ -82,6 +84,7 @@ class ProcessRunner:
         self.heap = FrozenHeap()
         self.backlog: deque[Any] = deque()  # items an env asked to run next (judge, retries)
         self.teacher: Teacher | None = None  # --teacher.*: started after the env's setup
+        self.hinted = False  # the stop line said what to do about the drops already
 
     async def run(self, show_progress: bool = True) -> int:
         with self.stopper.install("stopping: in-flight items get a moment, then the summary"):
@@ -102,6 +105,7 @@ class ProcessRunner:
             self.sink.close()
             return 1
         env.metrics_sink = sink
+        save_config(self.resolved, self.sink.path.with_suffix(".config.yaml"))
         try:
             try:
                 await self.stopper.race(env.setup())
@@ -112,7 +116,8 @@ class ProcessRunner:
                 return self.stopper.exit_code
             except Exception as err:  # one clear line for a fatal error; a traceback otherwise
                 reason = fatal_reason(err)
-                if reason is None:
+                if reason is None:  # a ConfigError: `runner.run` says it in one line, exit 2
+                    await env.aclose()
                     raise
                 await env.aclose()
                 log.error("setup failed: %s; stopping (wrote no groups)", reason)
@@ -173,13 +178,16 @@ class ProcessRunner:
                 if state["made"] >= target:
                     stop.set()
                 elif state["barren"] >= limit and not stop.is_set():
+                    hint = drop_hint(self.drops, state["made"])
                     log.error(
                         "the last %d items gave no group to write (dropped: %s, failed: %s);"
-                        " stopping instead of sampling forever",
+                        " stopping instead of sampling forever%s",
                         state["barren"],
                         dict(self.drops),
                         dict(self.failures),
+                        f": {hint}" if hint else "",
                     )
+                    self.hinted = hint is not None
                     stop.set()
 
         async def watch_drops() -> None:
@@ -201,7 +209,7 @@ class ProcessRunner:
                 await asyncio.gather(*tasks, watcher, return_exceptions=True)
         made = state["made"]
         self.sink.close()
-        page = write_html(self.sink.path) if made else None
+        page = self._page() if made else None
         totals = self._totals(made)
         try:  # one record: these totals and the env's own counters (judge votes, ...)
             await env.wandb_log(dict(totals))
@@ -212,6 +220,13 @@ class ProcessRunner:
         self.resolved.save(self.sink.path.with_suffix(".config.yaml"))
         await env.aclose()
         return self._summary(made, page)
+
+    def _page(self) -> Path:
+        """The HTML page beside the JSONL, its trained tokens highlighted with the run's
+        tokenizer when the run loaded one (none is loaded, or downloaded, for the page alone:
+        without it the page names the run's tokenizer, from `<name>.config.yaml`)."""
+        tokenizer = getattr(self.env, "_tokenizer", None)
+        return write_html(self.sink.path, tokenizer, self.env.config.tokenizer_name)
 
     async def _grace(self, tasks: list[asyncio.Task[None]]) -> None:
         """Give in-flight items `grace` seconds to finish (less after a second signal)."""
@@ -233,7 +248,8 @@ class ProcessRunner:
         if self.stopper.signum is not None:
             log.warning("stopped by %s: %s (%s)", self.stopper.name, wrote, counts)
             return self.stopper.exit_code
-        log.warning("%s (%s)", wrote, counts)
+        hint = None if self.hinted else drop_hint(self.drops, made)
+        log.warning("%s (%s)%s", wrote, counts, f": {hint}" if hint else "")
         return 0 if made > 0 or self.target == 0 else 1
 
     async def _one(self, item: Any) -> int:

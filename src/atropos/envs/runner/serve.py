@@ -23,7 +23,8 @@ of their period, so a jump of several periods still triggers once (upstream's mo
 missed any jump of a whole period). Each step change also logs one
 metrics record through the env's `wandb_log` to `{run_dir}/metrics.jsonl`, and to W&B when on
 (docs/metrics.md). Each poll also sends the env's cumulative drop and failure counts, and while
-most groups are dropped a line says so every 30 s (`watch.DropReport`).
+most groups are dropped a line says so every 30 s (`watch.DropReport`); when nearly all go for
+equal scores, that line and the summary end with what to do (`watch.drop_hint`).
 
 Serve ends on its own, with status 0 and a line saying why, when the trainer is done: the step
 reaches the `num_steps` the trainer registered (or `total_steps`, when lower), the queue holds
@@ -58,7 +59,7 @@ from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
-from atropos.envs.runner.watch import DropReport, FailureLog
+from atropos.envs.runner.watch import DropReport, FailureLog, drop_hint
 from atropos.envs.teacher import Teacher
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
@@ -176,7 +177,8 @@ class ServeRunner:
                 return 1
             except Exception as err:  # one clear line for a fatal error; a traceback otherwise
                 reason = fatal_reason(err)
-                if reason is None:
+                if reason is None:  # a ConfigError: `runner.run` says it in one line, exit 2
+                    await self.env.aclose()
                     raise
                 await self.env.aclose()
                 log.error("setup failed: %s; stopping", reason)
@@ -573,6 +575,9 @@ class ServeRunner:
             f"{plural(stats.sent, 'group')} sent, {stats.spooled:,} spooled, drops"
             f" {dict(self.drops)}, failures {dict(self.failures)}"
         )
+        hint = drop_hint(self.drops, stats.sent)
+        if hint is not None:
+            counts += f": {hint}"
         if self.errors.fatal is not None:
             log.error("%s; stopped: %s", self.errors.fatal, counts)
         elif self.failed:

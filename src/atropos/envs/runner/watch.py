@@ -10,7 +10,8 @@ drop line below and in the metrics).
 rollout), logs one line when most groups are dropped: at once the first time the share of
 dropped groups crosses `share` after `min_groups`, then at most one every `every` seconds while
 it stays above, e.g. "dropped 97% of groups in the last 30 s (identical_scores 1,204,
-too_short 3); sent 12".
+too_short 3); sent 12". When nearly all of them go for equal scores, the line ends with what to
+do (`drop_hint`): a graded reward, a larger group, or `--env.ensure_scores_are_not_same false`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,28 @@ class FailureLog:
         return False
 
 
+IDENTICAL_SCORES_HINT = (
+    "the groups' scores were all equal, so none can teach: give partial credit (a graded"
+    " reward), raise --env.group_size, or set --env.ensure_scores_are_not_same false to keep"
+    " such groups and look at the data"
+)
+
+
+def drop_hint(dropped: Counter[str], sent: int, share: float = 0.95) -> str | None:
+    """What to do when nearly every group (at least `share`) is dropped, mostly for equal
+    scores (pass/fail rewards on a weak policy); None otherwise.
+
+    >>> drop_hint(Counter(identical_scores=40), sent=0) == IDENTICAL_SCORES_HINT
+    True
+    >>> drop_hint(Counter(identical_scores=40), sent=20) is None
+    True
+    """
+    n = sum(dropped.values())
+    if n == 0 or n < share * (n + sent) or 2 * dropped["identical_scores"] < n:
+        return None
+    return IDENTICAL_SCORES_HINT
+
+
 def _counts(counter: Counter[str], top: int = 4) -> str:
     return ", ".join(f"{k} {n:,}" for k, n in counter.most_common(top))
 
@@ -109,6 +132,9 @@ class DropReport:
             )
             if failed:
                 line += f"; failed {_counts(failed)}"
+            hint = drop_hint(dropped, n_sent)
+            if hint is not None:
+                line += f": {hint}"
             log.warning("%s", line)
             self.logged_once = True
         if line is not None or elapsed >= self.every:
