@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from typing import Annotated, Any
@@ -467,3 +468,84 @@ def encode_plain(value: Any) -> bytes:
         return _json_encoder.encode(value)
     except (TypeError, msgspec.EncodeError):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# ----- the trainer contract -----------------------------------------------------------------
+
+CONTRACT_VERSION = "1.0"
+"""The version of the trainer contract (`docs/trainer-contract.md`): the major number moves
+when an integration must change, the minor number for additions it may ignore. The API sends
+it in the `Atropos-Contract` header of every answer of its routes (old clients ignore it)."""
+CONTRACT_HEADER = "Atropos-Contract"
+"""The response header that carries `CONTRACT_VERSION`."""
+CONTRACT_TYPES: tuple[type[msgspec.Struct], ...] = (
+    Registration,
+    Registered,
+    BatchAnswer,
+    Group,
+    BatchAck,
+    PolicyPublished,
+    RegisterEnv,
+    EnvIdentifier,
+    EnvStatusRequest,
+)
+"""The bodies the contract's JSON Schema covers (`docs/trainer-contract.schema.json`)."""
+SCHEMA_PATH = "docs/trainer-contract.schema.json"
+"""Where the generated schema is committed, relative to the repository root."""
+
+
+def contract_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of every body in `CONTRACT_TYPES`, generated from the structs
+    above, so it says exactly what the API decodes (bounds included).
+
+    >>> schema = contract_schema()
+    >>> schema["x-contract-version"], schema["$defs"]["BatchAck"]["required"]
+    ('1.0', ['batch_id'])
+    """
+    _, components = msgspec.json.schema_components(CONTRACT_TYPES, ref_template="#/$defs/{name}")
+    for component in components.values():  # docstrings, without their doctests
+        if "description" in component:
+            text = inspect.cleandoc(component["description"]).split("\n>>>")[0]
+            component["description"] = text.strip()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Atropos trainer contract",
+        "description": (
+            "Bodies of the trajectory API's routes, generated from atropos.wire by"
+            " `python -m atropos.wire --schema`; see docs/trainer-contract.md."
+        ),
+        "x-contract-version": CONTRACT_VERSION,
+        "$defs": components,
+    }
+
+
+def schema_text() -> str:
+    """`contract_schema()` as the committed file holds it (sorted keys, 2-space indent)."""
+    return json.dumps(contract_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m atropos.wire --schema [PATH]`: print the contract's JSON Schema, or write it
+    to PATH; `--check PATH`: exit 1 when PATH differs from the generated schema."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m atropos.wire", description=main.__doc__)
+    parser.add_argument("--schema", nargs="?", const="-", metavar="PATH", help="write it")
+    parser.add_argument("--check", metavar="PATH", help="compare PATH with the generated one")
+    args = parser.parse_args(argv)
+    text = schema_text()
+    if args.check:
+        if Path(args.check).read_text(encoding="utf-8") != text:
+            print(f"{args.check} is stale: run python -m atropos.wire --schema {args.check}")
+            return 1
+        return 0
+    if args.schema in (None, "-"):
+        print(text, end="")
+    else:
+        Path(args.schema).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,7 +2,8 @@
 
 Every route of atroposlib 0.4.0 is here with its request and response shapes; the extensions
 (`/batch?lease=`, `/batch/ack`, `/policy_version`, `/health`, `/stats`, `/metrics`,
-`/openapi.json`, msgspec bodies) are invisible to old clients. Errors are 4xx JSON
+`/openapi.json`, msgspec bodies, the `Atropos-Contract` header naming the trainer contract's
+version on every answer of a route) are invisible to old clients. Errors are 4xx JSON
 `{"error": {"type", "message"}, "detail"}`; `detail` is what FastAPI clients read.
 
 The app is built with the HTTP rules of every server we ship (`atropos.http`: Host, Origin and
@@ -108,10 +109,17 @@ class Api:
 
     def guard(self, fn: Handler) -> Handler:
         """Wrap a route: API key check, `?env_id=` heartbeat,
-        protocol errors -> 4xx, anything unexpected -> logged, counted, answered."""
+        protocol errors -> 4xx, anything unexpected -> logged, counted, answered; every answer
+        carries the trainer contract's version (`Atropos-Contract: 1.0`, `wire.CONTRACT_VERSION`).
+        """
         key = self.config.api_key
 
         async def route(request: Request) -> Response:
+            response = await answer(request)
+            response.headers[wire.CONTRACT_HEADER] = wire.CONTRACT_VERSION
+            return response
+
+        async def answer(request: Request) -> Response:
             if key is not None and request.url.path not in OPEN_PATHS:
                 given = request.headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
