@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -392,6 +393,10 @@ def started(tmp: Path, name: str) -> Iterator[tuple[Pair, list[Case]]]:
         pair.stop()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the servers as Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--requests", type=int, default=2000, help="requests per case and round")
@@ -405,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown servers: {sorted(set(only) - set(SERVERS))}")
     results: list[dict[str, Any]] = []
     start = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)
     print("HttpRules in process", flush=True)
     micro = in_process(args.calls, args.rounds)
     with tempfile.TemporaryDirectory(prefix="http_rules_cpu_") as tmp:
