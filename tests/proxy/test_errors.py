@@ -90,6 +90,7 @@ def test_a_body_that_cannot_be_read_is_a_400(fake, api):
         ("max_tokens", 2**64, "expected an integer from 1 to"),
         ("max_tokens", "8", "integer"),
         ("temperature", "hot", "number"),
+        ("temperature", 10**400, "number"),
         ("top_p", 2, "from 0"),
     ],
 )
@@ -114,6 +115,9 @@ def test_a_field_of_the_wrong_type_or_range_is_a_400_naming_it(fake, api, field,
         ({"stream": "yes"}, "stream"),
         ({"n": True}, "n"),
         ({"seed": 2**64}, "seed"),
+        ({"logprobs": 2**64}, "logprobs"),
+        ({"top_logprobs": "x"}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
         ({"stop": 5}, "stop"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
@@ -132,6 +136,16 @@ def test_chat_fields(fake, extra, param):
         assert message_of("chat/completions", answer)[1] == (
             param or "tools[0].function.parameters"
         )
+
+
+@pytest.mark.parametrize("value", [2**64, 10**400, -1, "x", [1], {"n": 1}, 21])
+def test_completions_logprobs_out_of_range_is_a_400(fake, value):
+    proxy = make_proxy(fake.base_url)
+    with session_url(proxy) as (client, root):
+        body = {**BODIES["completions"], "logprobs": value}
+        answer = client.post(f"{root}/completions", json=body)
+        assert answer.status_code == 400, answer.text
+        assert message_of("completions", answer)[1] == "logprobs"
 
 
 def test_session_and_upstream_bodies(fake):

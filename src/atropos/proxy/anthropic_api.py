@@ -161,7 +161,12 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past the floats (10**400)
+        return False
 
 
 def _text_of(blocks: Any, where: str) -> str:

@@ -12,8 +12,10 @@ content a string or text parts), `tools` (function tools), `tool_choice`, `n`, `
 without `max_tokens` / `max_completion_tokens` (absent or null) may write the rest of the
 context, within the session's token budget (`session.Session`); a text completion without
 `max_tokens` gets 16 (null: the rest of the context); unset sampling fields are left to the
-server (temperature 1, top_p 1, n 1). Ignored: everything else (`user`,
-`metadata`, `logprobs`, ...). Refused (400, `param` naming the field): image or audio parts,
+server (temperature 1, top_p 1, n 1). Checked, then ignored (answers carry no logprobs):
+`logprobs` (chat: a boolean; completions: an integer 0 to `MAX_LOGPROBS`) and `top_logprobs`
+(0 to `MAX_LOGPROBS`). Ignored: everything else (`user`, `metadata`, ...). Refused (400,
+`param` naming the field): image or audio parts,
 non-function tools, `n` over `MAX_N`, a field of the wrong type or out of its range (`max_tokens`
 up to `fields.MAX_TOKENS`, `temperature` 0 to 2, `top_p` 0 to 1, penalties -2 to 2, `seed` an
 int64, `stop` a string or strings, `stream` a boolean, `stream_options` an object).
@@ -46,6 +48,7 @@ __all__ = [
 
 MAX_N = 64
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's and vLLM's default
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 _RANGES = {
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
@@ -215,6 +218,8 @@ def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
 
 def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
     """A `/v1/chat/completions` body as a `TurnRequest` (ProxyError 400 when malformed)."""
+    fields.boolean(body, "logprobs")
+    fields.integer(body, "top_logprobs", 0, MAX_LOGPROBS)
     return TurnRequest(
         messages=_messages(body.get("messages")),
         tools=_tools(body.get("tools")),
@@ -231,6 +236,7 @@ def completion_to_turn(body: Mapping[str, Any]) -> TurnRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ProxyError(400, "prompt must be a non-empty string (one prompt per request)")
+    fields.integer(body, "logprobs", 0, MAX_LOGPROBS)
     return TurnRequest(messages=[], prompt=prompt, **_common(body, COMPLETION_MAX_TOKENS))
 
 
