@@ -176,3 +176,18 @@ def test_a_trainer_that_never_publishes_and_a_restart_that_gets_its_lease_back()
     report = api.report()
     assert report.broken == {"publish"}, report
     assert report.violations[0].call is None
+
+
+def test_a_resumed_trainer_may_publish_a_lower_version_after_registering_again() -> None:
+    with ConformanceApi(batches=1, empty_polls=0) as api:
+        with httpx.Client(base_url=api.url) as http:
+            http.post("/register", json=REGISTRATION)
+            http.post("/policy_version", json={"version": 0})
+            batch_id = http.get("/batch", params={"lease": 30}).json()["batch_id"]
+            http.post("/policy_version", json={"version": 1})
+            http.post("/register", json=REGISTRATION)  # resumed from the step-0 checkpoint
+            http.post("/policy_version", json={"version": 0})
+            http.post("/batch/ack", json={"batch_id": batch_id})
+    report = api.report()
+    assert report.ok, report
+    assert report.versions == [0, 1, 0]

@@ -69,8 +69,8 @@ RULES: dict[str, str] = {
     " on average (`min_poll_interval`)",
     "lease": "every GET /batch asks for a lease (`?lease=S`), when `require_lease`",
     "ack": "every leased batch is acknowledged with its batch_id, and only served ids are",
-    "policy_version": "published versions never go down, and lie between starting_step and"
-    " starting_step + batches served",
+    "policy_version": "published versions never go down between two registrations, and lie"
+    " between starting_step and starting_step + batches served",
     "publish": "a trainer that got a batch publishes a version (`POST /policy_version`), when"
     " `require_publish`",
     "known_route": "only the contract's routes are called",
@@ -266,6 +266,7 @@ class ConformanceApi:
         self._last_empty: float | None = None
         self._gaps: list[tuple[float, Call]] = []
         self._versions: list[int] = []
+        self._last_version: int | None = None  # since the last /register (a resume may go back)
         self._stack = contextlib.ExitStack()
 
     # ----- lifecycle -----------------------------------------------------------------------
@@ -364,6 +365,7 @@ class ConformanceApi:
             if self.script is None:
                 self.script = _batches_for(reg.batch_size, self.group_size, self.count)
             self._check_registration(reg, call)
+            self._last_version = None
             if again:  # a restarted trainer gets its unacknowledged leases back first
                 self._replay = [s for s in self._served if s.batch_id and not s.acked]
         return _answer({"uuid": 1})
@@ -484,16 +486,19 @@ class ConformanceApi:
             if self._registered(call):
                 self._check_version(said.version, call)
             self._versions.append(said.version)
+            self._last_version = said.version
         return _answer({"status": "ok", "policy_version": said.version})
 
     def _check_version(self, version: int, call: Call) -> None:
         assert self._registration is not None
         low = self._registration.starting_step
         high = low + len(self._served)
-        if self._versions and version < self._versions[-1]:
+        last = self._last_version
+        if last is not None and version < last:
             self._break(
                 "policy_version",
-                f"version {version} after {self._versions[-1]}: versions never go down",
+                f"version {version} after {last}: versions never go down (but after a new"
+                " POST /register, a resumed trainer's)",
                 call,
             )
         elif not low <= version <= high:
