@@ -187,6 +187,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
 # ----- the attacks ---------------------------------------------------------------------------
 
 PAGE = {"origin": "http://evil.example", "sec-fetch-site": "cross-site"}
+UNREAD = b"<an extra key>"  # the valid body with a key no route reads, holding bytes not UTF-8
 HOSTILE: dict[str, tuple[str, dict[str, str], bytes | None, int]] = {
     # name: (method, headers, value at HOLE (None: a string), status (0: the server's `invalid`))
     "rebound Host, read": ("GET", {"host": "evil.example"}, b"", 403),
@@ -198,6 +199,7 @@ HOSTILE: dict[str, tuple[str, dict[str, str], bytes | None, int]] = {
     "urlencoded form": ("POST", {"content-type": "application/x-www-form-urlencoded"}, None, 415),
     "nested 100k deep": ("POST", {}, b"[" * 100_000 + b"]" * 100_000, 0),
     "not UTF-8": ("POST", {}, b'"\xff\xfe"', 0),
+    "not UTF-8 in a key no route reads": ("POST", {}, UNREAD, 0),
     "not JSON": ("POST", {}, b"{", 0),
 }
 
@@ -205,6 +207,8 @@ HOSTILE: dict[str, tuple[str, dict[str, str], bytes | None, int]] = {
 def _send(target: Target, method: str, headers: dict[str, str], body: bytes | None) -> Any:
     path = target.read if method == "GET" else target.write
     content = target.content() if body is None else target.content(body)
+    if body == UNREAD:
+        content = target.content().replace(b"{", b'{"zz": "\xff\xfe", ', 1)
     sent = {"content-type": "application/json", **target.headers, **headers}
     with httpx.Client(base_url=target.url, timeout=60) as client:
         if method == "GET":

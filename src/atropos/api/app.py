@@ -38,7 +38,7 @@ from atropos.api import dashboard, stats
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
-from atropos.http import Rules, Site, api_error, body, server_app
+from atropos.http import Rules, Site, api_error, body, decode, server_app
 from atropos.http.body import GzipPolicy
 from atropos.wire import (
     EnvIdentifier,
@@ -160,9 +160,14 @@ class Api:
         return await _error(request, 500, message, "InternalError")
 
     async def _body(self, request: Request) -> bytes:
-        return await body.read_body(
+        """The body, within the limits; a JSON body must be UTF-8 throughout (the typed
+        decoders skip the keys they do not know without looking at them)."""
+        raw = await body.read_body(
             request, self.config.max_body_bytes, self.config.max_inflated_bytes
         )
+        if not body.is_msgpack(request):
+            decode.check_utf8(raw)
+        return raw
 
     async def _json(self, request: Request, obj: object, status: int = 200) -> Response:
         return await body.respond(request, wire.encode(obj), status)

@@ -520,7 +520,9 @@ class TransferRoutes:
         return await self._pause(SGLANG_PAUSE[mode])
 
     async def resume(self, request: Request) -> Response:
-        """vLLM's `POST /resume`, SGLang's `POST /continue_generation`."""
+        """vLLM's `POST /resume`, SGLang's `POST /continue_generation` (a body, when sent,
+        must be a JSON object, as on every route)."""
+        await _body(request)
         await self._run(self.receiver.resume)
         return JSONResponse({"status": "resumed", "success": True})
 
