@@ -41,3 +41,23 @@ def test_a_broken_record_is_no_record(tmp_path):
     assert recorded_tokenizer(jsonl) is None
     jsonl.with_suffix(".config.yaml").write_text("- a list\n")
     assert recorded_tokenizer(jsonl) is None
+
+
+def test_atropos_view_highlights_with_the_recorded_tokenizer(tmp_path, capsys):
+    from atropos.cli.main import main
+
+    jsonl = run_files(tmp_path, "tiny")
+    out = tmp_path / "page.html"
+    assert main(["view", str(jsonl), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "This run used the tokenizer" not in text  # it was loaded, not only named
+    assert "Token highlighting needs a tokenizer" not in text
+
+
+def test_a_recorded_tokenizer_that_does_not_load_is_a_note(tmp_path, capsys):
+    from atropos.cli.main import main
+
+    jsonl = run_files(tmp_path, str(tmp_path / "no-such-tokenizer"))
+    out = tmp_path / "page.html"
+    assert main(["view", str(jsonl), "-o", str(out)]) == 0
+    assert "does not load here" in capsys.readouterr().out

@@ -98,6 +98,21 @@ def _default_out(first: Path) -> Path:
     return first.with_name(name + ".html")
 
 
+def _recorded(jsonl: Path, prog: str) -> tuple[str | None, Any]:
+    """The tokenizer the run that wrote `jsonl` recorded, loaded (None, None without one; a
+    note and no highlighting when it does not load here, e.g. a hub id offline)."""
+    from atropos.view.read import recorded_tokenizer
+
+    name = recorded_tokenizer(jsonl)
+    if name is None:
+        return None, None
+    try:
+        return name, _load_tokenizer(name)
+    except (ValueError, OSError) as err:
+        print(f"{prog}: note: the run's tokenizer {name!r} does not load here ({err})")
+        return None, None
+
+
 def _load_tokenizer(name: str | None) -> Any:
     if name is None:
         return None
@@ -138,6 +153,8 @@ def _run(args: argparse.Namespace, prog: str, default_out: Path | None) -> int:
     except ValueError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    if tokenizer is None and files:  # the tokenizer the run recorded, when it loads here
+        args.tokenizer, tokenizer = _recorded(files[0], prog)
     limit = args.limit or DEFAULT_LIMIT
     out = args.out or default_out or _default_out(files[0])
 
