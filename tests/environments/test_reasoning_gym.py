@@ -91,9 +91,9 @@ def test_a_misspelt_task_found_in_setup_is_a_config_error():
 
 
 def test_an_unknown_task_setting_lists_the_tasks_settings():
-    env = make(tasks=[{"name": "leg_counting", "config": {"max_legs": 3}}])
+    # refused as the config is read (a usage error), before any env is made
     with pytest.raises(ValueError, match="no setting 'max_legs'; its settings: min_animals"):
-        env.load()
+        make(tasks=[{"name": "leg_counting", "config": {"max_legs": 3}}])
 
 
 # ----- answers and scoring ------------------------------------------------------------------

@@ -204,3 +204,17 @@ def test_serve_says_what_to_do_and_the_api_keeps_the_drops(env_dir, api):
     assert stats["env_dropped"]["identical_scores"] > 0  # the env has gone, its drops stay
     (entry,) = stats["envs"].values()
     assert entry["connected"] is False and entry["env_dropped"]["identical_scores"] > 0
+
+
+def test_a_misspelt_reasoning_gym_setting_is_one_line_and_exit_2(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    config = tmp_path / "rg.yaml"
+    config.write_text("env:\n  tasks:\n  - name: leg_counting\n    config: {max_legs: 3}\n")
+    done = atropos(
+        "env", "process", "reasoning_gym", "--config", str(config), "--testing",
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "reasoning-gym task 'leg_counting' has no setting 'max_legs'" in line, line

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from atropos.environments.reasoning_gym.answers import extract_answer
-from atropos.environments.reasoning_gym.state import TaskState
+from atropos.environments.reasoning_gym.state import TaskState, check_settings
 from atropos.environments.reasoning_gym.tasks import TaskSpec, check_known, parse_tasks, pick
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
@@ -68,6 +68,8 @@ class ReasoningGymConfig(BaseEnvConfig):
         except ImportError:  # named by the runner's missing-package check instead
             return specs
         check_known(specs, DATASETS)
+        for spec in specs:
+            check_settings(spec.name, spec.config)
         return specs
 
 

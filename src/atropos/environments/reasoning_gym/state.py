@@ -14,27 +14,36 @@ functions: this module is light to import.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from atropos.environments.reasoning_gym.tasks import TaskSpec
+from atropos.envs.config import ConfigError
 
-__all__ = ["TaskState", "make_dataset"]
+__all__ = ["TaskState", "check_settings", "make_dataset"]
 
 
-def make_dataset(name: str, settings: dict[str, Any]) -> Any:
-    """The reasoning-gym dataset `name` with `settings` (seed, size and the task's fields); a
-    setting the task does not take raises ValueError naming the task's fields."""
-    import reasoning_gym
+def check_settings(name: str, settings: Iterable[str]) -> None:
+    """ConfigError (a ValueError: the command line's one line and exit 2) naming the settings
+    the reasoning-gym task `name` does not take, and those it does."""
     from reasoning_gym.factory import DATASETS
 
     fields = [f.name for f in dataclasses.fields(DATASETS[name][1])]
     unknown = sorted(set(settings) - set(fields))
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"reasoning-gym task {name!r} has no setting {', '.join(map(repr, unknown))};"
             f" its settings: {', '.join(fields)}"
         )
+
+
+def make_dataset(name: str, settings: dict[str, Any]) -> Any:
+    """The reasoning-gym dataset `name` with `settings` (seed, size and the task's fields);
+    `check_settings` first."""
+    import reasoning_gym
+
+    check_settings(name, settings)
     return reasoning_gym.create_dataset(name, **settings)
 
 
