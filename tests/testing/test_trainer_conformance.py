@@ -191,3 +191,24 @@ def test_a_resumed_trainer_may_publish_a_lower_version_after_registering_again()
     report = api.report()
     assert report.ok, report
     assert report.versions == [0, 1, 0]
+
+
+def test_msgpack_and_gzip_bodies_are_read_and_msgpack_batches_sent() -> None:
+    import gzip
+
+    import msgspec
+
+    with ConformanceApi(batches=1, empty_polls=0, require_publish=False) as api:
+        with httpx.Client(base_url=api.url) as http:
+            packed = msgspec.msgpack.encode(REGISTRATION)
+            mp = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+            assert http.post("/register", content=packed, headers=mp).status_code == 200
+            answer = http.get("/batch", params={"lease": 5}, headers=mp)
+            assert answer.headers["content-type"] == "application/msgpack"
+            leased = msgspec.msgpack.decode(answer.content, type=wire.BatchAnswer)
+            assert leased.batch is not None and leased.batch_id == "conformance-1"
+            ack = gzip.compress(msgspec.json.encode({"batch_id": leased.batch_id}))
+            zipped = {"content-type": "application/json", "content-encoding": "gzip"}
+            assert http.post("/batch/ack", content=ack, headers=zipped).status_code == 200
+    report = api.report()
+    assert report.ok, report

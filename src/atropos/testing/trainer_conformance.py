@@ -38,7 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from atropos import wire
-from atropos.http import Rules, api_error, server_app
+from atropos.http import Rules, api_error, body, server_app
 from atropos.testing.serve import serve_in_thread
 
 __all__ = [
@@ -79,6 +79,7 @@ RULES: dict[str, str] = {
 """Each rule's name and what it asks; a `Violation` names one."""
 
 _READ_ONLY = ("/", "/health", "/info", "/status", "/wandb_info")
+MAX_BODY = 16 * 2**20  # a trainer's bodies are small; a batch is never sent to the API
 
 
 @dataclass
@@ -339,9 +340,9 @@ class ConformanceApi:
 
     async def _decode(self, request: Request, kind: type[Any]) -> tuple[Call, Any]:
         call: Call = request.state.conformance_call
-        raw = await request.body()
         try:
-            value = wire.decode(raw, kind)
+            raw = await body.read_body(request, MAX_BODY, MAX_BODY)  # gzip inflated, bounded
+            value = wire.decode(raw, kind, body.is_msgpack(request))
         except wire.ProtocolError as err:
             with self._lock:
                 self._break("valid_body", f"{kind.__name__}: {err}", call)
@@ -422,7 +423,7 @@ class ConformanceApi:
                 call.answer = "empty"
                 self._last_empty = time.monotonic()
                 return _answer(b'{"batch":null}')
-            return self._serve(served, lease, call)
+            return self._serve(served, lease, call, body.wants_msgpack(request))
 
     def _pace(self, call: Call) -> None:
         """Measure the wait since the last empty answer."""
@@ -433,7 +434,9 @@ class ConformanceApi:
 
     def _next(self, call: Call, leased: bool) -> _Served | None:
         if self._replay:
-            return self._replay.pop(0)
+            again = self._replay.pop(0)
+            again.acked = again.acked or not leased  # a plain GET consumes it, as the API's
+            return again
         script = self.script or []
         if self._empties_left > 0 or len(self._served) >= len(script):
             self._empties_left -= 1
@@ -446,19 +449,27 @@ class ConformanceApi:
             self.done.set()
         return served
 
-    def _serve(self, served: _Served, lease: float | str | None, call: Call) -> Response:
+    def _serve(
+        self, served: _Served, lease: float | str | None, call: Call, msgpack: bool
+    ) -> Response:
+        """The batch as the API sends it: upstream's keys, plus the lease's when leased; msgpack
+        when the trainer's `Accept` asks for it."""
         assert self._registration is not None and self.script is not None
-        groups = b",".join(wire.encode_group(g) for g in self.script[served.index])
-        tail = b""
+        doc: dict[str, Any] = {
+            "batch": [msgspec.json.decode(wire.encode_group(g)) for g in self.script[served.index]]
+        }
         if served.batch_id is not None:
-            step = self._registration.starting_step + served.index + 1
-            expires = time.time() + float(lease or 0)
-            tail = b',"batch_id":"%s","lease_expires":%r,"step":%d' % (
-                served.batch_id.encode(), expires, step)  # fmt: skip
+            doc["batch_id"] = served.batch_id
+            doc["lease_expires"] = time.time() + float(lease or 0)
+            doc["step"] = self._registration.starting_step + served.index + 1
         call.answer = f"batch {served.index + 1}" + (
             f", batch_id {served.batch_id}" if served.batch_id else ""
         )
-        return _answer(b'{"batch":[' + groups + b"]" + tail + b"}")
+        if msgpack:
+            response = Response(msgspec.msgpack.encode(doc), media_type="application/msgpack")
+            response.headers[wire.CONTRACT_HEADER] = wire.CONTRACT_VERSION
+            return response
+        return _answer(doc)
 
     async def _ack(self, request: Request) -> Response:
         call, ack = await self._decode(request, wire.BatchAck)
