@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from atropos.testing import free_port
+
+from .walk import background
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "environments.md"
@@ -56,33 +56,10 @@ def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("local") / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "atropos", "local", "serve", "tiny", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < end, "local serve did not answer /health within 60 s"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+    argv = [sys.executable, "-m", "atropos", "local", "serve", "tiny", "--port", str(port)]
+    with background(argv, log, env=env, health=url):
         yield url + "/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @pytest.fixture

@@ -12,20 +12,20 @@ upload fails: `[non-fatal] Tracing request failed`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from atropos.testing import free_port
+
+from .walk import background
 
 pytest.importorskip("agents")
 pytest.importorskip("torch")
@@ -57,28 +57,6 @@ def environ() -> dict[str, str]:
     return env
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, within: float) -> None:
-    end = time.monotonic() + within
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < end, f"{url}/health did not answer within {within:g} s"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[Path]]]:
     """The quick start's first block, run: the local server and the proxy, each in the
@@ -99,25 +77,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, lis
             60,
         ),
     ]
-    procs: list[subprocess.Popen[bytes]] = []
     paths = []
-    try:
+    with contextlib.ExitStack() as started:
         for i, (args, url, within) in enumerate(runs):
             path = logs / f"server{i}.log"
-            with open(path, "wb") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "atropos", *args],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=environ(),
-                )
-            procs.append(proc)
+            argv = [sys.executable, "-m", "atropos", *args]
+            started.enter_context(background(argv, path, env=environ(), health=url, within=within))
             paths.append(path)
-            wait_healthy(url, proc, path, within)
         yield proxy_url, paths
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
 
 
 def test_the_quick_starts_agent_runs_offline_and_quietly(servers, tmp_path):

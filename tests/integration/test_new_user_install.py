@@ -11,17 +11,16 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from atropos.testing import free_port
+
+from .walk import background
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "evals.md"
@@ -68,34 +67,10 @@ def local_server(commands, tmp_path_factory) -> Iterator[str]:
     """The doc's `atropos local serve ...` on a free port: its base URL."""
     port = free_port()
     folder = tmp_path_factory.mktemp("local")
-    with open(folder / "serve.log", "wb") as out:
-        proc = subprocess.Popen(
-            [*argv(commands[0]), "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=activated(),
-            cwd=folder,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (folder / "serve.log").read_text()[-2000:]
-            assert time.monotonic() < end, "local serve did not answer /health within 60 s"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+    argv_ = [*argv(commands[0]), "--port", str(port)]
+    with background(argv_, folder / "serve.log", env=activated(), cwd=folder, health=url):
         yield url + "/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @pytest.mark.slow

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -25,6 +23,7 @@ from atropos.envs.runner.watch import IDENTICAL_SCORES_HINT
 from atropos.testing import free_port
 
 from .test_new_user import DOC, atropos, first_python_block
+from .walk import background
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -141,61 +140,27 @@ def api(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("ATROPOS_API_KEY", None)
-    log = tmp_path / "api.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "atropos", "api", "serve", "--port", str(port)]
-            + ["--store", "memory"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < end, "the API did not answer /health within 60 s"
-            try:
-                http("GET", url + "/health")
-                break
-            except OSError:
-                time.sleep(0.2)
+    argv = [sys.executable, "-m", "atropos", "api", "serve", "--port", str(port)]
+    log = tmp_path / "api.log"
+    with background([*argv, "--store", "memory"], log, env=env, cwd=tmp_path, health=url):
         http("POST", url + "/register", REGISTRATION)
         http("GET", url + "/batch")  # the trainer has started
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def test_serve_says_what_to_do_and_the_api_keeps_the_drops(env_dir, api):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
     env.pop("ATROPOS_API_KEY", None)
     log = env_dir / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "atropos", "env", "serve", "never.py", "--testing"]
-            + ["--env.rollout_server_url", api, "--env.use_wandb", "false"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=env_dir,
-        )
-    try:
+    argv = [sys.executable, "-m", "atropos", "env", "serve", "never.py", "--testing"]
+    argv += ["--env.rollout_server_url", api, "--env.use_wandb", "false"]
+    with background(argv, log, env=env, cwd=env_dir, grace=60) as proc:
         end = time.monotonic() + 90
         while IDENTICAL_SCORES_HINT not in log.read_text():
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < end, log.read_text()[-3000:]
             time.sleep(0.5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
     text = log.read_text()
     assert proc.returncode == 143, text[-3000:]
     quiet(text)
