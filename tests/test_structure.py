@@ -64,8 +64,11 @@ LAYERS: dict[str, frozenset[str]] = {
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
     "proxy": frozenset({"http", "envs", "inference", "metrics", "rewards"}),
     "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics", "http"}),
-    # the trainer: never the runtime (envs, environments), never the API
-    "trainer": frozenset({"inference", "local", "metrics", "rewards", "tiny"}),  # rewards: GRPO's
+    # the public trainer client: the API's calls, batches as tensors, weights into the servers
+    # (rewards: GRPO's advantage; local: the process group a weight transfer joins, deferred)
+    "client": frozenset({"rewards", "local"}),
+    # the trainer: never the runtime (envs, environments), never the API; built on the client
+    "trainer": frozenset({"client", "inference", "local", "metrics", "rewards", "tiny"}),
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
@@ -80,6 +83,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "cli": frozenset(
         {
             "api",
+            "client",
             "demo",
             "environments",
             "envs",

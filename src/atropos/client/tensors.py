@@ -1,0 +1,190 @@
+"""Samples to training tensors: `collate` (right-padded rows) or `pack` (one row, sequences end
+to end), both as a `MicroBatch`.
+
+Alignment, for one sequence of ``n`` tokens with masks ``m`` (token id where trained, -100 where
+not) and inference logprobs ``q`` (1.0 where not generated)::
+
+    input_ids[j] = tokens[j]        j = 0 .. n-2
+    targets[j]   = m[j + 1]         the token predicted at position j, or -100 (`IGNORE`)
+    old_logp[j]  = q[j + 1]         the server's logprob of that same token (0 where none)
+    advantages[j] = A[j + 1]        the advantage of that same token
+
+Teacher logprobs (`--loss opd`) are shifted like the targets::
+
+    teacher.ids[j, k] = distill_token_ids[j + 1][k]      the teacher's top-k for targets[j]
+
+Padded (`collate`): ``[B, L]`` tensors, ``L`` the longest ``n - 1``, padding on the right
+(`pad_id`, targets `IGNORE`), and ``attention_mask`` 1 on real positions. Packed (`pack`):
+``[1, T]`` tensors, ``T = sum(n_i - 1)``, with ``position_ids`` restarting at 0 for each
+sequence and ``cu_seqlens`` (``[B + 1]``, int32: where each sequence starts, then ``T``), the
+form flash-attention's variable-length kernels take.
+
+This module needs torch and `samples.py` alone (no inference imports), so a benchmark on a bare
+GPU machine builds the trainer's real micro-batches from it (benchmarks/trainer_gpu.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from atropos.client.samples import MISSING, Sample
+
+IGNORE = -100
+"""The label of a position that is not trained (prompt, padding)."""
+
+Layout = Literal["padded", "packed"]
+
+
+@dataclass
+class TeacherTopK:
+    """The teacher's top-k at each target position of a micro-batch, ``[B, T, K]`` each: token
+    ids, their logprobs, and which entries are real (`valid`; padding where a position has
+    fewer than K, and wherever the target is `IGNORE`)."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    valid: torch.Tensor
+
+    def to(self, device: torch.device | str) -> TeacherTopK:
+        """The same tensors on `device`."""
+        return TeacherTopK(self.ids.to(device), self.logprobs.to(device), self.valid.to(device))
+
+
+@dataclass
+class MicroBatch:
+    """Tensors of a few samples (``[B, L]`` padded, ``[1, T]`` packed) plus per-sample metadata.
+
+    `old_logp` are the inference server's logprobs of the targets, `has_old` where there is one
+    (and the target is trained); `advantages` are per target; `scores` ``[B]``. Padded batches
+    have `attention_mask`; packed ones `position_ids` and `cu_seqlens`."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    old_logp: torch.Tensor
+    has_old: torch.Tensor  # bool: the server gave a logprob for this target
+    advantages: torch.Tensor
+    policy_versions: list[int | None]
+    teacher: TeacherTopK | None = None  # with teacher logprobs asked for
+    attention_mask: torch.Tensor | None = None  # padded: 1 on real positions
+    position_ids: torch.Tensor | None = None  # packed: 0.. within each sequence
+    cu_seqlens: torch.Tensor | None = None  # packed: int32 [B + 1] sequence boundaries
+    scores: torch.Tensor | None = None  # [B]: each sequence's score
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Where a target is trained (bool, the shape of `targets`)."""
+        return self.targets != IGNORE
+
+    @property
+    def inference_logprobs(self) -> torch.Tensor:
+        """`old_logp` by the name the protocol gives it."""
+        return self.old_logp
+
+
+def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
+    """Pad samples on the right into one `MicroBatch` (see the module docstring for alignment)."""
+    width = max(len(s.tokens) for s in samples) - 1
+    b = len(samples)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    targets = torch.full((b, width), IGNORE, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    old = torch.zeros((b, width), dtype=torch.float32)
+    has_old = torch.zeros((b, width), dtype=torch.bool)
+    adv = torch.zeros((b, width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        n = len(s.tokens) - 1
+        if n <= 0:
+            continue
+        input_ids[row, :n] = torch.tensor(s.tokens[:-1])
+        targets[row, :n] = torch.tensor(s.masks[1:])
+        attention[row, :n] = 1
+        adv[row, :n] = torch.tensor(s.advantages[1:])
+        if s.old_logprobs is not None:
+            q = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
+            ok = (q <= 0.0) & (q > MISSING)  # the marker and anything below it: no logprob
+            old[row, :n] = torch.where(ok, q, torch.zeros_like(q))
+            has_old[row, :n] = ok
+    has_old &= targets != IGNORE
+    return MicroBatch(
+        input_ids=input_ids,
+        targets=targets,
+        old_logp=old,
+        has_old=has_old,
+        advantages=adv,
+        policy_versions=[s.policy_version for s in samples],
+        teacher=collate_teacher(samples, targets),
+        attention_mask=attention,
+        scores=torch.tensor([s.score for s in samples], dtype=torch.float32),
+    )
+
+
+def pack(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
+    """The samples end to end in one row (``[1, T]``), with `position_ids` and `cu_seqlens`
+    (module docstring); the same values as `collate`'s rows without their padding."""
+    padded = collate(samples, pad_id)
+    lengths = [max(len(s.tokens) - 1, 0) for s in samples]
+
+    def joined(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[row, :n] for row, n in enumerate(lengths)]).unsqueeze(0)
+
+    teacher = padded.teacher
+    if teacher is not None:
+        teacher = TeacherTopK(joined(teacher.ids), joined(teacher.logprobs), joined(teacher.valid))
+    bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return replace(
+        padded,
+        input_ids=joined(padded.input_ids),
+        targets=joined(padded.targets),
+        old_logp=joined(padded.old_logp),
+        has_old=joined(padded.has_old),
+        advantages=joined(padded.advantages),
+        teacher=teacher,
+        attention_mask=None,
+        position_ids=torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
+        cu_seqlens=bounds,
+    )
+
+
+def to_tensors(samples: Sequence[Sample], layout: Layout = "padded", pad_id: int = 0) -> MicroBatch:
+    """`collate` or `pack`, by `layout`."""
+    if layout == "padded":
+        return collate(samples, pad_id)
+    if layout == "packed":
+        return pack(samples, pad_id)
+    raise ValueError(f"layout {layout!r}: expected 'padded' or 'packed'")
+
+
+def collate_teacher(samples: Sequence[Sample], targets: torch.Tensor) -> TeacherTopK | None:
+    """The samples' teacher top-k as ``[B, T, K]`` tensors aligned with `targets` (None when
+    the samples carry none). K is the most entries any trained position has; an entry is
+    valid where it exists, its target is trained and its logprob is a real one (above the
+    "no logprob" marker)."""
+    if not samples or any(s.teacher_ids is None or s.teacher_logprobs is None for s in samples):
+        return None
+    b, width = targets.shape
+    trained = targets != IGNORE
+    positions = [trained[row].nonzero().flatten().tolist() for row in range(b)]
+    rows = [
+        ([s.teacher_ids[j + 1] for j in at], [s.teacher_logprobs[j + 1] for j in at])
+        for s, at in zip(samples, positions, strict=True)
+        if s.teacher_ids is not None and s.teacher_logprobs is not None
+    ]
+    k = max((len(top) for top_ids, _ in rows for top in top_ids), default=1) or 1
+    ids = torch.zeros((b, width, k), dtype=torch.long)
+    lps = torch.full((b, width, k), MISSING, dtype=torch.float32)
+    for row, (at, (top_ids, top_lps)) in enumerate(zip(positions, rows, strict=True)):
+        if at:  # one tensor per row: the trained positions' entries, padded to k
+            ids[row, at] = torch.tensor([t + [0] * (k - len(t)) for t in top_ids])
+            lps[row, at] = torch.tensor([p + [MISSING] * (k - len(p)) for p in top_lps])
+    valid = (lps > MISSING) & trained.unsqueeze(-1)
+    return TeacherTopK(ids=ids, logprobs=lps, valid=valid)
+
+
+def micro_batches(samples: Sequence[Sample], size: int, pad_id: int = 0) -> Iterator[MicroBatch]:
+    """Consecutive chunks of `size` samples, each collated."""
+    for start in range(0, len(samples), size):
+        yield collate(samples[start : start + size], pad_id)
