@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atropos.trainer.data import MissingTeacher, collate, samples_from_groups  # noqa: E402
-from atropos.trainer.distill import TeacherTopK, opd_loss, teacher_logprob_of  # noqa: E402
+from atropos.client.samples import MissingTeacher, samples_from_groups  # noqa: E402
+from atropos.client.tensors import TeacherTopK, collate  # noqa: E402
+from atropos.trainer.distill import opd_loss, teacher_logprob_of  # noqa: E402
 from atropos.trainer.loss import IGNORE  # noqa: E402
 from atropos.wire import Group  # noqa: E402
 

@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from atropos.client.samples import samples_from_groups  # noqa: E402
+from atropos.client.tensors import collate  # noqa: E402
 from atropos.rewards.group import group_advantages  # noqa: E402
-from atropos.trainer.data import collate, samples_from_groups  # noqa: E402
 from atropos.trainer.loss import policy_loss, token_logprobs  # noqa: E402
 from atropos.wire import Group  # noqa: E402
 

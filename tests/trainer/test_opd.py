@@ -17,13 +17,13 @@ import pytest
 pytest.importorskip("torch")
 
 from atropos.api.app import create_app  # noqa: E402
+from atropos.client import MissingTeacher  # noqa: E402
 from atropos.envs import registry  # noqa: E402
 from atropos.envs.cli import main  # noqa: E402
 from atropos.local.engine import Engine  # noqa: E402
 from atropos.local.server import LocalServer  # noqa: E402
 from atropos.testing import serve_in_thread  # noqa: E402
 from atropos.testing.serve import local_tiny_server  # noqa: E402
-from atropos.trainer.data import MissingTeacher  # noqa: E402
 from atropos.trainer.train import train  # noqa: E402
 
 from .helpers import config, metrics, push_groups  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from atropos.client.samples import MISSING, Sample  # noqa: E402
 from atropos.inference.base import MISSING_LOGPROB  # noqa: E402
-from atropos.trainer.batch import MISSING, Sample  # noqa: E402
 from atropos.trainer.checkpoint import load_optimizer  # noqa: E402
 from atropos.trainer.ranks import Ranks  # noqa: E402
 from atropos.trainer.step import my_micro_batches  # noqa: E402

@@ -116,7 +116,7 @@ def test_bad_flags_are_named(tiny_model_dir: Path) -> None:
 def test_batches_in_a_checkpoint_are_not_trained_again_if_the_ack_was_lost(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from atropos.trainer.client import TrainerClient
+    from atropos.client import TrainerClient
 
     real_ack = TrainerClient.ack
 

@@ -91,8 +91,8 @@ def test_a_vllm_server_gets_the_nccl_unique_id_and_the_tensors_in_order(
 
     import torch
 
+    from atropos.client.transfer import SyncError, TransferClient
     from atropos.local import group as groups
-    from atropos.trainer.transfer import SyncError, TransferClient
 
     sent: list[Any] = []
 
@@ -192,7 +192,7 @@ class _SentGroup:
 
 
 def _sglang_client(url: str, http: httpx.Client, pause: str) -> Any:
-    from atropos.trainer.transfer import TransferClient
+    from atropos.client.transfer import TransferClient
 
     client = TransferClient([url], http, server_type="sglang", pause=pause, timeout=5)
     client.group, client.group_name = _SentGroup(), "g"  # as connect() leaves them
@@ -258,7 +258,7 @@ def test_a_failed_sglang_push_still_ends_the_session_and_resumes(refuse: str) ->
     (SGLang's /health would hang) nor inside a session (the next begin would be refused)."""
     import torch
 
-    from atropos.trainer.transfer import SyncError
+    from atropos.client.transfer import SyncError
 
     calls: list[tuple[str, Any]] = []
     app = _fake_sglang(calls, sessions=True, refuse=refuse)
@@ -294,7 +294,7 @@ def test_transfer_timeout_bounds_a_server_that_never_joins(
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from atropos.trainer.transfer import SyncError
+    from atropos.client.transfer import SyncError
 
     async def world(request: Request) -> JSONResponse:
         return JSONResponse({"world_size": 1})

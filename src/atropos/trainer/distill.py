@@ -38,31 +38,16 @@ Two modes (`--opd-mode`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from atropos.client.tensors import TeacherTopK
 from atropos.trainer.loss import LossStats, policy_loss, sequence_mean
 
 OpdMode = Literal["reverse", "topk_forward"]
 
 _FAR = -1e9  # stands in for "no entry" before a softmax: exp(_FAR - max) is exactly 0
-
-
-@dataclass
-class TeacherTopK:
-    """The teacher's top-k at each target position of a micro-batch, ``[B, T, K]`` each: token
-    ids, their logprobs, and which entries are real (`valid`; padding where a position has
-    fewer than K, and wherever the target is `IGNORE`)."""
-
-    ids: torch.Tensor
-    logprobs: torch.Tensor
-    valid: torch.Tensor
-
-    def to(self, device: torch.device | str) -> TeacherTopK:
-        """The same tensors on `device`."""
-        return TeacherTopK(self.ids.to(device), self.logprobs.to(device), self.valid.to(device))
 
 
 def teacher_logprob_of(

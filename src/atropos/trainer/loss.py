@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100  # label of a token that is not trained (prompt, padding)
+from atropos.client.tensors import IGNORE  # label of a token that is not trained
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,10 @@ over the ranks under torchrun (`fsdp.shard`), builds AdamW and restores its stat
   batches a checkpoint now covers, the step's metrics;
 - `finish`: a last checkpoint for batches no checkpoint covers yet, and their acknowledgement.
 
-Only rank 0 talks to the API and the inference servers; the others take part in every gather
-and checkpoint. With one process (no torchrun) every exchange is a no-op.
+Only rank 0 talks to the API and the inference servers, through the public trainer client
+(`atropos.client`: `TrainerClient` for the API, its `Publisher`, here `sync.WeightSync`, for the
+servers); the others take part in every gather and checkpoint. With one process (no torchrun)
+every exchange is a no-op.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from atropos.client.samples import Sample
+from atropos.client.transfer import named_tensors, whole
 from atropos.metrics import MetricsSink
-from atropos.trainer.batch import Sample
 from atropos.trainer.checkpoint import (
     latest_checkpoint,
     load_lora_weights,
@@ -42,10 +45,9 @@ from atropos.trainer.fsdp import checkpoint_activations, full_state_dict, shard
 from atropos.trainer.ranks import Ranks
 from atropos.trainer.step import StepSettings, Tally, train_step
 from atropos.trainer.stop import Interrupted, Waiting
-from atropos.trainer.transfer import named_tensors, whole
 
 if TYPE_CHECKING:
-    from atropos.trainer.client import TrainerClient
+    from atropos.client import TrainerClient
     from atropos.trainer.sync import WeightSync
     from atropos.trainer.train import TrainConfig
 
@@ -156,7 +158,8 @@ class Session:
         return model, reference
 
     def _rank0_clients(self) -> tuple[WeightSync, TrainerClient]:
-        from atropos.trainer.client import TrainerClient
+        """The servers' publisher and the API's client that holds it (closed with it)."""
+        from atropos.client import TrainerClient
         from atropos.trainer.sync import WeightSync
 
         cfg = self.cfg
@@ -171,7 +174,7 @@ class Session:
             ),
         )  # fmt: skip
         key = cfg.api_key.get_secret_value() if cfg.api_key else None
-        return sync, TrainerClient(cfg.api_url, key, cfg.patience)
+        return sync, TrainerClient(cfg.api_url, key, cfg.patience, publisher=sync)
 
     # ----- start ------------------------------------------------------------------------------
 
@@ -242,7 +245,7 @@ class Session:
     def _lease_round(self, stopping: Any) -> Round:
         """Rank 0: poll the API for up to `ROUND_S` seconds; a batch, nothing yet, a stop, or
         a batch that cannot be trained (the error goes to every rank)."""
-        from atropos.trainer.data import MissingTeacher, samples_from_groups
+        from atropos.client import MissingTeacher
 
         assert self.api is not None
         cfg = self.cfg
@@ -254,7 +257,7 @@ class Session:
         if batch is None:
             return Round("wait")
         try:
-            samples = samples_from_groups(batch.groups, cfg.seq_len, teacher=cfg.loss == "opd")
+            samples = batch.samples(cfg.seq_len, teacher=cfg.loss == "opd")
         except MissingTeacher as err:
             self.refused = err
             return Round("error", detail=str(err))
@@ -352,8 +355,8 @@ class Session:
 
     def close(self) -> None:
         if self.api is not None:
-            self.api.close()
-        if self.sync is not None:
+            self.api.close()  # and its publisher, `self.sync`
+        elif self.sync is not None:
             self.sync.close()
 
     # ----- metrics -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from atropos.trainer.batch import MicroBatch, Sample, collate
+from atropos.client.samples import Sample
+from atropos.client.tensors import MicroBatch, collate
 from atropos.trainer.distill import OpdMode, opd_loss
 from atropos.trainer.fsdp import grad_norm_value
 from atropos.trainer.loss import LossStats, policy_loss, token_logprobs
