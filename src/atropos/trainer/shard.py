@@ -3,7 +3,8 @@
 Ranks step together, so a step takes as long as its busiest rank: a batch is split so that every
 rank gets about the same number of tokens, not the same number of sequences. `balanced_split`
 is the longest-processing-time rule: sequences in order of decreasing length, each to the rank
-with the fewest tokens so far (ties to the lowest rank). Its guarantees, checked by property
+with the fewest tokens so far (ties to the rank with fewer sequences, then the lowest rank, so
+empty sequences spread too). Its guarantees, checked by property
 tests (tests/trainer/test_shard.py): every sequence goes to exactly one rank; the busiest rank
 holds at most the least busy one's tokens plus the longest sequence; with at least as many
 sequences as ranks, no rank is empty; and within a rank sequences keep the batch's order.
@@ -28,10 +29,10 @@ def balanced_split(lengths: Sequence[int], ranks: int) -> list[list[int]]:
     if any(n < 0 for n in lengths):
         raise ValueError("sequence lengths cannot be negative")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    loads = [(0, rank) for rank in range(ranks)]  # (tokens so far, rank): a min-heap
+    loads = [(0, 0, rank) for rank in range(ranks)]  # (tokens, sequences, rank): a min-heap
     shares: list[list[int]] = [[] for _ in range(ranks)]
     for i in order:
-        tokens, rank = heapq.heappop(loads)
+        tokens, count, rank = heapq.heappop(loads)
         shares[rank].append(i)
-        heapq.heappush(loads, (tokens + lengths[i], rank))
+        heapq.heappush(loads, (tokens + lengths[i], count + 1, rank))
     return [sorted(share) for share in shares]
