@@ -9,13 +9,14 @@ on luck; a developer's runs keep exploring new ones."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,55 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
+
+
+ATTACK_KIT = """const api = "API";
+const plan = PLAN;
+const results = {};
+let frames = 0;
+const waits = [];
+const settle = (name, promise) => waits.push(Promise.race([
+  promise.then(r => { results[name] = r.type === "opaque" ? "opaque" : r.status; },
+               e => { results[name] = "rejected: " + e; }),
+  new Promise(done => setTimeout(() => { results[name] = results[name] || "no answer"; done(); },
+                                 4000)),
+]));
+const text = (path, body) => settle("text " + path, fetch(api + path, {
+  method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body: body}));
+const blob = (path, body) => settle("blob " + path, fetch(api + path, {
+  method: "POST", mode: "no-cors", body: new Blob([body])}));
+const form = (path, doc) => waits.push(new Promise(done => {
+  const frame = document.createElement("iframe");
+  frame.name = "sink" + frames++;
+  document.body.appendChild(frame);
+  const f = document.createElement("form");
+  f.method = "POST"; f.action = api + path; f.enctype = "text/plain"; f.target = frame.name;
+  const input = document.createElement("input");  // sends NAME=VALUE: {..., "x": "="}
+  input.name = JSON.stringify(doc).slice(0, -1) + ',"x":"';
+  input.value = '"}';
+  f.appendChild(input);
+  document.body.appendChild(f);
+  frame.onload = done;
+  setTimeout(done, 4000);
+  f.submit();
+}));
+"""
+"""What an attacker's page has at hand: `text(path, body)` (a no-cors text/plain fetch),
+`blob(path, body)` (a no-cors fetch with a typeless Blob), `form(path, doc)` (a text/plain form
+POST into a frame), `settle`, `results` (name -> status, "opaque", "rejected..." or "no
+answer") and `waits` (a promise per request sent); `plan` and `api` are the page's inputs."""
+
+
+@pytest.fixture(scope="session")
+def attack_page() -> Callable[[str, Any, str], str]:
+    """`attack_page(api_url, plan, script)`: an attacker's HTML page: `ATTACK_KIT` with `api`
+    and `plan` (JSON) filled in, then `script`."""
+
+    def page(url: str, plan: Any, script: str) -> str:
+        kit = ATTACK_KIT.replace("API", url).replace("PLAN", json.dumps(plan))
+        return f"<!doctype html><html><body><script>\n{kit}{script}"
+
+    return page
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ resolver Chromium does not let a test supply: tests/test_http_rules.py covers th
 
 from __future__ import annotations
 
-import json
 import select
 import shutil
 import socket
@@ -30,38 +29,7 @@ from atropos.local.server import LocalServer
 from atropos.testing import serve_in_thread
 
 MODEL = "tiny"
-ATTACK = """<!doctype html><html><body><script>
-const api = "API";
-const plan = PLAN;
-const results = {};
-let frames = 0;
-const waits = [];
-const settle = (name, promise) => waits.push(Promise.race([
-  promise.then(r => { results[name] = r.type === "opaque" ? "opaque" : r.status; },
-               e => { results[name] = "rejected: " + e; }),
-  new Promise(done => setTimeout(() => { results[name] = results[name] || "no answer"; done(); },
-                                 4000)),
-]));
-const text = (path, body) => settle("text " + path, fetch(api + path, {
-  method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body: body}));
-const blob = (path, body) => settle("blob " + path, fetch(api + path, {
-  method: "POST", mode: "no-cors", body: new Blob([body])}));
-const form = (path, doc) => waits.push(new Promise(done => {
-  const frame = document.createElement("iframe");
-  frame.name = "sink" + frames++;
-  document.body.appendChild(frame);
-  const f = document.createElement("form");
-  f.method = "POST"; f.action = api + path; f.enctype = "text/plain"; f.target = frame.name;
-  const input = document.createElement("input");  // sends NAME=VALUE: {..., "x": "="}
-  input.name = JSON.stringify(doc).slice(0, -1) + ',"x":"';
-  input.value = '"}';
-  f.appendChild(input);
-  document.body.appendChild(f);
-  frame.onload = done;
-  setTimeout(done, 4000);
-  f.submit();
-}));
-for (const [path, doc] of plan) {
+ATTACK = """for (const [path, doc] of plan) {
   const body = JSON.stringify(doc);
   text(path, body);
   blob(path, body);
@@ -117,9 +85,16 @@ def snapshot(c: httpx.Client) -> dict[str, Any]:
 
 
 def test_an_attackers_page_in_chromium_changes_nothing_on_local_serve(
-    attacker_site, browser, recorder, model_dir, other_model_dir, tmp_path_factory, rendezvous
+    attacker_site,
+    attack_page,
+    browser,
+    recorder,
+    model_dir,
+    other_model_dir,
+    tmp_path_factory,
+    rendezvous,
 ):
-    """`attacker_site`, `browser`, `recorder`: tests/conftest.py."""
+    """`attacker_site`, `attack_page`, `browser`, `recorder`: tests/conftest.py."""
     folder, origin = attacker_site
     lora_dir = adapter(model_dir, tmp_path_factory.mktemp("lora") / "evil")
     reload_dir = tmp_path_factory.mktemp("ckpt") / "other"
@@ -151,7 +126,7 @@ def test_an_attackers_page_in_chromium_changes_nothing_on_local_serve(
         with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
             before = snapshot(c)
             assert before["paused"] == {"is_paused": False} and before["models"] == [MODEL]
-            page_text = ATTACK.replace("API", url).replace("PLAN", json.dumps(plan))
+            page_text = attack_page(url, plan, ATTACK)
             (folder / "index.html").write_text(page_text)
             app.clear()
             context = browser.new_context()

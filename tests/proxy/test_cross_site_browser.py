@@ -10,7 +10,6 @@ with its turns and no reward, and no generation request reached the inference se
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,38 +26,7 @@ from .helpers import make_proxy
 HELLO: Any = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "messages": HELLO, "max_tokens": 8}
 GENERATION = ("/v1/completions", "/v1/chat/completions", "/generate", "/generate/")
-ATTACK = """<!doctype html><html><body><script>
-const api = "API";
-const plan = PLAN;
-const results = {};
-let frames = 0;
-const waits = [];
-const settle = (name, promise) => waits.push(Promise.race([
-  promise.then(r => { results[name] = r.type === "opaque" ? "opaque" : r.status; },
-               e => { results[name] = "rejected: " + e; }),
-  new Promise(done => setTimeout(() => { results[name] = results[name] || "no answer"; done(); },
-                                 4000)),
-]));
-const text = (path, body) => settle("text " + path, fetch(api + path, {
-  method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body: body}));
-const blob = (path, body) => settle("blob " + path, fetch(api + path, {
-  method: "POST", mode: "no-cors", body: new Blob([body])}));
-const form = (path, doc) => waits.push(new Promise(done => {
-  const frame = document.createElement("iframe");
-  frame.name = "sink" + frames++;
-  document.body.appendChild(frame);
-  const f = document.createElement("form");
-  f.method = "POST"; f.action = api + path; f.enctype = "text/plain"; f.target = frame.name;
-  const input = document.createElement("input");  // sends NAME=VALUE: {..., "x": "="}
-  input.name = JSON.stringify(doc).slice(0, -1) + ',"x":"';
-  input.value = '"}';
-  f.appendChild(input);
-  document.body.appendChild(f);
-  frame.onload = done;
-  setTimeout(done, 4000);
-  f.submit();
-}));
-const load = (tag, path) => waits.push(new Promise(done => {
+ATTACK = """const load = (tag, path) => waits.push(new Promise(done => {
   const el = document.createElement(tag);
   el.onload = el.onerror = done;
   setTimeout(done, 4000);
@@ -103,9 +71,9 @@ def state(proxy: Proxy) -> dict[str, tuple[int, Any, int, bool]]:
 
 
 def test_an_attackers_page_in_chromium_changes_nothing_on_the_proxy(
-    attacker_site, browser, recorder, fake
+    attacker_site, attack_page, browser, recorder, fake
 ):
-    """`attacker_site`, `browser`, `recorder`: tests/conftest.py."""
+    """`attacker_site`, `attack_page`, `browser`, `recorder`: tests/conftest.py."""
     folder, origin = attacker_site
     proxy = make_proxy(fake.base_url)  # no proxy key: a default run on one machine
     app = recorder(build_app(proxy))
@@ -134,7 +102,7 @@ def test_an_attackers_page_in_chromium_changes_nothing_on_the_proxy(
             "deletes": [f"/sessions/{sid}", f"/{uuid}"],
             "json": [("/sessions", {}), (f"/{uuid}/v1/chat/completions", CHAT)],
         }
-        page_text = ATTACK.replace("API", url).replace("PLAN", json.dumps(plan))
+        page_text = attack_page(url, plan, ATTACK)
         (folder / "index.html").write_text(page_text)
         fake.reset_counters()
         app.clear()
