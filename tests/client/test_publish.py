@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -98,3 +99,52 @@ def test_transfer_wants_a_model_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="pass the model"):
         publisher.sync(tmp_path, 1)
     publisher.close()
+
+
+def test_the_async_client_publishes_too(server: str) -> None:
+    async def run(url: str) -> int:
+        async with AsyncTrainerClient(url, patience=5, servers=server) as client:
+            return await client.publish(str(policy_path()), version=7)
+
+    with serve_in_thread(create_app()) as url:
+        assert asyncio.run(run(url)) == 7
+        assert httpx.get(f"{url}/status").json()["policy_version"] == 7
+    assert complete(server) == 7
+
+
+def test_a_pause_past_its_deadline_is_named_and_lifted() -> None:
+    said: list[str] = []
+
+    async def pause(request: object) -> PlainTextResponse:
+        said.append("pause")
+        await asyncio.sleep(3)  # requests in flight that do not finish
+        return PlainTextResponse("ok")
+
+    async def resume(request: object) -> PlainTextResponse:
+        said.append("resume")
+        return PlainTextResponse("ok")
+
+    routes = [Route("/pause", pause, methods=["POST"]), Route("/resume", resume, methods=["POST"])]
+    with serve_in_thread(Starlette(routes=routes)) as url:
+        publisher = Publisher("reload", f"{url}/v1")
+        with pytest.raises(SyncError, match="not paused within 0.3 s"):
+            with publisher.paused(timeout=0.3):
+                pass
+        publisher.close()
+    assert said == ["pause", "resume"]  # a pause that may still land is lifted
+
+
+def test_lora_publishes_an_adapter_directory_by_name(tmp_path: Path) -> None:
+    bodies: list[dict] = []
+
+    async def load(request: Any) -> PlainTextResponse:
+        bodies.append(await request.json())
+        return PlainTextResponse("Success: LoRA adapter 'policy' added successfully.")
+
+    app = Starlette(routes=[Route("/v1/load_lora_adapter", load, methods=["POST"])])
+    with serve_in_thread(app) as url:
+        publisher = Publisher("lora", f"{url}/v1")
+        publisher.sync(tmp_path, 3)
+        publisher.close()
+    assert bodies == [{"lora_name": "policy", "lora_path": str(tmp_path), "load_inplace": True}]
+    assert publisher.served_version == 3
