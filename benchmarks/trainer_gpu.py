@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # a bare checkout
 
-from atropos.trainer.batch import Sample  # noqa: E402
+from atropos.client.samples import Sample  # noqa: E402
 from atropos.trainer.fsdp import checkpoint_activations, shard  # noqa: E402
 from atropos.trainer.ranks import Ranks  # noqa: E402
 from atropos.trainer.step import StepSettings, train_step  # noqa: E402

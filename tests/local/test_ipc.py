@@ -21,9 +21,9 @@ import httpx
 import pytest
 import torch
 
+from atropos.client.transfer import SyncError, TransferClient
 from atropos.local.ipc import IpcError, read_handles
 from atropos.local.weights import load_fp32, weights_checksum
-from atropos.trainer.transfer import SyncError, TransferClient
 
 from .test_transfer import LONG, Server, serve_subprocess
 

@@ -1,5 +1,5 @@
 """In-flight weight updates into `atropos local serve` over a gloo group (vLLM's and SGLang's
-routes), driven by the trainer's own client (`atropos.trainer.transfer.TransferClient`).
+routes), driven by the trainer's own client (`atropos.client.transfer.TransferClient`).
 
 The server runs as a subprocess on 127.0.0.1 (a process holds a group by name, so the trainer's
 end lives in this one); one server serves the module, each test opens a group of its own. A
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from atropos.client.transfer import SyncError, TransferClient
 from atropos.demo.procs import wait_until_up
 from atropos.local.weights import load_fp32, weights_checksum
 from atropos.testing import free_port
-from atropos.trainer.transfer import SyncError, TransferClient
 
 PROMPT = [5, 17, 42, 7]
 LONG = {

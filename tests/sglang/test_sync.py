@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from atropos.client.transfer import TransferClient  # noqa: E402
 from atropos.testing.server_process import tiny_policy_path  # noqa: E402
 from atropos.testing.sglang import SGLangServer  # noqa: E402
-from atropos.trainer.transfer import TransferClient  # noqa: E402
 
 from ..trainer.helpers import trained as train_against  # noqa: E402
 from .helpers import PROMPT, TOLERANCE, gap, hf_prompt_logprobs, served_prompt_logprobs  # noqa: E402

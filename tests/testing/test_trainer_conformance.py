@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from atropos import wire
+from atropos.client import TrainerClient
 from atropos.testing.trainer_conformance import (
     MIN_POLL_INTERVAL,
     RULES,
@@ -15,11 +16,6 @@ from atropos.testing.trainer_conformance import (
     check_trainer,
     synthetic_group,
 )
-
-try:  # the trainer's client, moving to the public `atropos.client` package
-    from atropos.client.api import TrainerClient
-except ImportError:  # pragma: no cover - before the move
-    from atropos.trainer.client import TrainerClient  # type: ignore[no-redef]
 
 REGISTRATION = {
     "wandb_group": "g",

@@ -25,11 +25,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from atropos.client.transfer import TransferClient  # noqa: E402
 from atropos.inference.manager import ServerManager  # noqa: E402
 from atropos.local.weights import untied_copy  # noqa: E402
 from atropos.testing.vllm import VLLMServer, tiny_policy_path  # noqa: E402
 from atropos.trainer.sync import WeightSync  # noqa: E402
-from atropos.trainer.transfer import TransferClient  # noqa: E402
 
 from .helpers import Target  # noqa: E402
 

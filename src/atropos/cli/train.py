@@ -64,8 +64,7 @@ def main(argv: list[str]) -> int:
     if check:
         print(json.dumps(start_point(cfg)))
         return 0
-    from atropos.trainer.client import ApiError
-    from atropos.trainer.sync import SyncError
+    from atropos.client import ApiError, SyncError
     from atropos.trainer.train import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
