@@ -274,3 +274,41 @@ def test_process_runs_against_the_cpu_server(tmp_path):
     [group] = read_jsonl(out)
     assert len(group["tokens"]) == 2 and group["token_source"] == "server"
     assert [len(lp) for lp in group["inference_logprobs"]] == [len(t) for t in group["tokens"]]
+
+
+LOAD_AT_ONCE = """
+import sys, threading
+from pathlib import Path
+from atropos.environments.textworld.game import TextWorldBackend
+
+errors = []
+
+def load():
+    try:
+        TextWorldBackend(Path(sys.argv[1])).start()
+    except Exception as err:
+        errors.append(repr(err))
+
+threads = [threading.Thread(target=load) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors)
+"""
+
+
+def test_games_loaded_by_many_threads_at_once_all_load(game_file):
+    # in a fresh process: TextWorld parses its logic once per process, and TatSu's parser
+    # state is shared, so 8 threads loading at once failed 8 of 8 games without a lock
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AT_ONCE, str(game_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout[-2000:]

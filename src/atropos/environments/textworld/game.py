@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,12 @@ def _quiet_jericho() -> Iterator[None]:
         yield
 
 
+_LOADING = threading.Lock()
+"""TextWorld loads a game by parsing its logic with TatSu, whose parser state is shared: two
+threads loading at once corrupt it (`IndexError: pop from empty list`, 8 of 8 games failed with
+8 threads). Loads (`textworld.start` and the first `reset`) take turns; steps do not."""
+
+
 class TextWorldBackend:
     """A TextWorld-generated game through `textworld.start` (score tracked from its `.json`)."""
 
@@ -129,14 +136,15 @@ class TextWorldBackend:
         infos = textworld.EnvInfos(
             score=True, max_score=True, won=True, lost=True, admissible_commands=list_commands
         )
-        with _quiet_jericho():
+        with _LOADING, _quiet_jericho():
             self.env = textworld.start(str(path), request_infos=infos)
         self.walkthrough = walkthrough(path)
         self.max_score = 0
         self.state: Any = None
 
     def start(self) -> str:
-        self.state = self.env.reset()
+        with _LOADING:
+            self.state = self.env.reset()
         self.max_score = int(self.state["max_score"])
         return str(self.state.feedback)
 
