@@ -8,11 +8,13 @@ kit (`atropos.testing.trainer_conformance`) plays the API and reports every rule
 
 Sources read for each pattern (stored snapshots, not live pages):
 
-- axolotl: `axolotl-ai-cloud/plugin-atropos`, `src/plugin_atropos/plugin.py`
-  (`post_trainer_create`) and `src/plugin_atropos/datasets.py` (`get_dataset`);
+- axolotl: `axolotl-ai-cloud/plugin-atropos` @ 83fcafd (and its history),
+  `src/plugin_atropos/plugin.py` (`post_trainer_create`), `src/plugin_atropos/datasets.py`
+  (`get_dataset`), `examples/*.yaml`;
 - verl: `verl-project/verl-recipe` @ 48ea0a7, `atropos/atropos_client.py`,
   `atropos/atropos_ray_trainer.py` (`fit`), `atropos/generate_proxy.py`;
-- Tinker: `NousResearch/tinker-atropos`, `tinker_atropos/trainer.py`, `tinker_atropos/config.py`;
+- Tinker: `NousResearch/tinker-atropos`, `tinker_atropos/trainer.py` @ 0011b8a,
+  `tinker_atropos/config.py` @ 74c6394;
 - SkyRL: `NovaSky-AI/SkyRL` @ a956457 has no Atropos integration; its pattern for outside
   environment frameworks is a `GeneratorInterface` (`skyrl/train/generators/base.py`; the
   verifiers one in `examples/train_integrations/verifiers/verifiers_generator.py`).
@@ -64,8 +66,8 @@ class AxolotlCfg:
     """The axolotl config keys the plugin reads (`cfg.trl.num_generations` as `num_generations`)."""
 
     num_generations: int = GROUP
-    micro_batch_size: int = 2  # sequences per device per micro-step
-    gradient_accumulation_steps: int = 4
+    micro_batch_size: int = 2 * GROUP  # sequences per device per micro-step (TRL's batch)
+    gradient_accumulation_steps: int = 2
     world_size: int = 1
     sequence_len: int = 2048
     max_steps: int = 2
@@ -75,15 +77,26 @@ class AxolotlCfg:
     wandb_run_group: str | None = None
     atropos_starting_step: int = 0
 
+    @property
+    def per_step(self) -> int:
+        """Sequences one optimizer step trains on."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
 
-def axolotl_registration(cfg: AxolotlCfg, recipe: bool) -> dict[str, Any]:
-    """`AtroposPlugin.post_trainer_create`'s body; `recipe`: batch_size as docs/integrations.md
-    sets it (sequences per optimizer step) instead of `num_generations`."""
-    per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * cfg.world_size
+
+# `post_trainer_create`'s batch_size: at f2d6cc5 and before (what docs/trainer-contract.md
+# quotes), then from 87e066d to HEAD (83fcafd, 2025-07-17)
+AXOLOTL_BATCH_SIZE = {
+    "f2d6cc5": lambda cfg: cfg.num_generations,
+    "83fcafd": lambda cfg: cfg.num_generations * cfg.gradient_accumulation_steps * cfg.world_size,
+}
+
+
+def axolotl_registration(cfg: AxolotlCfg, commit: str = "83fcafd") -> dict[str, Any]:
+    """`AtroposPlugin.post_trainer_create`'s body at `commit`."""
     return {
         "wandb_group": cfg.wandb_run_group or "default",
         "wandb_project": cfg.wandb_project,
-        "batch_size": per_step if recipe else cfg.num_generations,
+        "batch_size": AXOLOTL_BATCH_SIZE[commit](cfg),
         "max_token_len": cfg.sequence_len,
         "starting_step": cfg.atropos_starting_step,
         "checkpoint_dir": cfg.output_dir,
@@ -92,39 +105,47 @@ def axolotl_registration(cfg: AxolotlCfg, recipe: bool) -> dict[str, Any]:
     }
 
 
-def run_axolotl(url: str, cfg: AxolotlCfg, recipe: bool, done: threading.Event) -> None:
+def run_axolotl(url: str, cfg: AxolotlCfg, commit: str, done: threading.Event) -> None:
     """Register (errors printed, not raised), then the data provider's loop: `get_data` polls a
     plain `GET /batch`, sleeping 1 s after an empty answer; the worker waits `fetch_delay` 0.5 s
     between fetches. No lease, no ack, no `POST /policy_version`."""
-    raw_register(url, axolotl_registration(cfg, recipe), swallow=True)
+    raw_register(url, axolotl_registration(cfg, commit), swallow=True)
     while not done.is_set():
         if raw_poll(url, sleep=1.0, stop=done) is None:
             return
         time.sleep(0.5)
 
 
-def check_axolotl(cfg: AxolotlCfg, recipe: bool) -> Report:
-    per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * cfg.world_size
-    options = {"expect_batch_size": per_step, "require_publish": False, "empty_polls": 1}
+def check_axolotl(cfg: AxolotlCfg, commit: str = "83fcafd") -> Report:
+    options = {"expect_batch_size": cfg.per_step, "require_publish": False, "empty_polls": 1}
     with ConformanceApi(batches=2, group_size=cfg.num_generations, **options) as api:
-        run_axolotl(api.url, cfg, recipe, api.done)
+        run_axolotl(api.url, cfg, commit, api.done)
         return api.report()
 
 
-def test_axolotl_as_shipped_registers_generations_per_prompt() -> None:
-    report = check_axolotl(AxolotlCfg(), recipe=False)
+@pytest.mark.parametrize(("commit", "sent"), [("f2d6cc5", 4), ("83fcafd", 8)])
+def test_axolotl_batch_size_is_flagged_unless_micro_batch_is_one_group(
+    commit: str, sent: int
+) -> None:
+    """micro_batch_size 8 (two prompts' groups of 4) x gradient_accumulation_steps 2: 16
+    sequences per optimizer step; the plugin registers 4 (early) or 8 (HEAD)."""
+    report = check_axolotl(AxolotlCfg(), commit)
     assert report.broken == {"batch_size"}, report
     (violation,) = report.violations
-    assert "batch_size 4, expected 8" in violation.message
+    assert f"batch_size {sent}, expected 16" in violation.message
     assert violation.call is not None and violation.call.path == "/register"
 
 
-def test_axolotl_recipe_registers_sequences_per_optimizer_step() -> None:
-    report = check_axolotl(AxolotlCfg(), recipe=True)
+def test_axolotl_recipe_micro_batch_of_one_group_conforms() -> None:
+    """The recipe: micro_batch_size = trl.num_generations (as every shipped example sets it),
+    so HEAD's num_generations x gradient_accumulation_steps x world_size is the sequences per
+    optimizer step."""
+    cfg = AxolotlCfg(micro_batch_size=GROUP)
+    report = check_axolotl(cfg)
     assert report.ok, report
     assert report.batches_served == 2
     sizes = {c.body["batch_size"] for c in report.calls if c.path == "/register"}
-    assert sizes == {8}  # micro_batch_size 2 x gradient_accumulation_steps 4 x world_size 1
+    assert sizes == {cfg.per_step} == {8}
 
 
 def test_axolotl_without_wandb_project_is_never_registered() -> None:
@@ -132,7 +153,7 @@ def test_axolotl_without_wandb_project_is_never_registered() -> None:
     it, and every `GET /batch` then comes before a registration."""
     cfg = AxolotlCfg(wandb_project=None)
     with ConformanceApi(batches=1, require_publish=False) as api:
-        raw_register(api.url, axolotl_registration(cfg, recipe=True), swallow=True)
+        raw_register(api.url, axolotl_registration(cfg), swallow=True)
         answer = httpx.get(f"{api.url}/batch", timeout=10).json()
         report = api.report()
     assert answer["batch"] == [] and answer["status"] == "error"
