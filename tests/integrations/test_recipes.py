@@ -251,7 +251,7 @@ def test_verl_recipe_through_the_client_conforms() -> None:
 
 def complete_tiny(base: str, max_tokens: int) -> None:
     body = {"model": "atropos-tiny", "prompt": "hi", "max_tokens": max_tokens, "temperature": 0}
-    r = httpx.post(f"{base}/completions", json=body, timeout=120)
+    r = httpx.post(f"{base}/completions", json={**body, "ignore_eos": True}, timeout=120)
     assert r.status_code == 200, r.text
 
 
@@ -272,9 +272,10 @@ def test_verl_proxy_pause_is_met_by_client_paused() -> None:
             complete_tiny(server, max_tokens)
             finished[name] = time.monotonic()
 
-        before = threading.Thread(target=ask, args=("in flight", 64))
+        before = threading.Thread(target=ask, args=("in flight", 128))
         before.start()
-        time.sleep(0.3)  # on the server by now (a later one would wait for the block's end)
+        time.sleep(0.5)  # generating by now: 128 tokens take seconds on the CPU
+        asked = time.monotonic()
         with client.paused(timeout=60):  # sleep_replicas() ... update_weights()
             entered = time.monotonic()
             inside = threading.Thread(target=ask, args=("started inside", 2))
@@ -284,7 +285,7 @@ def test_verl_proxy_pause_is_met_by_client_paused() -> None:
             left = time.monotonic()
         before.join(60)
         inside.join(60)
-        assert finished["in flight"] <= entered  # drained before the block began
+        assert asked < finished["in flight"] <= entered  # drained before the block began
         assert finished["started inside"] >= left  # completed only after the block
         with pytest.raises(RuntimeError, match="training crashed"), client.paused(timeout=60):
             raise RuntimeError("training crashed")
