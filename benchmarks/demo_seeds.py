@@ -1,6 +1,7 @@
 """The demo with 3 seeds: held-out accuracy of the warm start and of the trained policy.
 
     .venv/bin/python benchmarks/demo_seeds.py [--seeds 0 1 2] [--steps N] [--servers local vllm]
+    .venv/bin/python benchmarks/demo_seeds.py --trainer trl   # TRL's GRPOTrainer as the trainer
 
 Runs `atropos demo --server SERVER --seed S --out runs/demo-seeds/SERVER/S` one seed after
 another (each server in turn, in one run: side by side), reads each run's summary.json, and
@@ -9,6 +10,9 @@ servers). The claim it checks, per server: the mean trained accuracy beats the w
 more than the spread (max - min) of the trained accuracy across seeds, and the mean on-policy
 logprob mismatch stays at most 1e-3. `--server vllm` needs a Python with vLLM
 (`python scripts/upstream_venv.py vllm` makes the checkout's; or $ATROPOS_VLLM_PYTHON).
+`--trainer trl` runs the same loop with `python -m atropos.integrations.trl` as the trainer
+(`trl_compare.demo_seed`, on the local server; the TRL venv: `scripts/upstream_venv.py trl`) and
+writes `demo_seeds_trl.*`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ def main() -> int:
     p.add_argument("--servers", nargs="+", choices=("local", "vllm"), default=["local"])
     p.add_argument("--out", default=str(ROOT / "runs" / "demo-seeds"))
     p.add_argument("--json", default="")
+    p.add_argument("--trainer", choices=("atropos", "trl"), default="atropos")
     args = p.parse_args()
+    if args.trainer == "trl":
+        return with_trl(args)
     name = "demo_seeds_vllm.json" if "vllm" in args.servers else "demo_seeds.json"
     results = {}
     for server in args.servers:
@@ -38,6 +45,17 @@ def main() -> int:
         results[server] = summarize(rows)
     result = results["local"] if args.servers == ["local"] else {"servers": results}
     write_result(result, Path(args.json or HERE / "results" / name), render)
+    return 0
+
+
+def with_trl(args: argparse.Namespace) -> int:
+    """The seeds with TRL's GRPOTrainer as the trainer (local server only)."""
+    from trl_compare import demo_seed, trl_python  # a sibling script
+
+    out = Path(args.out) / "trl"
+    rows = [demo_seed(s, args.steps or 100, out / str(s), trl_python()) for s in args.seeds]
+    path = Path(args.json or HERE / "results" / "demo_seeds_trl.json")
+    write_result(summarize(rows), path, render)
     return 0
 
 
