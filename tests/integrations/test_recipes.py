@@ -259,22 +259,23 @@ def test_verl_proxy_pause_is_met_by_client_paused() -> None:
     """verl's trainer posts the generate proxy's `/pause` before `sleep_replicas()` (in-flight
     requests drain first, new ones wait) and `/resume` in a `finally` after `update_weights()`.
     `TrainerClient.paused()` does the same on the servers: a request in flight when the block
-    starts finishes before it is entered; one started inside completes only after the block;
+    starts is drained, not held; one started inside completes only after the block;
     an error inside still resumes generation."""
     pytest.importorskip("torch")
     from atropos.testing.serve import local_tiny_server
 
-    with local_tiny_server(max_model_len=256) as server:
+    with local_tiny_server(max_model_len=512) as server:
         client = TrainerClient("http://127.0.0.1:1", servers=server)
+        complete_tiny(server, 2)  # warm: the first request pays for the model's first steps
         finished: dict[str, float] = {}
 
         def ask(name: str, max_tokens: int) -> None:
             complete_tiny(server, max_tokens)
             finished[name] = time.monotonic()
 
-        before = threading.Thread(target=ask, args=("in flight", 128))
+        before = threading.Thread(target=ask, args=("in flight", 200))
         before.start()
-        time.sleep(0.5)  # generating by now: 128 tokens take seconds on the CPU
+        time.sleep(0.3)  # generating by now: 200 tokens take seconds on the CPU
         asked = time.monotonic()
         with client.paused(timeout=60):  # sleep_replicas() ... update_weights()
             entered = time.monotonic()
@@ -285,7 +286,10 @@ def test_verl_proxy_pause_is_met_by_client_paused() -> None:
             left = time.monotonic()
         before.join(60)
         inside.join(60)
-        assert asked < finished["in flight"] <= entered  # drained before the block began
+        # running when the pause was asked, and not held by it: the pause returned once its
+        # generation was done (its answer reaches us as the block starts, never after it)
+        assert asked < finished["in flight"] < left
+        assert entered - asked > 0.1  # paused() waited for that generation to end
         assert finished["started inside"] >= left  # completed only after the block
         with pytest.raises(RuntimeError, match="training crashed"), client.paused(timeout=60):
             raise RuntimeError("training crashed")
