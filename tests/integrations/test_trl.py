@@ -74,6 +74,15 @@ def served_version(server: str) -> int:
     return int(r.json()["policy_version"])
 
 
+def trained_away(final: Path) -> bool:
+    """Whether the final checkpoint's weights differ from the warm start's."""
+    from safetensors.torch import load_file
+
+    before = load_file(str(policy_path() / "model.safetensors"))
+    after = load_file(str(final / "model.safetensors"))
+    return any(not after[k].equal(v) for k, v in before.items() if k in after)
+
+
 def close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) < 1e-5 for x, y in zip(a, b, strict=True))
 
@@ -97,7 +106,7 @@ def test_trl_trains_on_served_batches_and_publishes(trl_python: Path, tmp_path: 
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(math.isfinite(m["loss"]) for m in metrics)
-    assert (tmp_path / "run" / "checkpoints" / f"step_{STEPS}" / "config.json").is_file()
+    assert trained_away(tmp_path / "run" / "checkpoints" / f"step_{STEPS}")
     seen = [json.loads(x) for x in (tmp_path / "seen.jsonl").read_text().splitlines()]
     assert [s["step"] for s in seen] == [1, 2, 3] and all(math.isfinite(s["loss"]) for s in seen)
     for step, batch in zip(seen, [groups[0:2], groups[2:4], groups[4:6]], strict=True):
