@@ -123,11 +123,14 @@ class _Base:
     def __init__(
         self,
         url: str | None,
+        api_key: str | None,
         patience: float,
         publisher: Publisher | None,
         publish_options: dict[str, Any],
     ) -> None:
         self.url = (url or os.environ.get("ATROPOS_API_URL") or DEFAULT_API).rstrip("/")
+        key = _api_key(api_key)
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.patience = patience
         self.takes_versions = True  # False once the API answered 404 to /policy_version
         self._publisher = publisher
@@ -177,10 +180,8 @@ class TrainerClient(_Base):
         publisher: Publisher | None = None,
         **publish_options: Any,
     ) -> None:
-        super().__init__(url, patience, publisher, publish_options)
-        key = _api_key(api_key)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        super().__init__(url, api_key, patience, publisher, publish_options)
+        self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
     def close(self) -> None:
         """Close the connections (and the publisher's: a restart-mode server is stopped)."""
@@ -294,10 +295,8 @@ class AsyncTrainerClient(_Base):
         publisher: Publisher | None = None,
         **publish_options: Any,
     ) -> None:
-        super().__init__(url, patience, publisher, publish_options)
-        key = _api_key(api_key)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        super().__init__(url, api_key, patience, publisher, publish_options)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
 
     async def close(self) -> None:
         await self.http.aclose()
