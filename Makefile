@@ -7,7 +7,7 @@ DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
-.PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang
+.PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -86,7 +86,24 @@ ifneq ($(strip $(SLURM_FOUND)),4)
 		"install with: sudo apt-get install -y $(SLURM_PACKAGES)"; fi
 endif
 
-test: $(DEV) chromium slurm
+# The Docker tests (tests/sandbox_engine) run their own dockerd and containerd
+# (atropos.testing.docker) and build their image from the Debian mirrors with mmdebstrap;
+# installed here when one is missing, like Slurm. Nothing is enabled: no system dockerd runs.
+DOCKER_PACKAGES := docker.io mmdebstrap
+DOCKER_FOUND := $(shell PATH="$$PATH:/usr/sbin:/sbin"; \
+	for prog in dockerd containerd docker mmdebstrap; do command -v $$prog; done | wc -l)
+
+docker:
+ifneq ($(strip $(DOCKER_FOUND)),4)
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y -q $(DOCKER_PACKAGES) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q $(DOCKER_PACKAGES) >/dev/null); \
+	elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q $(DOCKER_PACKAGES) >/dev/null 2>&1 || \
+		(sudo apt-get update -q >/dev/null && sudo apt-get install -y -q $(DOCKER_PACKAGES) >/dev/null); \
+	else echo "Docker not installed and no root: the Docker tests will fail;" \
+		"install with: sudo apt-get install -y $(DOCKER_PACKAGES)"; fi
+endif
+
+test: $(DEV) chromium slurm docker
 	$(PY) scripts/check
 
 # The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that

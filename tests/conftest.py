@@ -315,3 +315,41 @@ def trl_python() -> Path:
     """The TRL venv's python (`scripts/upstream_venv.py trl`: TRL 1.16 with this project
     editable, made on first use from requirements/trl.txt: about a minute)."""
     return upstream_python("trl")
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Docker engine of this session's own (`atropos.testing.docker.DockerEngine`: Debian's
+    dockerd and containerd from a temporary folder, on a unix socket there; `make docker`
+    installs them). `.host` is its `DOCKER_HOST`, `.environ` an environment with it set,
+    `.docker(args)` runs the client against it. Stopped by pid at the end, nothing left."""
+    from atropos.testing.docker import DockerEngine, docker_unavailable_reason
+
+    reason = docker_unavailable_reason()
+    if reason is not None:
+        pytest.fail(reason)
+    engine = DockerEngine(tmp_path_factory.mktemp("docker"))
+    engine.start()
+    print(f"[docker] {engine!r} ready in {engine.started_in:.1f} s", file=sys.stderr)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+SANDBOX_IMAGE = "atropos-test-sandbox:bookworm"
+SANDBOX_PACKAGES = ("python3", "python3-pytest", "bash")
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_engine: Any) -> str:
+    """The name of the sandbox tests' image on `docker_engine`: a Debian bookworm root with
+    python3, bash and pytest, built once per machine from the package mirrors (about 20 s)
+    and loaded from `docker save`'s archive in the image cache afterwards (`atropos.images`)."""
+    from atropos.images import DebianRoot, ensure_image
+
+    started = time.monotonic()
+    recipe = DebianRoot(include=SANDBOX_PACKAGES)
+    how = ensure_image(SANDBOX_IMAGE, recipe, env=docker_engine.environ)
+    print(f"[docker] {SANDBOX_IMAGE} {how} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return SANDBOX_IMAGE

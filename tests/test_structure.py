@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # `tiny-data` (`atropos.tiny` itself, which only names the shipped tokenizer and policy files;
 # `atropos.tiny.model` and `.warmstart` are the part `tiny`). `root` is `atropos/__init__.py`
 # (the version and nothing else).
-LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root", "engines", "install"})
+LEAVES = frozenset({"wire", "net", "names", "tiny-data", "root", "engines", "install", "images"})
 """Parts anyone may import: they import nothing of ours."""
 
 LAYERS: dict[str, frozenset[str]] = {
@@ -49,6 +49,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "install": frozenset(),  # the install hint every missing extra prints
     "engines": frozenset(),  # how vLLM is started (the demo, launch and the tests share it)
     "tiny-data": frozenset(),
+    "images": frozenset(),  # local container images, never pulled (sandboxes, tests, the CLI)
     # the first floor: reward functions, inference clients, metrics sinks, the rollout viewer
     "rewards": frozenset(),
     "inference": frozenset(),

@@ -94,6 +94,7 @@ _DELEGATED = {  # nouns with their own parser (train's: TrainConfig, read by pyd
     "launch": "a whole run from one YAML file: local, Ray or Slurm (atropos launch --help)",
     "proxy": "OpenAI/Anthropic-compatible endpoints that record agents' tokens (atropos proxy"
     " serve --help)",
+    "sandbox": "local images for sandboxes, never pulled (atropos sandbox image build --help)",
 }
 
 # (atropos.envs.cli.MODE_HELP says the same; not imported here, to keep `atropos api` fast)
