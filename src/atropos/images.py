@@ -42,7 +42,13 @@ __all__ = [
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SUITE = "bookworm"  # what this project's machines' apt sources serve (Debian 12)
-PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The image's environment: `pip install` works as in the python images (Debian's python3 is
+# otherwise "externally managed", PEP 668).
+DEBIAN_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG=C.UTF-8",
+    "PIP_BREAK_SYSTEM_PACKAGES=1",
+)
 INSPECT_TIMEOUT = 30.0
 
 
@@ -144,6 +150,7 @@ class DebianRoot:
 
     def key(self) -> str:
         recipe = f"debian {self.variant} {self.suite} {','.join(self.include)} {self.mirror}"
+        recipe += " " + " ".join(DEBIAN_ENV)
         return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
     def build(self, name: str, env: Mapping[str, str] | None, timeout: float) -> None:
@@ -154,9 +161,8 @@ class DebianRoot:
         if self.include:
             root.append("--include=" + ",".join(self.include))
         root += [self.suite, "-", self.mirror]
-        changes = [PATH_ENV, "LANG=C.UTF-8"]
         load = [docker_program(), "import"]
-        for change in changes:
+        for change in DEBIAN_ENV:
             load += ["--change", f"ENV {change}"]
         load += ["--change", 'CMD ["bash"]', "-", name]
         _pipe(root, load, env, timeout)
@@ -252,4 +258,8 @@ def ensure_image(
         partial.unlink(missing_ok=True)
         raise ImageError(f"docker save {name}: {_tail(done.stderr)}")
     os.replace(partial, archive)
+    for other in archive.parent.iterdir():  # this name's archives of older recipes
+        stale = re.escape(archive_name(name, "").removesuffix(".tar")) + r"[0-9a-f]{12}\.tar"
+        if other != archive and re.fullmatch(stale, other.name):
+            other.unlink(missing_ok=True)
     return "built"

@@ -5,6 +5,8 @@ enforces memory, pids and read-only limits."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.net import free_port
-from atropos.testing.docker import DockerEngine
+from atropos.testing.docker import DockerEngine, mounts_under
 from atropos.testing.proc import listeners, live_processes
 
 SYSTEM_SOCKETS = ("/var/run/docker.sock", "/run/containerd/containerd.sock")
@@ -143,3 +145,28 @@ def test_docker_run_latency(docker_engine: Any, sandbox_image: str) -> None:
         assert done.returncode == 0, done.stderr
     print(f"docker run --rm --network none: {', '.join(f'{t:.2f}' for t in times)} s")
     assert min(times) < 5
+
+
+def test_an_engine_of_a_killed_session_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from atropos.testing.docker import DockerEngine, mounts_under\n"
+        "engine = DockerEngine(sys.argv[1]); engine.start()\n"
+        "print(*(p.pid for p in engine.processes.values()), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    session = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "killed")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert session.stdout is not None
+        daemons = {int(pid) for pid in session.stdout.readline().split()}
+    finally:
+        session.kill()  # SIGKILL: no stop(), the daemons are orphaned
+        session.wait()
+    assert len(daemons) == 2 and daemons <= {p.pid for p in live_processes()}
+    with DockerEngine(tmp_path / "next") as engine:
+        assert daemons <= {p.pid for p in engine.swept}
+    assert not daemons & {p.pid for p in live_processes()}
+    assert mounts_under([tmp_path]) == []

@@ -24,6 +24,10 @@ What `start()` runs, all state in the directory:
   nothing listens: a pull fails at once instead of reaching out or hanging.
 - Ready once `GET /_ping` on the socket answers `OK` (about 0.2 s on a 2-core machine).
 
+Every daemon (and containerd's shims, which inherit its environment) carries `ATROPOS_TEST_
+DOCKER=<this engine's id>` in its environment. `start()` first sweeps engines a killed test
+session left behind: processes with that variable whose parent is gone (adopted by init).
+
 `stop()` removes every container (`docker rm -f`), sends SIGTERM to dockerd then containerd
 (each in its own process group; SIGKILL after a grace period), then kills by pid anything
 left whose command line names the directory (containerd's shims), unmounts what is still
@@ -35,10 +39,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +59,7 @@ INSTALL_HINT = (
     "run `make test`, which installs Debian's docker.io and mmdebstrap "
     "(or as root: apt-get install -y docker.io mmdebstrap)"
 )
+MARKER = "ATROPOS_TEST_DOCKER"  # in the environment of every daemon an engine starts
 NO_PROXY_HERE = "http://127.0.0.1:9"  # the discard port: nothing listens, a pull fails at once
 MAX_SOCKET_PATH = 100  # a unix socket path holds at most 107 bytes
 CONTAINERD_TOML = """version = 2
@@ -87,6 +94,47 @@ def docker_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "DockerEngine needs root (dockerd runs rootful here): run the tests as root"
     return None
+
+
+def _marker_of(pid: int) -> str | None:
+    """The engine id in a process's environment (`MARKER`), None when unmarked or gone."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(f"{MARKER}=".encode()):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def sweep_orphans(grace: float = 5.0) -> list[Process]:
+    """SIGKILL, by pid, what is left of engines whose test session died without stopping
+    them; the processes killed. An engine lives while one of its marked processes has a
+    parent other than init (its daemons are the session's children); shims are always
+    adopted by init, so they alone do not keep an engine alive."""
+    marked = [(p, _marker_of(p.pid)) for p in live_processes()]
+    alive = {marker for p, marker in marked if marker is not None and p.ppid != 1}
+    orphans = [p for p, marker in marked if marker is not None and marker not in alive]
+    if not orphans:
+        return []
+    killed, _ = kill_strays(orphans, [], grace)
+    for process in killed:  # dockerd's own mounts of its data and exec roots
+        roots = re.findall(r"--(?:data|exec)-root (\S+)", process.cmdline)
+        for mount in reversed(mounts_under([Path(root) for root in roots])):
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+    return killed
+
+
+def mounts_under(directories: Sequence[Path]) -> list[str]:
+    """Mount points at or under `directories`, in /proc/self/mounts's order."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            point = line.split()[1].replace("\\040", " ")
+            if any(point == str(d) or point.startswith(f"{d}/") for d in directories):
+                found.append(point)
+    return found
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -134,6 +182,8 @@ class DockerEngine:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.started_in: float | None = None  # seconds from launch to ready
         self.strays: list[Process] = []
+        self.swept: list[Process] = []  # orphans of killed sessions, found by `start()`
+        self.marker = uuid.uuid4().hex
 
     def __enter__(self) -> DockerEngine:
         self.start()
@@ -160,6 +210,7 @@ class DockerEngine:
             raise DockerUnavailable(reason)
         if len(str(self.containerd_socket)) > MAX_SOCKET_PATH:
             raise ValueError(f"{self.directory} is too long a path for the engine's sockets")
+        self.swept = sweep_orphans(self.stop_grace)
         self.directory.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
         try:
@@ -201,6 +252,7 @@ class DockerEngine:
         env = dict(self.environ)
         for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             env[key] = NO_PROXY_HERE
+        env[MARKER] = self.marker
         env.pop("NO_PROXY", None)
         env.pop("no_proxy", None)
         with open(self.directory / f"{name}.log", "ab") as log:
@@ -251,19 +303,15 @@ class DockerEngine:
             shutil.rmtree(self.directory / name, ignore_errors=True)
 
     def _ours(self) -> list[Process]:
-        """Live processes whose command line names this engine's directory."""
+        """Live processes that carry this engine's marker or name its directory."""
         mark = str(self.directory)
-        return [p for p in live_processes() if mark in p.cmdline]
+        return [
+            p for p in live_processes() if mark in p.cmdline or _marker_of(p.pid) == self.marker
+        ]
 
     def mounts(self) -> list[str]:
         """Mount points under the engine's directory, as /proc/self/mounts lists them."""
-        found = []
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/self/mounts").read_text().splitlines():
-                point = line.split()[1].replace("\\040", " ")
-                if point == str(self.directory) or point.startswith(f"{self.directory}/"):
-                    found.append(point)
-        return found
+        return mounts_under([self.directory])
 
     def left_behind(self) -> list[str]:
         """What of this engine is still there: live processes naming its directory, mounts
