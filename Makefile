@@ -7,7 +7,8 @@ DEV := $(VENV)/.installed-dev
 # What `make test` installs (`make demo`: train only); scripts/deps.py and the lock take it too.
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
-.PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker
+.PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker \
+	bubblewrap
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -103,7 +104,21 @@ ifneq ($(strip $(DOCKER_FOUND)),4)
 		"install with: sudo apt-get install -y $(DOCKER_PACKAGES)"; fi
 endif
 
-test: $(DEV) chromium slurm docker
+# The sandbox tests (tests/sandbox) run the bubblewrap provider with Debian's bwrap; installed
+# here when missing, like chromium.
+BWRAP := $(shell command -v bwrap 2>/dev/null)
+
+bubblewrap:
+ifeq ($(BWRAP),)
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null); \
+	elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		(sudo apt-get update -q >/dev/null && sudo apt-get install -y -q bubblewrap >/dev/null); \
+	else echo "bwrap not installed and no root: the bubblewrap sandbox tests will fail;" \
+		"install with: sudo apt-get install -y bubblewrap"; fi
+endif
+
+test: $(DEV) chromium slurm docker bubblewrap
 	$(PY) scripts/check
 
 # The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that

@@ -57,6 +57,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "view": frozenset(),
     # the HTTP rules every server is built with (uses only leaves)
     "http": frozenset(),
+    # one Sandbox API over local providers, pools and the sweep (uses only leaves)
+    "sandbox": frozenset(),
     # servers that speak only the protocol
     "api": frozenset({"http"}),  # api uses only wire and the HTTP rules
     "local": frozenset({"inference", "http"}),  # inference: the CPU server uses its tokenizers

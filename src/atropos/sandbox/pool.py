@@ -1,0 +1,157 @@
+"""`SandboxPool`: `size` sandboxes kept started, one handed out in about a millisecond.
+
+A handed-out sandbox is never reused: `async with pool.sandbox() as box` closes it at the end
+(whatever the exit: return, exception, cancellation) and the pool starts a fresh one in its
+place. At most `max_starting` start at once and at most `max_live` exist (warm and handed out
+together); a start past `start_timeout` is a `SandboxError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+from atropos.sandbox._local import LocalSandbox
+from atropos.sandbox.providers import open_sandbox
+from atropos.sandbox.spec import SandboxError, SandboxSpec
+
+
+class SandboxPool:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        provider: str = "bubblewrap",
+        size: int = 4,
+        max_starting: int = 4,
+        max_live: int = 64,
+        start_timeout: float = 30.0,
+    ) -> None:
+        if not 0 <= size <= max_live or max_starting < 1:
+            raise ValueError("need 0 <= size <= max_live and max_starting >= 1")
+        self.spec, self.provider, self.size = spec, provider, size
+        self.start_timeout = start_timeout
+        self.starting = asyncio.Semaphore(max_starting)
+        self.live = asyncio.Semaphore(max_live)
+        self.warm: asyncio.Queue[LocalSandbox] = asyncio.Queue()
+        self.handed_out: set[LocalSandbox] = set()
+        self.fills: set[asyncio.Task[None]] = set()
+        self.closed = False
+        self.started_count = self.failed_count = 0
+        self.peak_starting = self._starting_now = 0
+
+    async def start(self) -> SandboxPool:
+        for _ in range(self.size):
+            self._fill()
+        return self
+
+    def _fill(self) -> None:
+        if not self.closed:
+            task = asyncio.ensure_future(self._warm_one())
+            self.fills.add(task)
+            task.add_done_callback(self.fills.discard)
+
+    async def _warm_one(self) -> None:
+        with contextlib.suppress(SandboxError):
+            await self.live.acquire()
+            try:
+                box = await self._start()
+            except BaseException:
+                self.live.release()
+                raise
+            if self.closed:
+                await self._discard(box)
+            else:
+                self.warm.put_nowait(box)
+
+    async def _start(self) -> LocalSandbox:
+        async with self.starting:
+            self._starting_now += 1
+            self.peak_starting = max(self.peak_starting, self._starting_now)
+            try:
+                box = await open_sandbox(self.spec, self.provider, self.start_timeout)
+            except SandboxError:
+                self.failed_count += 1
+                raise
+            finally:
+                self._starting_now -= 1
+            self.started_count += 1
+            return box
+
+    async def _discard(self, box: LocalSandbox) -> None:
+        try:
+            await box.close()
+        finally:
+            self.live.release()
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self) -> AsyncIterator[LocalSandbox]:
+        """A started sandbox for one rollout, closed (and replaced) when the block ends."""
+        if self.closed:
+            raise SandboxError("closed", "the pool is closed")
+        box = await self._take()
+        self.handed_out.add(box)
+        try:
+            yield box
+        finally:
+            self.handed_out.discard(box)
+            await asyncio.shield(self._discard(box))
+            if self.warm.qsize() + len(self.fills) < self.size:
+                self._fill()
+
+    async def _take(self) -> LocalSandbox:
+        with contextlib.suppress(asyncio.QueueEmpty):
+            box = self.warm.get_nowait()
+            self._fill()
+            return box
+        if self.size:
+            getter = asyncio.ensure_future(self.warm.get())
+            # wait for the warm one being made, or start our own if a live slot is free first
+            own = asyncio.ensure_future(self._own())
+            done, _ = await asyncio.wait({getter, own}, return_when=asyncio.FIRST_COMPLETED)
+            return await self._pick(getter, own)
+        return await self._own()
+
+    async def _pick(
+        self, getter: asyncio.Future[LocalSandbox], own: asyncio.Future[LocalSandbox]
+    ) -> LocalSandbox:
+        if getter.done():
+            own.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SandboxError):
+                spare = await own
+                self.warm.put_nowait(spare)
+            self._fill()
+            return getter.result()
+        getter.cancel()
+        return own.result()
+
+    async def _own(self) -> LocalSandbox:
+        await self.live.acquire()
+        try:
+            return await self._start()
+        except BaseException:
+            self.live.release()
+            raise
+
+    async def close(self) -> None:
+        """Stop filling and close every sandbox the pool holds or handed out (idempotent)."""
+        self.closed = True
+        for task in list(self.fills):
+            task.cancel()
+        await asyncio.gather(*self.fills, return_exceptions=True)
+        boxes = list(self.handed_out)
+        while not self.warm.empty():
+            boxes.append(self.warm.get_nowait())
+        await asyncio.gather(*(box.close() for box in boxes), return_exceptions=True)
+
+    async def __aenter__(self) -> SandboxPool:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
