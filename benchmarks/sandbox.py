@@ -1,0 +1,141 @@
+"""What a sandbox costs to start, per provider: cold (`open_sandbox`, a probe exec included)
+and handed out from a warm `SandboxPool`; 64 at once; and N starts in a row with their
+failures and leftovers (sandbox folders, uid reservations, processes of their uids).
+
+    python benchmarks/sandbox.py --starts 1000
+
+Prints a table and writes benchmarks/results/sandbox.json. Runs under a private run root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(tempfile.mkdtemp(prefix="atropos-sbx-bench-", dir="/tmp"))
+ROOT.chmod(0o711)
+os.environ["ATROPOS_SANDBOX_ROOT"] = str(ROOT)
+
+from atropos.sandbox import SandboxError, SandboxPool, SandboxSpec, _host, open_sandbox  # noqa: E402
+
+
+def quantiles(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p95_ms": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+    }
+
+
+async def cold(provider: str, rounds: int) -> dict[str, float]:
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        box = await open_sandbox(SandboxSpec(), provider)
+        times.append(time.perf_counter() - began)
+        await box.close()
+    return quantiles(times)
+
+
+async def warm(provider: str, rounds: int) -> dict[str, float]:
+    times = []
+    async with SandboxPool(SandboxSpec(), provider, size=4) as pool:
+        for _ in range(rounds):
+            while pool.warm.qsize() < pool.size:
+                await asyncio.sleep(0.002)
+            began = time.perf_counter()
+            async with pool.sandbox():
+                times.append(time.perf_counter() - began)
+    return quantiles(times)
+
+
+async def concurrent(provider: str, count: int) -> dict[str, Any]:
+    uids: list[int] = []
+
+    async def one() -> bool:
+        try:
+            async with await open_sandbox(SandboxSpec(), provider) as box:
+                uids.append(box.uid or 0)
+                return (await box.exec("echo ok", timeout=60)).stdout == b"ok\n"
+        except SandboxError:
+            return False
+
+    began = time.perf_counter()
+    results = await asyncio.gather(*(one() for _ in range(count)))
+    return {
+        "seconds": time.perf_counter() - began,
+        "failures": results.count(False),
+        "leftovers": len(leftovers(uids)),
+    }
+
+
+async def in_a_row(provider: str, count: int) -> dict[str, Any]:
+    failures, uids, began = 0, [], time.perf_counter()
+    for _ in range(count):
+        try:
+            box = await open_sandbox(SandboxSpec(), provider)
+        except SandboxError:
+            failures += 1
+            continue
+        uids.append(box.uid or 0)
+        await box.close()
+    return {
+        "seconds": time.perf_counter() - began,
+        "failures": failures,
+        "leftovers": len(leftovers(sorted(set(uids)))),
+    }
+
+
+def leftovers(uids: list[int]) -> list[str]:
+    found = [str(p) for p in ROOT.glob("owner-*/*")] + [str(p) for p in ROOT.glob("uids/*")]
+    return found + [str(pid) for uid in uids if uid for pid in _host.tasks_of(uid)]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for provider in args.providers:
+        results[provider] = {
+            "cold": await cold(provider, args.rounds),
+            "warm": await warm(provider, args.rounds),
+            "concurrent_64": await concurrent(provider, 64),
+            "in_a_row": await in_a_row(provider, args.starts),
+        }
+        print(provider, json.dumps(results[provider]), flush=True)
+    return results
+
+
+def table(results: dict[str, Any], starts: int) -> str:
+    lines = [
+        "| provider | cold p50 / p95 (ms) | warm pool p50 / p95 (ms) | 64 at once (s, failures,"
+        f" leftovers) | {starts} in a row (s, failures, leftovers) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        c, w, k, n = r["cold"], r["warm"], r["concurrent_64"], r["in_a_row"]
+        lines.append(
+            f"| {name} | {c['p50_ms']:.1f} / {c['p95_ms']:.1f} | {w['p50_ms']:.2f} /"
+            f" {w['p95_ms']:.2f} | {k['seconds']:.2f}, {k['failures']}, {k['leftovers']} |"
+            f" {n['seconds']:.1f}, {n['failures']}, {n['leftovers']} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--providers", nargs="+", default=["bubblewrap", "process"])
+    parser.add_argument("--rounds", type=int, default=100, help="cold and warm starts timed")
+    parser.add_argument("--starts", type=int, default=1000, help="starts in a row")
+    args = parser.parse_args()
+    results = asyncio.run(main(args))
+    print(table(results, args.starts))
+    out = Path(__file__).parent / "results" / "sandbox.json"
+    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    shutil.rmtree(ROOT)  # empty by now: leftovers above counts what would be left
