@@ -201,7 +201,7 @@ async def collect(
         for reader in readers:
             reader.cancel()
     out, err = (r.result() if r.done() and not r.cancelled() else b"" for r in readers)
-    code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    code = -signal.SIGKILL if timed_out or proc.returncode is None else proc.returncode
     return code, out, err, timed_out, cut[0]
 
 

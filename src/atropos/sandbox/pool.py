@@ -31,9 +31,10 @@ class SandboxPool:
         if not 0 <= size <= max_live or max_starting < 1:
             raise ValueError("need 0 <= size <= max_live and max_starting >= 1")
         self.spec, self.provider, self.size = spec, provider, size
-        self.start_timeout = start_timeout
+        self.start_timeout, self.max_live = start_timeout, max_live
         self.starting = asyncio.Semaphore(max_starting)
-        self.live = asyncio.Semaphore(max_live)
+        self.live = 0  # warm, starting and handed out
+        self.changed = asyncio.Event()  # a warm one arrived or a live slot came free
         self.warm: asyncio.Queue[LocalSandbox] = asyncio.Queue()
         self.handed_out: set[LocalSandbox] = set()
         self.fills: set[asyncio.Task[None]] = set()
@@ -46,24 +47,40 @@ class SandboxPool:
             self._fill()
         return self
 
+    def _notify(self) -> None:
+        self.changed.set()  # wakes every waiter now; later waits wait again
+        self.changed.clear()
+
     def _fill(self) -> None:
-        if not self.closed:
-            task = asyncio.ensure_future(self._warm_one())
-            self.fills.add(task)
-            task.add_done_callback(self.fills.discard)
+        """Start one more warm sandbox if the pool is short of `size` and a slot is free."""
+        if self.closed or self.warm.qsize() + len(self.fills) >= self.size:
+            return
+        if self.live >= self.max_live:
+            return  # refilled when a slot comes free
+        self.live += 1
+        task = asyncio.ensure_future(self._warm_one())
+        self.fills.add(task)
+        task.add_done_callback(self.fills.discard)
 
     async def _warm_one(self) -> None:
-        with contextlib.suppress(SandboxError):
-            await self.live.acquire()
-            try:
-                box = await self._start()
-            except BaseException:
-                self.live.release()
-                raise
-            if self.closed:
-                await self._discard(box)
-            else:
-                self.warm.put_nowait(box)
+        try:
+            box = await self._start()
+        except SandboxError:
+            self._free()
+            return  # counted in failed_count; the next handout's fill tries again
+        except BaseException:
+            self._free()
+            raise
+        if self.closed:
+            await box.close()
+            self._free()
+            return
+        self.warm.put_nowait(box)
+        self._notify()
+
+    def _free(self) -> None:
+        self.live -= 1
+        self._notify()
 
     async def _start(self) -> LocalSandbox:
         async with self.starting:
@@ -79,12 +96,6 @@ class SandboxPool:
             self.started_count += 1
             return box
 
-    async def _discard(self, box: LocalSandbox) -> None:
-        try:
-            await box.close()
-        finally:
-            self.live.release()
-
     @contextlib.asynccontextmanager
     async def sandbox(self) -> AsyncIterator[LocalSandbox]:
         """A started sandbox for one rollout, closed (and replaced) when the block ends."""
@@ -96,47 +107,35 @@ class SandboxPool:
             yield box
         finally:
             self.handed_out.discard(box)
-            await asyncio.shield(self._discard(box))
-            if self.warm.qsize() + len(self.fills) < self.size:
+            try:
+                await asyncio.shield(box.close())
+            finally:
+                self._free()
                 self._fill()
 
     async def _take(self) -> LocalSandbox:
-        with contextlib.suppress(asyncio.QueueEmpty):
-            box = self.warm.get_nowait()
-            self._fill()
-            return box
-        if self.size:
-            getter = asyncio.ensure_future(self.warm.get())
-            # wait for the warm one being made, or start our own if a live slot is free first
-            own = asyncio.ensure_future(self._own())
-            done, _ = await asyncio.wait({getter, own}, return_when=asyncio.FIRST_COMPLETED)
-            return await self._pick(getter, own)
-        return await self._own()
-
-    async def _pick(
-        self, getter: asyncio.Future[LocalSandbox], own: asyncio.Future[LocalSandbox]
-    ) -> LocalSandbox:
-        if getter.done():
-            own.cancel()
-            with contextlib.suppress(asyncio.CancelledError, SandboxError):
-                spare = await own
-                self.warm.put_nowait(spare)
-            self._fill()
-            return getter.result()
-        getter.cancel()
-        return own.result()
-
-    async def _own(self) -> LocalSandbox:
-        await self.live.acquire()
-        try:
-            return await self._start()
-        except BaseException:
-            self.live.release()
-            raise
+        """A warm sandbox, or one started here when a live slot is free; else wait until
+        one of them is."""
+        while True:
+            if self.closed:
+                raise SandboxError("closed", "the pool is closed")
+            if not self.warm.empty():
+                box = self.warm.get_nowait()
+                self._fill()
+                return box
+            if self.live < self.max_live:
+                self.live += 1
+                try:
+                    return await self._start()
+                except BaseException:
+                    self._free()
+                    raise
+            await self.changed.wait()
 
     async def close(self) -> None:
         """Stop filling and close every sandbox the pool holds or handed out (idempotent)."""
         self.closed = True
+        self._notify()
         for task in list(self.fills):
             task.cancel()
         await asyncio.gather(*self.fills, return_exceptions=True)
