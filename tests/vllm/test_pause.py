@@ -164,13 +164,14 @@ def test_wait_answers_once_the_request_in_flight_has_finished(server: VLLMServer
 
 
 def test_abort_ends_the_request_and_our_client_retries_it(server: VLLMServer) -> None:
-    async def main() -> tuple[Any, float, bool, dict[str, float]]:
+    async def main() -> tuple[Any, float, bool, dict[str, float], float]:
         with httpx.Client() as http:
             client = pauser(server, "abort", http)
             async with manager(server) as m:
                 start = await asyncio.to_thread(metric, server, TOKENS)
                 task = long_request(m)
                 await in_flight(server, task, start)
+                running = await asyncio.to_thread(metric, server, RUNNING)
                 await asyncio.to_thread(client._pause_all)
                 try:
                     made = await asyncio.to_thread(metric, server, TOKENS) - start
@@ -179,9 +180,11 @@ def test_abort_ends_the_request_and_our_client_retries_it(server: VLLMServer) ->
                     held = not task.done() and await asyncio.to_thread(metric, server, RUNNING) == 0
                 finally:
                     await asyncio.to_thread(client._resume_all)
-                return await task, made, held, served(m)
+                return await task, made, held, served(m), running
 
-    (prompt, (out,), (lps,), finish), made, held, stats = run(main)
+    (prompt, (out,), (lps,), finish), made, held, stats, running = run(main)
+    if running == 0:  # a loaded machine: decoded whole between the look and the pause
+        pytest.skip("the request had finished when the pause was sent: nothing to abort")
     assert 0 < made < GENERATED and held
     # the rollout is whole, from the retry: not the cut output of the aborted request
     assert finish == ["length"] and len(out) == len(lps) == GENERATED
