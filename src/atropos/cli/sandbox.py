@@ -1,6 +1,6 @@
 """`atropos sandbox image build NAME`: a local container image, never from a registry.
 
-Two recipes (docs/sandbox-images.md):
+Two recipes (docs/sandbox.md, "Images"):
 
 - `--debian`: a Debian root from the package mirrors (`mmdebstrap --variant=apt
   --include=python3,... SUITE - MIRROR | docker import - NAME`), e.g. a stand-in for a
