@@ -42,8 +42,8 @@ __all__ = [
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SUITE = "bookworm"  # what this project's machines' apt sources serve (Debian 12)
-# The image's environment: `pip install` works as in the python images (Debian's python3 is
-# otherwise "externally managed", PEP 668).
+# The image's environment: pip installs packages as in the python images (Debian's python3
+# is otherwise "externally managed", PEP 668).
 DEBIAN_ENV = (
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG=C.UTF-8",
