@@ -1,7 +1,11 @@
 """The base of the providers that run on this machine (bubblewrap, process): one folder and
 one dedicated uid per sandbox (root only), every exec a new process tree under that uid with
 the spec's limits, files in and out as tar run as that uid, and a close that kills every
-process of the uid and removes the folder."""
+process of the uid and removes the folder.
+
+`network="model-only"` (root only) adds a network namespace per sandbox, made at start and
+held for its life, with a relay to the spec's `model_url` in it (atropos.sandbox.relay):
+every exec joins it; the relay runs as the sandbox's uid, so close and sweep end it too."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from pathlib import Path
 from types import TracebackType
 
 from atropos.sandbox import _host
-from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec
+from atropos.sandbox.relay import Relay
+from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec, model_target
 
 _ids = itertools.count()
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
@@ -26,11 +31,12 @@ class LocalSandbox:
     provider = "local"
 
     def __init__(self, spec: SandboxSpec) -> None:
-        if spec.network != "none":
+        if spec.network == "model-only" and not _host.IS_ROOT:
             raise SandboxError(
                 "unsupported",
-                f"network={spec.network!r} is not available yet (only 'none'); the model-only "
-                "policy comes with the sandbox network work",
+                f"network='model-only' needs root for {self.provider} (a network namespace "
+                "per sandbox, its relay run as the sandbox's own uid); run as root or use "
+                "network='none'",
             )
         if spec.cpus is not None:
             raise SandboxError(
@@ -44,12 +50,22 @@ class LocalSandbox:
         self.folder = self.root / self.owner / f"{self.provider}-{next(_ids)}"
         self.work = self.folder / "work"
         self.uid: int | None = None
+        self.relay: Relay | None = None
         self.started = 0.0
         self.closed = False
 
+    @property
+    def model_url(self) -> str | None:
+        """The rollout proxy's URL inside the sandbox (model-only; None otherwise):
+        `http://127.0.0.1:<the host URL's port><its path>`."""
+        if self.spec.model_url is None:
+            return None
+        _, port, path = model_target(self.spec.model_url)
+        return f"http://127.0.0.1:{port}{path}"
+
     async def start(self, timeout: float = 30.0) -> LocalSandbox:
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._make), timeout)
+            await asyncio.wait_for(asyncio.to_thread(self._make, timeout), timeout)
             if self.spec.files:
                 for path, data in self.spec.files.items():
                     await self.put(path, data)
@@ -64,7 +80,7 @@ class LocalSandbox:
         self.started = time.monotonic()
         return self
 
-    def _make(self) -> None:
+    def _make(self, timeout: float) -> None:
         _host.sweep_once(self.root)
         _host.make_dir(self.root)
         _host.make_dir(self.root / self.owner)
@@ -74,6 +90,12 @@ class LocalSandbox:
         self.work.mkdir(mode=0o700)
         if self.uid is not None:
             os.chown(self.work, self.uid, self.uid)
+        if self.spec.model_url is not None:
+            assert self.uid is not None  # model-only is refused unless root
+            host, port, _ = model_target(self.spec.model_url)
+            self.relay = Relay((host, port), port, self.uid, timeout)
+            if self.closed:  # start timed out and close() ran while the relay started
+                self.relay.close()
 
     async def _probe(self, timeout: float) -> None:
         result = await self.exec(["true"], timeout=timeout)
@@ -86,7 +108,7 @@ class LocalSandbox:
         if spec.memory_bytes is not None:
             flags.append(f"--as={spec.memory_bytes}")
         if spec.pids is not None and self.uid is not None:
-            flags.append(f"--nproc={spec.pids + self.extra_tasks}")
+            flags.append(f"--nproc={spec.pids + self.own_tasks}")
         if spec.disk_bytes is not None:
             flags.append(f"--fsize={spec.disk_bytes}")
         if spec.cpu_seconds is not None:
@@ -95,8 +117,24 @@ class LocalSandbox:
 
     extra_tasks = 0  # tasks of the provider's own counted against RLIMIT_NPROC
 
+    @property
+    def own_tasks(self) -> int:
+        """Tasks of the sandbox's uid that are not its code's: the provider's per exec, and
+        the relay's two threads (model-only)."""
+        return self.extra_tasks + (2 if self.spec.model_url is not None else 0)
+
     def environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        return {**BASE_ENV, "HOME": self.spec.workdir, **self.spec.env, **(extra or {})}
+        model = {"ATROPOS_MODEL_URL": self.model_url} if self.model_url is not None else {}
+        return {**BASE_ENV, "HOME": self.spec.workdir, **model, **self.spec.env, **(extra or {})}
+
+    def network(self) -> list[str]:
+        """The argv prefix that puts an exec in the sandbox's network: its model-only
+        namespace (joined), or a new empty one (`unshare --net`, no interface up)."""
+        if self.relay is not None:
+            return ["nsenter", f"--net={self.relay.ns_path}", "--"]
+        if _host.IS_ROOT:
+            return ["unshare", "--net", "--"]
+        return ["unshare", "--map-current-user", "--net", "--"]
 
     def command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """The host argv and environment that run `argv` in the sandbox."""
@@ -154,7 +192,12 @@ class LocalSandbox:
         if self.closed:
             return
         self.closed = True
-        await asyncio.shield(asyncio.to_thread(_host.release, self.root, self.uid, self.folder))
+        await asyncio.shield(asyncio.to_thread(self._release))
+
+    def _release(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+        _host.release(self.root, self.uid, self.folder)
 
     async def __aenter__(self) -> LocalSandbox:
         return self

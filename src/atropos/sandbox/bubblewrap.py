@@ -9,6 +9,10 @@ whose end (the command's exit, a timeout, our death: `--die-with-parent`) kills 
 started, and no in-sandbox agent exists for the code to tamper with. What persists between
 execs is the work dir, not `/tmp` nor background processes.
 
+With `network="model-only"`, bwrap runs under `nsenter --net=` into the sandbox's own
+network namespace (made at start, the model relay listening on its `lo`) and keeps it
+(`--share-net`); every other namespace is still new per exec.
+
 As root, bwrap runs as the sandbox's own uid (`setpriv`), so RLIMIT_NPROC (`spec.pids`) counts
 only that sandbox's tasks and a `kill -1` as that uid ends them all at close.
 """
@@ -44,6 +48,8 @@ class BubblewrapSandbox(LocalSandbox):
     def command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         spec = self.spec
         args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+        if self.relay is not None:
+            args.append("--share-net")  # the sandbox's model-only namespace, joined below
         args += self._root()
         args += ["--proc", "/proc", "--dev", "/dev"]
         if spec.disk_bytes is not None:
@@ -51,7 +57,8 @@ class BubblewrapSandbox(LocalSandbox):
         args += ["--tmpfs", "/tmp", "--bind", str(self.work), spec.workdir, "--chdir", spec.workdir]
         if spec.user is not None:
             args += ["--uid", spec.user, "--gid", spec.user]
-        return [*self.limits(), *_host.as_uid(self.uid), *args, "--", *argv], env
+        join = self.network() if self.relay is not None else []
+        return [*join, *self.limits(), *_host.as_uid(self.uid), *args, "--", *argv], env
 
     def _root(self) -> list[str]:
         if self.spec.root is not None:

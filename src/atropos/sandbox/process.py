@@ -1,15 +1,18 @@
 """The `process` provider: every exec is a plain process tree on the host, in a new network
 namespace (no interface up), as the sandbox's own uid (root only) with the spec's rlimits,
-in the sandbox's work dir (a host folder, mode 0700, owned by that uid).
+in the sandbox's work dir (a host folder, mode 0700, owned by that uid). With
+`network="model-only"` that namespace is the sandbox's own, joined by every exec, with the
+model relay's listener on its `lo` (atropos.sandbox.relay).
 
 It isolates less than bubblewrap: the whole host file system stays visible to the uid's
 permissions (world-readable files, world-writable `/tmp` and `/dev/shm`, socket files the uid
 may open), and a process that left its exec's process group (`setsid`) lives on until
-`close()` (the rest of the group is killed when the exec ends). What it does
-hold: no network, no writes where that uid may not write (the system, the caller's files,
-other sandboxes), no reading other sandboxes' work dirs, `spec.pids` tasks, `memory_bytes` of
-address space per process, and every process gone at close or with its owner (sweep).
-Not root, there is no dedicated uid: then only the network, the limits and the session hold.
+`close()` (the rest of the group is killed when the exec ends). What it does hold: no
+network (or only the model), no writes where that uid may not write (the system, the
+caller's files, other sandboxes), no reading other sandboxes' work dirs, `spec.pids` tasks,
+`memory_bytes` of address space per process, and every process gone at close or with its
+owner (sweep). Not root, there is no dedicated uid: then only the network, the limits and
+the session hold (and model-only is refused).
 """
 
 from __future__ import annotations
@@ -27,5 +30,4 @@ class ProcessSandbox(LocalSandbox):
         return {**super().environment(extra), "HOME": str(self.work)}
 
     def command(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        net = ["unshare", "--net"] if _host.IS_ROOT else ["unshare", "--map-current-user", "--net"]
-        return [*net, "--", *self.limits(), *_host.as_uid(self.uid), *argv], env
+        return [*self.network(), *self.limits(), *_host.as_uid(self.uid), *argv], env

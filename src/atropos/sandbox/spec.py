@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 NetworkPolicy = Literal["none", "model-only"]
 
@@ -21,6 +22,11 @@ class SandboxSpec:
     bubblewrap `/tmp` tmpfs is capped to it too), `cpu_seconds` RLIMIT_CPU per process, and
     `ttl_seconds` how long a sandbox may live before any exec on it is refused. `cpus` (cores)
     needs cgroups: the docker provider (later) takes it; bubblewrap and process refuse it.
+
+    `network="model-only"` needs `model_url`, the host-side URL of the rollout proxy
+    (`http://127.0.0.1:PORT[/path]`, or `http://HOST:PORT[/path]`): the sandbox reaches that
+    and nothing else, at its own `model_url` (`http://127.0.0.1:PORT[/path]` inside, also
+    in the `ATROPOS_MODEL_URL` variable of every exec).
     """
 
     image: str | None = None  # docker (later)
@@ -35,18 +41,60 @@ class SandboxSpec:
     disk_bytes: int | None = 1 << 30
     cpu_seconds: int | None = None
     network: NetworkPolicy = "none"
+    model_url: str | None = None  # model-only: the rollout proxy's URL on the host
     ttl_seconds: float | None = None
     output_bytes: int = 1 << 20  # kept per stream and exec; the rest is dropped (truncated)
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "model-only"):
             raise ValueError(f"network must be 'none' or 'model-only', not {self.network!r}")
+        if self.network == "model-only":
+            if self.model_url is None:
+                raise ValueError(
+                    "network='model-only' needs model_url, the rollout proxy's URL on the "
+                    "host, e.g. model_url='http://127.0.0.1:8000/v1'"
+                )
+            model_target(self.model_url)
+        elif self.model_url is not None:
+            raise ValueError(
+                f"model_url={self.model_url!r} is only used with network='model-only' "
+                f"(network is {self.network!r}): set both or neither"
+            )
         if not self.workdir.startswith("/"):
             raise ValueError(f"workdir must be an absolute path, not {self.workdir!r}")
         for name in ("memory_bytes", "pids", "disk_bytes", "cpu_seconds", "output_bytes"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, not {value}")
+
+
+def model_target(url: str) -> tuple[str, int, str]:
+    """The (host, port, path) a model-only sandbox relays to; a `ValueError` naming the fix
+    for anything but a plain `http://host[:port][/path]` URL.
+
+    >>> model_target("http://127.0.0.1:8000/v1")
+    ('127.0.0.1', 8000, '/v1')
+    """
+    example = "e.g. 'http://127.0.0.1:8000/v1'"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise ValueError(f"model_url {url!r} is not a URL ({error}); {example}") from None
+    if parts.scheme != "http":
+        raise ValueError(
+            f"model_url {url!r} must be http:// (the sandbox's relay passes bytes unchanged; "
+            f"the proxy it reaches is plain HTTP on this host or network); {example}"
+        )
+    if not parts.hostname:
+        raise ValueError(f"model_url {url!r} names no host; {example}")
+    if port == 0:
+        raise ValueError(f"model_url {url!r} has port 0; give the proxy's port")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"model_url {url!r} carries credentials; pass keys as headers")
+    if parts.query or parts.fragment:
+        raise ValueError(f"model_url {url!r} has a query or fragment; give a base URL only")
+    return parts.hostname, 80 if port is None else port, parts.path.rstrip("/")
 
 
 @dataclass(frozen=True)
