@@ -3,7 +3,8 @@
 Problems are MBPP and HumanEval style (`problems` in this package): the shipped
 fixture (`data/code_execution/`), or `--env.dataset_name mbpp` / `openai_humaneval` from the hub.
 The last fenced ```python block of a completion is run against the item's asserts or
-stdin/stdout cases in this package's `sandbox` (whose docstring is the threat model):
+stdin/stdout cases in an `atropos.sandbox` sandbox (`--env.sandbox_provider`; this package's
+`sandbox` docstring is the threat model):
 +1 if everything passes, else -1 (no code: -1). A completion cut at `max_token_length` gets
 `set_advantage_to_zero` in its `overrides`. A group's sandboxes run concurrently, bounded by
 `--env.max_concurrency`. Eval: `eval_samples` completions per problem, unbiased pass@1 and
@@ -16,16 +17,18 @@ import asyncio
 import functools
 import itertools
 import time
-from typing import Any, ClassVar
+from collections import Counter
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from atropos.environments.code_execution.problems import Verdict, acheck_solution, load_problems
-from atropos.environments.code_execution.sandbox import DEFAULT_UID_BASE, Sandbox, SandboxLimits
+from atropos.environments.code_execution.sandbox import CodeRunner
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, Rollout
 from atropos.envs.types import Item, Message
 from atropos.rewards.passk import mean_pass_at_k
+from atropos.sandbox import SandboxError
 
 __all__ = ["SYSTEM_PROMPT", "CodeExecution", "CodeExecutionConfig", "demo_responder"]
 
@@ -61,14 +64,13 @@ class CodeExecutionConfig(BaseEnvConfig):
     max_processes: int = Field(default=16, ge=1, description="processes a run may add")
     max_output_kb: int = Field(default=1024, ge=1, description="output kept per stream (KiB)")
     max_concurrency: int = Field(default=8, ge=1, description="sandboxes running at once")
-    network_namespace: bool = Field(
-        default=True, description="cut the network with a namespace when the kernel allows it"
+    sandbox_provider: Literal["auto", "bubblewrap", "process", "docker"] = Field(
+        default="auto",
+        description="where programs run: auto is docker when sandbox_image is set, else"
+        " bubblewrap when bwrap is installed, else process (logged once)",
     )
-    drop_privileges: bool = Field(
-        default=True, description="as root, run code as a dedicated uid per sandbox slot"
-    )
-    sandbox_uid_base: int = Field(
-        default=DEFAULT_UID_BASE, ge=1, description="first dedicated uid (must be unused)"
+    sandbox_image: str | None = Field(
+        default=None, description="docker: a local image with python3 (never pulled)"
     )
 
 
@@ -83,32 +85,28 @@ class CodeExecution(Env[CodeExecutionConfig]):
     score_concurrently = True  # a group's sandbox runs overlap, bounded by max_concurrency
 
     @property
-    def sandbox(self) -> Sandbox:
-        """The sandbox (created on first use, closed by `aclose`)."""
-        box = self.__dict__.get("_sandbox")
-        if box is None:
+    def sandbox(self) -> CodeRunner:
+        """The runner of programs (made on first use)."""
+        runner = self.__dict__.get("_runner")
+        if runner is None:
             s = self.config
-            limits = SandboxLimits(
-                wall_seconds=s.timeout_seconds,
+            runner = self.__dict__["_runner"] = CodeRunner(
+                provider=s.sandbox_provider,
+                image=s.sandbox_image,
+                timeout=s.timeout_seconds,
                 cpu_seconds=s.cpu_seconds,
                 memory_bytes=s.memory_mb * 2**20,
                 max_processes=s.max_processes,
-                max_output_bytes=s.max_output_kb * 1024,
-            )
-            box = self.__dict__["_sandbox"] = Sandbox(
-                limits,
+                output_bytes=s.max_output_kb * 1024,
                 max_concurrency=s.max_concurrency,
-                network_namespace=s.network_namespace,
-                drop_privileges=s.drop_privileges,
-                uid_base=s.sandbox_uid_base,
             )
+        return runner
 
-            async def close() -> None:
-                self.__dict__.pop("_sandbox", None)
-                await asyncio.to_thread(box.close)
-
-            self.on_close(close)
-        return box
+    @property
+    def sandbox_failures(self) -> Counter[str]:
+        """Rollouts failed by the sandbox itself, by `SandboxError.reason`."""
+        failures: Counter[str] = self.__dict__.setdefault("_sandbox_failures", Counter())
+        return failures
 
     # ----- data and prompt ----------------------------------------------------------------------
 
@@ -140,8 +138,19 @@ class CodeExecution(Env[CodeExecutionConfig]):
     # ----- scoring ------------------------------------------------------------------------------
 
     async def check(self, item: Item, completion: str) -> Verdict:
-        """Run `item`'s tests on the completion's code in the sandbox."""
-        return await acheck_solution(self.sandbox, item, completion)
+        """Run `item`'s tests on the completion's code in the sandbox. A `SandboxError` (the
+        sandbox failed, not the code) is counted by its reason and raised: the runner counts
+        the rollout failed (`failed/SandboxError`), never scores it."""
+        try:
+            return await acheck_solution(self.sandbox, item, completion)
+        except SandboxError as error:
+            self.sandbox_failures[error.reason] += 1
+            raise
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Adds `train/sandbox_failed/<reason>`: sandbox failures since the start."""
+        extra = {f"train/sandbox_failed/{r}": float(n) for r, n in self.sandbox_failures.items()}
+        await super().wandb_log({**(metrics or {}), **extra})
 
     async def score(self, item: Item, completion: str) -> float:  # type: ignore[override]
         return 1.0 if (await self.check(item, completion)).passed else -1.0

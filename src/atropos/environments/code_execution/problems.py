@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from atropos.environments.code_execution.sandbox import Sandbox, SandboxResult
+from atropos.environments.code_execution.sandbox import CodeRunner, RunResult
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 
 __all__ = [
@@ -185,7 +185,7 @@ class Verdict:
 def jobs_for(item: Mapping[str, Any], code: str) -> list[Job]:
     """The runs that check `code` against `item`: one per stdin/stdout case, or one run of the
     preamble and the code, judged by the preamble, the setup and every assert in another
-    process (`Sandbox.run` with `tests`), whose verdict the code cannot forge."""
+    process (`CodeRunner.run` with `tests`), whose verdict the code cannot forge."""
     if item.get("io"):
         return [Job(code, case["input"], case["output"]) for case in item["io"]]
     preamble = item.get("preamble", "")
@@ -214,7 +214,7 @@ def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
 
 
-def judge(job: Job, result: SandboxResult) -> Verdict:
+def judge(job: Job, result: RunResult) -> Verdict:
     """The verdict of one run."""
     if job.tests is not None and result.tests == "exited_early" and result.status != "timeout":
         return Verdict(False, "exited_early", "the code under test ended before the tests did")
@@ -230,8 +230,9 @@ def judge(job: Job, result: SandboxResult) -> Verdict:
     return Verdict(True, "ok")
 
 
-def check_solution(sandbox: Sandbox, item: Mapping[str, Any], completion: str) -> Verdict:
-    """Extract the code from `completion` and run `item`'s tests on it (stops at a failure)."""
+def check_solution(sandbox: CodeRunner, item: Mapping[str, Any], completion: str) -> Verdict:
+    """Extract the code from `completion` and run `item`'s tests on it (stops at a failure).
+    A sandbox that fails (`SandboxError`) is raised, never a verdict."""
     code = extract_code(completion)
     if code is None:
         return Verdict(False, "no_code", "no fenced Python code block")
@@ -243,7 +244,7 @@ def check_solution(sandbox: Sandbox, item: Mapping[str, Any], completion: str) -
     return verdict
 
 
-async def acheck_solution(sandbox: Sandbox, item: Mapping[str, Any], completion: str) -> Verdict:
+async def acheck_solution(sandbox: CodeRunner, item: Mapping[str, Any], completion: str) -> Verdict:
     """`check_solution` without blocking the event loop."""
     code = extract_code(completion)
     if code is None:
