@@ -126,11 +126,24 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write_eof()
 
 
-async def _serve(listener: socket.socket, target: tuple[str, int]) -> None:
+async def _dial(
+    targets: list[tuple[str, int]],
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of the target's addresses that answers (numeric addresses,
+    resolved once at start; the socket is the main thread's: the host's network)."""
+    error: OSError = OSError("no address")
+    for host, port in targets:
+        try:
+            return await asyncio.open_connection(host, port)
+        except OSError as failed:
+            error = failed
+    raise error
+
+
+async def _serve(listener: socket.socket, targets: list[tuple[str, int]]) -> None:
     async def forward(inner_r: asyncio.StreamReader, inner_w: asyncio.StreamWriter) -> None:
         try:
-            # a numeric address, made here: the main thread's socket, the host's network
-            outer_r, outer_w = await asyncio.open_connection(*target)
+            outer_r, outer_w = await _dial(targets)
         except OSError:
             inner_w.close()
             return
@@ -150,8 +163,8 @@ async def _serve(listener: socket.socket, target: tuple[str, int]) -> None:
 
 def main(argv: list[str]) -> None:
     host, target_port, port, uid = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    address = socket.getaddrinfo(host, target_port, type=socket.SOCK_STREAM)[0][4]
-    target = (str(address[0]), int(address[1]))
+    found = socket.getaddrinfo(host, target_port, type=socket.SOCK_STREAM)
+    targets = [(str(info[4][0]), int(info[4][1])) for info in found]
     made: list[socket.socket | BaseException] = []
     thread = threading.Thread(target=_inside_listener, args=(port, made), daemon=True)
     thread.start()
@@ -165,7 +178,7 @@ def main(argv: list[str]) -> None:
     _libc_call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     sys.stdout.write(f"ready {thread.native_id}\n")
     sys.stdout.flush()
-    asyncio.run(_serve(made[0], target))
+    asyncio.run(_serve(made[0], targets))
 
 
 if __name__ == "__main__":
