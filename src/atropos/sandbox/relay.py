@@ -43,9 +43,19 @@ CHUNK = 65_536
 class Relay:
     """The owner's handle on one relay: `ns_path` is what execs join, `close()` ends it."""
 
-    def __init__(self, target: tuple[str, int], port: int, uid: int, timeout: float) -> None:
+    def __init__(
+        self,
+        target: tuple[str, int],
+        port: int,
+        uid: int,
+        timeout: float,
+        join: str | None = None,
+    ) -> None:
+        """Start a relay to `target` listening on 127.0.0.1:`port` in a new network namespace,
+        or in the one at `join` (a container's `/proc/<pid>/ns/net`), running as `uid`."""
         host, target_port = target
         argv = [sys.executable, "-I", "-S", __file__, host, str(target_port), str(port), str(uid)]
+        argv += [join] if join is not None else []
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -99,11 +109,20 @@ def _libc_call(name: str, *args: int) -> None:
         raise OSError(errno, f"{name}: {os.strerror(errno)}")
 
 
-def _inside_listener(port: int, made: list[socket.socket | BaseException]) -> None:
-    """In a thread: a new network namespace, `lo` up, a listener on 127.0.0.1:port; then
-    stay there, so the owner can open this thread's namespace."""
+def _inside_listener(
+    port: int, join: str | None, made: list[socket.socket | BaseException]
+) -> None:
+    """In a thread: a new network namespace (or the one at `join`), `lo` up, a listener on
+    127.0.0.1:port; then stay there, so the owner can open this thread's namespace."""
     try:
-        _libc_call("unshare", CLONE_NEWNET)
+        if join is None:
+            _libc_call("unshare", CLONE_NEWNET)
+        else:
+            fd = os.open(join, os.O_RDONLY)
+            try:
+                _libc_call("setns", fd, CLONE_NEWNET)
+            finally:
+                os.close(fd)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             request = struct.pack("16sH22x", b"lo", 0)
             flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
@@ -163,10 +182,11 @@ async def _serve(listener: socket.socket, targets: list[tuple[str, int]]) -> Non
 
 def main(argv: list[str]) -> None:
     host, target_port, port, uid = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    join = argv[4] if len(argv) > 4 else None
     found = socket.getaddrinfo(host, target_port, type=socket.SOCK_STREAM)
     targets = [(str(info[4][0]), int(info[4][1])) for info in found]
     made: list[socket.socket | BaseException] = []
-    thread = threading.Thread(target=_inside_listener, args=(port, made), daemon=True)
+    thread = threading.Thread(target=_inside_listener, args=(port, join, made), daemon=True)
     thread.start()
     while not made:
         time.sleep(0.001)
