@@ -1,0 +1,4 @@
+from inventory.report import report
+from inventory.store import sample_store
+
+print(report(sample_store()))

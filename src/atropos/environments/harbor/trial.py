@@ -1,0 +1,266 @@
+"""One Harbor trial in one sandbox: the agent, then the verifier in the same sandbox, then the
+reward it wrote. The paths are Harbor's (`harbor.models.trial.paths.EnvironmentPaths`):
+`/logs/agent`, `/logs/verifier` (`reward.json` read first, else `reward.txt`), `/tests`
+(copied in after the agent, as Harbor's shared-mode verifier does), `/solution` (the oracle's
+only). Files go in through `tar -x -C /` fed on the exec's stdin, so the image needs `tar`.
+
+An agent is the oracle (`solution/solve.sh`, with `[solution] env` and
+`DEBIAN_FRONTEND=noninteractive`), a command (the instruction in `/logs/agent/instruction.md`
+and in `$HARBOR_INSTRUCTION`, its file's path in `$HARBOR_INSTRUCTION_FILE`), or a script
+(the policy's bash block). An agent that runs past its timeout is killed and the verifier
+still runs: the rollout is scored, as in Harbor (`AgentTimeoutError` is recorded, the
+verifier runs). What fails a trial instead of scoring it (`TrialResult.failure`, one word):
+the sandbox's `SandboxError` reason (`start_failed`, `start_timeout`, `dead`, `closed`,
+`expired`, `unsupported`, `unavailable`), `setup` (the log folders could not be made),
+`healthcheck`, `verifier_timeout`, `no_reward` (neither file written) and `bad_reward` (not a
+finite number, or a JSON without numbers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from atropos.environments.harbor.image import TaskImage
+from atropos.environments.harbor.task import HarborTask
+from atropos.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, open_sandbox
+
+__all__ = ["Agent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
+
+SETUP_TIMEOUT = 60.0
+READ_TIMEOUT = 30.0
+INSTRUCTION_FILE = "/logs/agent/instruction.md"
+AgentKind = Literal["oracle", "command", "script"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What acts on the task: the oracle, a shell command, or a bash script (the policy's)."""
+
+    kind: AgentKind
+    text: str = ""
+
+
+@dataclass
+class TrialResult:
+    """A trial's outcome: `reward` when the verifier wrote one, else `failure` (a reason)."""
+
+    reward: float | None = None
+    failure: str | None = None
+    detail: str = ""
+    rewards: dict[str, float] = field(default_factory=dict)
+    agent_exit: int | None = None
+    agent_timed_out: bool = False
+    agent_output: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the run adds to a task's own settings."""
+
+    provider: str = "docker"
+    start_timeout: float = 120.0
+    agent_timeout: float = 600.0  # when task.toml's [agent] timeout_sec is unset
+    memory_bytes: int | None = 2 << 30  # when task.toml sets none
+    pids: int | None = 1024
+    output_bytes: int = 1 << 20
+
+
+def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxSpec:
+    """The sandbox of a task: its image, environment, work dir and resources; its time to
+    live covers the agent, the verifier and their setup."""
+    agent = task.agent_timeout or limits.agent_timeout
+    return SandboxSpec(
+        image=image.name,
+        env={**image.environment, **task.env},
+        workdir=task.workdir or image.working_dir or "/",
+        cpus=task.cpus,
+        memory_bytes=task.memory_bytes or limits.memory_bytes,
+        disk_bytes=task.disk_bytes,
+        pids=limits.pids,
+        network="none",
+        ttl_seconds=agent + task.verifier_timeout + 4 * SETUP_TIMEOUT,
+        output_bytes=limits.output_bytes,
+    )
+
+
+async def run_trial(
+    task: HarborTask, image: TaskImage, agent: Agent, limits: Limits
+) -> TrialResult:
+    """Start the task's sandbox, run `agent` then the verifier, read the reward, close it."""
+    result = TrialResult()
+    try:
+        spec = sandbox_spec(task, image, limits)
+        async with await open_sandbox(spec, limits.provider, limits.start_timeout) as box:
+            if await _prepare(box, task, result):
+                await _act(box, task, agent, limits, result)
+                await _verify(box, task, result)
+    except SandboxError as error:
+        result.failure, result.detail = error.reason, str(error)
+    return result
+
+
+async def _prepare(box: Sandbox, task: HarborTask, result: TrialResult) -> bool:
+    made = await box.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier", "/logs/artifacts"],
+                          timeout=SETUP_TIMEOUT)  # fmt: skip
+    if not made.ok:
+        return _failed(result, "setup", f"mkdir /logs: {_said(made)}")
+    if task.healthcheck is not None and not await _healthy(box, task.healthcheck):
+        return _failed(result, "healthcheck", f"never passed: {task.healthcheck['command']}")
+    return True
+
+
+async def _healthy(box: Sandbox, check: Mapping[str, object]) -> bool:
+    """Harbor's healthcheck: `retries` tries of `command`, `interval_sec` apart."""
+    tries = int(str(check.get("retries", 3))) + 1
+    for attempt in range(tries):
+        done = await box.exec(
+            str(check["command"]), timeout=float(str(check.get("timeout_sec", 30)))
+        )
+        if done.ok:
+            return True
+        if attempt + 1 < tries:
+            await asyncio.sleep(float(str(check.get("interval_sec", 5))))
+    return False
+
+
+async def _act(
+    box: Sandbox, task: HarborTask, agent: Agent, limits: Limits, result: TrialResult
+) -> None:
+    timeout = task.agent_timeout or limits.agent_timeout
+    env: dict[str, str] = {}
+    if agent.kind == "oracle":
+        await put_tree(box, task.solution_dir, "/solution")
+        command = "chmod +x /solution/solve.sh && /solution/solve.sh > /logs/agent/oracle.txt 2>&1"
+        env = {"DEBIAN_FRONTEND": "noninteractive", **task.solution_env}
+    elif agent.kind == "command":
+        await put_files(box, {INSTRUCTION_FILE: task.instruction.encode()})
+        command = agent.text
+        env = {"HARBOR_INSTRUCTION": task.instruction, "HARBOR_INSTRUCTION_FILE": INSTRUCTION_FILE}
+    else:
+        await put_files(box, {"/logs/agent/answer.sh": agent.text.encode()})
+        command = "bash /logs/agent/answer.sh"
+    done = await box.exec(as_user(command, task.agent_user), timeout=timeout, env=env)
+    result.agent_exit, result.agent_timed_out = done.exit_code, done.timed_out
+    result.agent_output = (done.stdout + done.stderr).decode(errors="replace")[-4000:]
+
+
+async def _verify(box: Sandbox, task: HarborTask, result: TrialResult) -> None:
+    await box.exec(["rm", "-f", "/logs/verifier/reward.txt", "/logs/verifier/reward.json"],
+                   timeout=SETUP_TIMEOUT)  # fmt: skip
+    await put_tree(box, task.tests_dir, "/tests")
+    command = "chmod +x /tests/test.sh && /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+    done = await box.exec(as_user(command, task.verifier_user), timeout=task.verifier_timeout,
+                          env=dict(task.verifier_env))  # fmt: skip
+    if done.timed_out:
+        _failed(result, "verifier_timeout", f"tests/test.sh ran past {task.verifier_timeout:g} s")
+        return
+    as_json = await box.exec(["cat", "/logs/verifier/reward.json"], timeout=READ_TIMEOUT)
+    as_text = None if as_json.ok else await box.exec(["cat", "/logs/verifier/reward.txt"],
+                                                    timeout=READ_TIMEOUT)  # fmt: skip
+    if as_text is not None and not as_text.ok:
+        log = await box.exec(["tail", "-c", "2000", "/logs/verifier/test-stdout.txt"],
+                             timeout=READ_TIMEOUT)  # fmt: skip
+        _failed(result, "no_reward", "tests/test.sh wrote neither /logs/verifier/reward.json nor"
+                f" reward.txt (exit {done.exit_code}); its output: {_said(log)}")  # fmt: skip
+        return
+    try:
+        if as_text is None:
+            result.rewards = rewards_of_json(as_json.stdout.decode(errors="replace"))
+        else:
+            result.rewards = {"reward": reward_of(as_text.stdout.decode(errors="replace"))}
+    except ValueError as error:
+        _failed(result, "bad_reward", str(error))
+        return
+    values = result.rewards
+    result.reward = values["reward"] if "reward" in values else sum(values.values()) / len(values)
+
+
+def reward_of(text: str) -> float:
+    """reward.txt's number (Harbor: `float(text)`, finite).
+
+    >>> reward_of("1\\n"), reward_of(" 0.25 ")
+    (1.0, 0.25)
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"reward.txt holds {text[:80]!r}, not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"reward.txt holds {value!r}, not a finite number")
+    return value
+
+
+def rewards_of_json(text: str) -> dict[str, float]:
+    """reward.json's numbers by key (a bare number is the `reward`); Harbor refuses
+    non-numeric and non-finite values, and so do we.
+
+    >>> rewards_of_json('{"reward": 1, "partial": 0.5}'), rewards_of_json("0.5")
+    ({'reward': 1.0, 'partial': 0.5}, {'reward': 0.5})
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"reward.json is not JSON: {text[:80]!r}") from None
+    values = data if isinstance(data, dict) else {"reward": data}
+    bad = {k: v for k, v in values.items() if isinstance(v, bool)
+           or not isinstance(v, (int, float)) or not math.isfinite(v)}  # fmt: skip
+    if bad or not values:
+        raise ValueError(f"reward.json needs finite numbers, has {bad or values!r}")
+    return {str(k): float(v) for k, v in values.items()}
+
+
+def as_user(command: str, user: str | None) -> str:
+    """`command` run as `user` (`[agent]`/`[verifier]` `user` of task.toml) via `su`; as the
+    image's user when None or root."""
+    if user in (None, "root", "0"):
+        return command
+    return f"su -s /bin/sh {shlex.quote(str(user))} -c {shlex.quote(command)}"
+
+
+async def put_files(box: Sandbox, files: Mapping[str, bytes]) -> None:
+    """Write `files` (absolute paths) into the sandbox, as root, via `tar -x -C /`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode = len(data), 0o755
+            archive.addfile(info, io.BytesIO(data))
+    await _untar(box, buffer.getvalue())
+
+
+async def put_tree(box: Sandbox, folder: Path, target: str) -> None:
+    """Copy a local `folder` to the absolute `target` in the sandbox."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(folder, arcname=target.lstrip("/"), filter=_owned_by_root)
+    await _untar(box, buffer.getvalue())
+
+
+def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+async def _untar(box: Sandbox, archive: bytes) -> None:
+    done = await box.exec(["tar", "-x", "-C", "/", "-f", "-"], timeout=SETUP_TIMEOUT, stdin=archive)
+    if not done.ok:
+        raise SandboxError("start_failed", f"could not copy files in (tar): {_said(done)}")
+
+
+def _failed(result: TrialResult, reason: str, detail: str) -> bool:
+    result.failure, result.detail = reason, detail
+    return False
+
+
+def _said(done: ExecResult) -> str:
+    return (done.stderr or done.stdout).decode(errors="replace").strip()[-2000:]
