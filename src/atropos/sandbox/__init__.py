@@ -1,9 +1,10 @@
-"""One Sandbox API (exec, put/get, close) over local providers (bubblewrap, process), with
-pools and a sweep of what dead owners left. docs/sandbox.md says what each isolates."""
+"""One Sandbox API (exec, put/get, close) over local providers (bubblewrap, process) and
+Docker containers (docker), with pools, a sweep of what dead owners left, and `run_owned` for
+owners that must clean up on SIGTERM. docs/sandbox.md says what each isolates."""
 
-from atropos.sandbox._host import sweep
+from atropos.sandbox.owner import run_owned
 from atropos.sandbox.pool import SandboxPool
-from atropos.sandbox.providers import PROVIDERS, open_sandbox
+from atropos.sandbox.providers import PROVIDERS, open_sandbox, sweep
 from atropos.sandbox.spec import ExecResult, Sandbox, SandboxError, SandboxSpec
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "SandboxPool",
     "SandboxSpec",
     "open_sandbox",
+    "run_owned",
     "sweep",
 ]

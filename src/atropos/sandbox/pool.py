@@ -13,9 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from types import TracebackType
 
-from atropos.sandbox._local import LocalSandbox
 from atropos.sandbox.providers import open_sandbox
-from atropos.sandbox.spec import SandboxError, SandboxSpec
+from atropos.sandbox.spec import Sandbox, SandboxError, SandboxSpec
 
 
 class SandboxPool:
@@ -35,8 +34,8 @@ class SandboxPool:
         self.starting = asyncio.Semaphore(max_starting)
         self.live = 0  # warm, starting and handed out
         self.changed = asyncio.Event()  # a warm one arrived or a live slot came free
-        self.warm: asyncio.Queue[LocalSandbox] = asyncio.Queue()
-        self.handed_out: set[LocalSandbox] = set()
+        self.warm: asyncio.Queue[Sandbox] = asyncio.Queue()
+        self.handed_out: set[Sandbox] = set()
         self.fills: set[asyncio.Task[None]] = set()
         self.closed = False
         self.started_count = self.failed_count = 0
@@ -82,7 +81,7 @@ class SandboxPool:
         self.live -= 1
         self._notify()
 
-    async def _start(self) -> LocalSandbox:
+    async def _start(self) -> Sandbox:
         async with self.starting:
             self._starting_now += 1
             self.peak_starting = max(self.peak_starting, self._starting_now)
@@ -97,7 +96,7 @@ class SandboxPool:
             return box
 
     @contextlib.asynccontextmanager
-    async def sandbox(self) -> AsyncIterator[LocalSandbox]:
+    async def sandbox(self) -> AsyncIterator[Sandbox]:
         """A started sandbox for one rollout, closed (and replaced) when the block ends."""
         if self.closed:
             raise SandboxError("closed", "the pool is closed")
@@ -113,7 +112,7 @@ class SandboxPool:
                 self._free()
                 self._fill()
 
-    async def _take(self) -> LocalSandbox:
+    async def _take(self) -> Sandbox:
         """A warm sandbox, or one started here when a live slot is free; else wait until
         one of them is."""
         while True:
