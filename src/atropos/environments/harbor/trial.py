@@ -29,15 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from atropos.environments.harbor.container import open_task_sandbox
 from atropos.environments.harbor.image import TaskImage
 from atropos.environments.harbor.task import HarborTask
-from atropos.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, open_sandbox
+from atropos.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec
 
 __all__ = ["Agent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
 
 SETUP_TIMEOUT = 60.0
 READ_TIMEOUT = 30.0
 INSTRUCTION_FILE = "/logs/agent/instruction.md"
+# what `docker run` gives a root process of a Debian or Ubuntu image (the provider's own PATH
+# leaves out the sbin folders)
+CONTAINER_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+}
 AgentKind = Literal["oracle", "command", "script"]
 
 
@@ -80,7 +87,7 @@ def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxS
     agent = task.agent_timeout or limits.agent_timeout
     return SandboxSpec(
         image=image.name,
-        env={**image.environment, **task.env},
+        env={**CONTAINER_ENV, **image.environment, **task.env},
         workdir=task.workdir or image.working_dir or "/",
         cpus=task.cpus,
         memory_bytes=task.memory_bytes or limits.memory_bytes,
@@ -99,7 +106,7 @@ async def run_trial(
     result = TrialResult()
     try:
         spec = sandbox_spec(task, image, limits)
-        async with await open_sandbox(spec, limits.provider, limits.start_timeout) as box:
+        async with await open_task_sandbox(spec, limits.provider, limits.start_timeout) as box:
             if await _prepare(box, task, result):
                 await _act(box, task, agent, limits, result)
                 await _verify(box, task, result)
