@@ -99,6 +99,25 @@ def test_process_writes_jsonl_and_html(tmp_path):
     assert env.metrics["train/percent_correct"] == 0.5
 
 
+def test_a_sandbox_failure_fails_the_rollout_and_is_counted_by_reason(tmp_path, monkeypatch):
+    """No sandbox can start (the run root is a file): every rollout is failed, none scored."""
+    from atropos.envs.config import ResolvedConfig
+    from atropos.envs.runner.process import ProcessRunner
+
+    blocker = tmp_path / "root"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(blocker))
+    out = tmp_path / "code.jsonl"
+    with FakeInferenceServer(responder=Responder()) as fake:
+        env = make(fake.base_url, total_steps=2, data_path_to_save_groups=str(out))
+        resolved = ResolvedConfig(env.config, env.server_configs, env.manager_config, "process")
+        runner = ProcessRunner(env, resolved)
+        asyncio.run(runner.run(show_progress=False))
+    assert runner.failures["SandboxError"] >= 1 and set(runner.failures) == {"SandboxError"}
+    assert env.sandbox_failures["start_failed"] >= 1
+    assert not out.exists() or out.read_text().strip() == ""
+
+
 def test_a_truncated_completion_gets_its_advantage_zeroed():
     item = FIXTURE[0]
 
@@ -162,7 +181,8 @@ def test_defaults_and_registration():
     assert isinstance(config, CodeExecutionConfig) and config.dataset_name is None
     assert (config.tokenizer_name, server.server_type) == ("tiny", "vllm")
     assert server.base_url == "http://127.0.0.1:9001/v1"
-    assert config.eval_samples == 4 and config.network_namespace and config.drop_privileges
+    assert config.eval_samples == 4 and config.sandbox_provider == "auto"
+    assert config.sandbox_image is None
     assert "code_execution" in registry.names(), "run `pip install -e .` to install entry points"
     assert registry.get("code_execution") is CodeExecution
 

@@ -19,14 +19,13 @@ from atropos.environments.code_execution.problems import (
     load_problems,
     to_item,
 )
-from atropos.environments.code_execution.sandbox import Sandbox, SandboxLimits
+from atropos.environments.code_execution.sandbox import CodeRunner
 from atropos.environments.common.data_loading import HubUnavailable
 
 
 @pytest.fixture(scope="module")
 def box():
-    with Sandbox(SandboxLimits(wall_seconds=3, cpu_seconds=2), max_concurrency=2) as sandbox:
-        yield sandbox
+    return CodeRunner(timeout=3, cpu_seconds=2, max_concurrency=2)
 
 
 ADD = {

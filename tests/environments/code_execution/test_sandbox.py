@@ -1,11 +1,12 @@
-"""The local sandbox: ordinary runs, and adversarial code it must contain (fork bombs, endless
-loops, huge output, memory bombs, network access, stray writes, reading secrets)."""
+"""code_execution's runner on atropos.sandbox, per provider: ordinary runs, and adversarial code
+it must contain (endless loops, fork bombs, memory bombs, huge output, network access, stray
+writes, reading the dataset); a sandbox that fails is an error, never a verdict."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -13,74 +14,51 @@ from pathlib import Path
 
 import pytest
 
-from atropos.environments.code_execution._supervisor import kernel_at_least
+from atropos.environments.code_execution import sandbox as sandbox_module
 from atropos.environments.code_execution.sandbox import (
-    DEFAULT_UID_BASE,
     GRACE_SECONDS,
-    Sandbox,
-    SandboxLimits,
+    CodeRunner,
+    resolve_provider,
 )
+from atropos.environments.common.data_loading import data_path
+from atropos.sandbox import SandboxError
 
-LIMITS = SandboxLimits(
-    wall_seconds=2.0,
-    cpu_seconds=1.0,
-    memory_bytes=256 * 2**20,
-    max_processes=8,
-    max_output_bytes=64 * 1024,
-)
+LIMITS = {
+    "timeout": 3.0,
+    "cpu_seconds": 1.0,
+    "memory_bytes": 256 * 2**20,
+    "max_processes": 8,
+    "output_bytes": 64 * 1024,
+}
 CONCURRENCY = 2
+PROVIDERS = ["bubblewrap", "process"]
 
 
-@pytest.fixture(scope="module")
-def box():
-    with Sandbox(LIMITS, max_concurrency=CONCURRENCY) as sandbox:
-        yield sandbox
-
-
-def supervisors() -> list[int]:
-    """Processes still running our supervisor script (forked children share its cmdline)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"_supervisor.py" in cmdline:
-                found.append(int(name))
-    return found
-
-
-def tasks_of_sandbox_uids() -> list[int]:
-    """Processes owned by one of the dedicated uids (when running as root)."""
-    uids = {DEFAULT_UID_BASE + i for i in range(CONCURRENCY)}
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                status = Path(f"/proc/{name}/status").read_text()
-            except OSError:
-                continue
-            uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
-            if uid_line and int(uid_line.split()[1]) in uids:
-                found.append(int(name))
-    return found
+@pytest.fixture(scope="module", params=PROVIDERS)
+def box(request):
+    return CodeRunner(provider=request.param, max_concurrency=CONCURRENCY, **LIMITS)
 
 
 def assert_nothing_left() -> None:
-    assert supervisors() == []
-    assert tasks_of_sandbox_uids() == []
+    """None of our sandboxes is left: `close()` removes a sandbox's folder and frees its uid
+    only after every process of that uid is gone (other sessions' sandboxes are not ours)."""
+    from atropos.sandbox import _host
+
+    ours = _host.run_root() / _host.owner_label()
+    assert not ours.exists() or list(ours.iterdir()) == []
+    reservations = _host.run_root() / "uids"
+    if reservations.exists():
+        for uid in reservations.iterdir():
+            assert uid.read_text() != _host.owner_label()
 
 
 # ----- ordinary runs ----------------------------------------------------------------------------
 
 
-def test_a_program_runs_with_stdin_and_reports_how_it_was_isolated(box):
+def test_a_program_runs_with_stdin(box):
     result = box.run("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="hi\n")
     assert result.ok and result.stdout == "HI\n" and result.exit_code == 0
-    assert set(result.isolation) == {"network", "filesystem", "pids", "user", "processes"}
-    if os.geteuid() == 0:
-        assert result.isolation["user"].startswith("dedicated uid")
+    assert result.provider == box.provider
 
 
 def test_errors_and_syntax_errors_are_failed_runs(box):
@@ -102,24 +80,44 @@ def test_runs_are_concurrent_but_bounded(box):
     assert all(r.ok for r in results)
     spans = [tuple(map(float, r.stdout.split())) for r in results]
     busiest = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
-    assert busiest == CONCURRENCY
+    assert busiest <= CONCURRENCY
 
 
-def test_a_sandbox_failure_is_a_failed_run(box, monkeypatch):
-    def refuse(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+def test_a_sandbox_that_cannot_start_raises_and_gives_no_verdict(tmp_path, monkeypatch):
+    """The run root is a file: no sandbox can be made. That is a SandboxError (the rollout
+    fails), not a result the judge would score."""
+    blocker = tmp_path / "root"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(blocker))
+    runner = CodeRunner(provider="process", **LIMITS)
+    with pytest.raises(SandboxError) as caught:
+        runner.run("print(1)")
+    assert caught.value.reason == "start_failed"
 
-    monkeypatch.setattr("tempfile.mkdtemp", refuse)
-    result = box.run("print(1)")
-    assert (result.status, result.ok) == ("sandbox_error", False)
-    assert "No space left" in result.stderr
 
-
-def test_limits_are_checked():
-    with pytest.raises(ValueError, match="wall_seconds must be positive"):
-        SandboxLimits(wall_seconds=0)
+def test_bad_settings_are_one_clear_error():
     with pytest.raises(ValueError, match="max_concurrency"):
-        Sandbox(max_concurrency=0)
+        CodeRunner(max_concurrency=0)
+    with pytest.raises(ValueError, match="sandbox_provider must be one of"):
+        CodeRunner(provider="vm")
+    with pytest.raises(ValueError, match="docker needs sandbox_image"):
+        CodeRunner(provider="docker")
+
+
+def test_auto_is_predictable_and_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "_logged", set())
+    with caplog.at_level(logging.INFO, logger=sandbox_module.__name__):
+        first, second = CodeRunner(), CodeRunner()
+    assert first.provider == second.provider == resolve_provider("auto", None)[0]
+    expected = "bubblewrap" if sandbox_module.shutil.which("bwrap") else "process"
+    assert first.provider == expected
+    lines = [r.getMessage() for r in caplog.records if "sandbox provider" in r.getMessage()]
+    assert len(lines) == 1 and expected in lines[0]
+    monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: None)
+    assert resolve_provider("auto", None)[0] == "process"
+    if "docker" not in sandbox_module.PROVIDERS:
+        with pytest.raises(ValueError, match="needs the docker provider"):
+            resolve_provider("auto", "bookworm-python")
 
 
 # ----- adversarial code -------------------------------------------------------------------------
@@ -137,8 +135,8 @@ while True:
 def test_a_fork_bomb_is_capped_stopped_and_leaves_nothing_behind(box):
     start = time.monotonic()
     result = box.run(FORK_BOMB)
-    assert time.monotonic() - start < LIMITS.wall_seconds + GRACE_SECONDS
-    assert not result.ok and result.status in ("timeout", "cpu_limit")
+    assert time.monotonic() - start < LIMITS["timeout"] + GRACE_SECONDS
+    assert not result.ok and result.status in ("timeout", "cpu_limit", "error")
     assert_nothing_left()
 
 
@@ -156,30 +154,26 @@ except (OSError, PermissionError) as e:
 """
 
 
-@pytest.mark.parametrize("drop_privileges", [True, False])
-def test_process_count_is_capped(box, drop_privileges):
-    """As root without a dedicated uid the audit hook refuses every fork instead."""
-    sandbox = box if drop_privileges else Sandbox(LIMITS, max_concurrency=1, drop_privileges=False)
+def test_process_count_is_capped(box):
+    """As root each sandbox has its own uid and RLIMIT_NPROC; otherwise the audit hook
+    refuses every fork."""
     start = time.monotonic()
-    result = sandbox.run(PROCESS_COUNT)
+    result = box.run(PROCESS_COUNT)
     assert result.ok, result.stderr
     words = result.stdout.split()
     assert words[:2] == ["refused", "after"]
-    own_namespace = "user+" in result.isolation["network"] and kernel_at_least(5, 14)
-    own_count = "dedicated" in result.isolation["user"] or own_namespace
-    if "audit hook" in result.isolation["processes"]:
+    if os.geteuid() == 0:
+        assert 0 < int(words[2]) <= LIMITS["max_processes"] + 1  # + the judge's slot
+        assert words[3] == "BlockingIOError"
+    else:
         assert words[2:] == ["0", "PermissionError"]
-    elif own_count:  # NPROC counts only this run's tasks
-        assert words[2:] == [str(LIMITS.max_processes), "BlockingIOError"]
-    else:  # NPROC counts all the user's tasks, which may come and go meanwhile
-        assert 0 < int(words[2]) <= 2 * LIMITS.max_processes
-    assert time.monotonic() - start < LIMITS.wall_seconds  # the sleepers were killed, not awaited
+    assert time.monotonic() - start < LIMITS["timeout"]  # the sleepers were killed, not awaited
     assert_nothing_left()
 
 
 def test_orphans_in_their_own_session_are_killed_too(box):
-    if "audit hook" in box.run("pass").isolation["processes"]:
-        pytest.skip("root without a dedicated uid: the audit hook refuses fork")
+    if os.geteuid() != 0:
+        pytest.skip("not root: the audit hook refuses fork")
     program = """
 import os, time
 for _ in range(3):
@@ -191,35 +185,37 @@ for _ in range(3):
 print("spawned")
 """
     result = box.run(program)
-    assert result.ok and result.stdout == "spawned\n"
+    assert result.ok
+    # process: the escapees hold the pipes past the exec, and atropos.sandbox's collect then
+    # drops what it had read of them (a gap of the layer's, reported); bubblewrap keeps it
+    assert result.stdout == "spawned\n" or box.provider == "process"
     assert_nothing_left()
 
 
-def test_an_endless_loop_hits_the_cpu_limit():
-    limits = SandboxLimits(wall_seconds=8, cpu_seconds=1)  # room for a busy machine
-    with Sandbox(limits, max_concurrency=1) as sandbox:
-        start = time.monotonic()
-        result = sandbox.run("while True:\n    pass")
+def test_an_endless_loop_hits_the_cpu_limit(box):
+    runner = CodeRunner(provider=box.provider, timeout=8, cpu_seconds=1)  # room when loaded
+    start = time.monotonic()
+    result = runner.run("while True:\n    pass")
     assert result.status == "cpu_limit" and not result.ok
-    assert time.monotonic() - start < limits.wall_seconds
+    assert time.monotonic() - start < 8
 
 
 def test_a_sleeping_program_hits_the_wall_clock(box):
     start = time.monotonic()
     result = box.run("import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert result.status == "timeout" and result.stdout == "started\n"
-    assert time.monotonic() - start < LIMITS.wall_seconds + GRACE_SECONDS
+    assert time.monotonic() - start < LIMITS["timeout"] + GRACE_SECONDS
     assert_nothing_left()
 
 
-def test_huge_output_is_capped_and_the_run_stopped(box):
+def test_huge_output_is_capped(box):
     program = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"  # a child to clean up
-    program += "while True:\n    print('x' * 10000)"
+    program += "for _ in range(1000):\n    print('x' * 10000)"
     result = box.run(program)
     assert result.status == "output_limit"
-    assert len(result.stdout) <= LIMITS.max_output_bytes
-    result = box.run("import sys\nwhile True:\n    sys.stderr.write('e' * 10000)")
-    assert result.status == "output_limit" and len(result.stderr) <= LIMITS.max_output_bytes
+    assert len(result.stdout) <= LIMITS["output_bytes"]
+    result = box.run("import sys\nfor _ in range(1000):\n    sys.stderr.write('e' * 10000)")
+    assert result.status == "output_limit" and len(result.stderr) <= LIMITS["output_bytes"]
     assert_nothing_left()
 
 
@@ -230,10 +226,9 @@ def test_a_memory_bomb_fails_inside_the_limit(box):
     assert not result.ok and "MemoryError" in result.stderr
 
 
-def test_a_big_file_hits_the_file_size_limit():
-    limits = SandboxLimits(wall_seconds=2, file_size_bytes=2**20)
-    with Sandbox(limits, max_concurrency=1) as small:
-        result = small.run("open('big.bin', 'wb').write(b'x' * 2**21)")
+def test_a_big_file_hits_the_file_size_limit(box):
+    small = box.with_spec(disk_bytes=2**20)
+    result = small.run("open('big.bin', 'wb').write(b'x' * 2**21)")
     # Python ignores SIGXFSZ, so the write fails with EFBIG instead of killing the process
     assert result.status in ("file_limit", "error") and "File too large" in result.stderr
 
@@ -262,37 +257,32 @@ def connections(server: socket.socket) -> int:
 def test_python_sockets_are_refused(box, listener):
     port = listener.getsockname()[1]
     program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
-    for sandbox in (box, Sandbox(LIMITS, max_concurrency=1, network_namespace=False)):
-        result = sandbox.run(program)
-        assert not result.ok and "PermissionError: sandbox: socket" in result.stderr
+    result = box.run(program)
+    assert not result.ok and "PermissionError: sandbox: socket" in result.stderr
     assert connections(listener) == 0
 
 
 def test_the_network_namespace_stops_code_the_audit_hook_cannot_see(box, listener):
-    """`bash` is another program: no audit hook; only the namespace keeps it off the network."""
-    if "namespace" not in box.run("pass").isolation["network"]:
-        pytest.skip("no network namespace here (the audit hook is the only network guard)")
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("no bash")
+    """`bash` is another program: no audit hook; the provider's namespace keeps it off."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: the audit hook refuses starting bash")
     port = listener.getsockname()[1]
     program = (
         "import subprocess\n"
-        f"r = subprocess.run([{bash!r}, '-c', 'echo hi > /dev/tcp/127.0.0.1/{port}'])\n"
+        f"r = subprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127.0.0.1/{port}'])\n"
         "print('exit', r.returncode)"
     )
     result = box.run(program)
-    assert result.stdout != "exit 0\n"
+    assert result.ok and result.stdout.startswith("exit ") and result.stdout != "exit 0\n"
     assert connections(listener) == 0
 
 
-def test_writes_outside_the_temporary_directory_are_refused(box, tmp_path):
+def test_writes_outside_the_work_dir_are_refused(box, tmp_path):
     keep = tmp_path / "keep.txt"
     keep.write_text("mine")
     outside = [tmp_path / "escape.txt", Path("/tmp") / f"atropos-escape-{uuid.uuid4().hex}"]
     program = f"""
 import os
-print(os.getcwd())
 open("inside.txt", "w").write("fine")
 for path in {[str(p) for p in outside]!r}:
     try:
@@ -307,10 +297,8 @@ for action in (lambda: os.remove({str(keep)!r}), lambda: os.rename({str(keep)!r}
 """
     result = box.run(program)
     assert result.ok, result.stderr
-    workdir, *lines = result.stdout.splitlines()
-    assert lines == ["refused PermissionError"] * 4
+    assert result.stdout.splitlines() == ["refused PermissionError"] * 4
     assert not any(p.exists() for p in outside) and keep.read_text() == "mine"
-    assert not os.path.exists(workdir)  # the temporary directory is gone
 
 
 def test_secrets_of_the_parent_are_not_visible(box, monkeypatch):
@@ -328,10 +316,29 @@ for pid in ({os.getpid()}, os.getppid()):
     assert result.ok, result.stderr
     assert "hunter2" not in result.stdout
     first, *rest = result.stdout.splitlines()
-    assert first == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    assert "ATROPOS_TEST_SECRET" not in first
     assert all(line.startswith("refused") for line in rest)
 
 
 def test_ctypes_is_refused(box):
     result = box.run("import ctypes")
     assert not result.ok and "import ctypes is not allowed" in result.stderr
+
+
+def test_bubblewrap_hides_the_dataset_and_the_project():
+    """The held-out references are out of reach, from Python and from an exec'd `cat`."""
+    runner = CodeRunner(provider="bubblewrap", **LIMITS)
+    path = str(data_path("code_execution", "test.jsonl"))
+    program = f"""
+import os, subprocess
+try:
+    print("python", open({path!r}).read()[:20])
+except OSError as e:
+    print("python refused", type(e).__name__)
+print("cat", subprocess.run(["cat", {path!r}], capture_output=True).returncode)
+print("project", os.path.exists({str(Path.cwd())!r}))
+"""
+    result = runner.run(program)
+    assert result.ok, result.stderr
+    assert "python refused FileNotFoundError" in result.stdout
+    assert "cat 0" not in result.stdout and "project False" in result.stdout
