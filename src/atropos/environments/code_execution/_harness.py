@@ -1,7 +1,7 @@
-"""The judge of `Sandbox.run(..., tests=...)`: tests in one process, the code under test in another.
+"""The judge of `CodeRunner.run(..., tests=...)`: the tests in one process, the code in another.
 
-Loaded by the sandbox's supervisor (never imported by the package), it splits a test run in two
-processes of the sandbox:
+Run by `_runner` in the sandbox (passed as text, never imported by the package), it splits a
+test run in two processes of the sandbox:
 
 - the **judge** runs the tests (the problem's preamble, setup and asserts: trusted text from the
   dataset). It is the sandbox's child; it alone holds the report pipe, and it writes the verdict
