@@ -249,9 +249,9 @@ def test_get_does_not_follow_a_planted_symlink(provider: str, run_root: Path) ->
     assert b"root only" not in archive
 
 
-def test_unknown_and_later_providers_say_what_is_available(run_root: Path) -> None:
-    with pytest.raises(SandboxError, match="Docker engine work.*bubblewrap, process") as caught:
-        run(open_sandbox(SandboxSpec(), "docker"))
+def test_unknown_providers_say_what_is_available(run_root: Path) -> None:
+    with pytest.raises(SandboxError, match="'nope'.*bubblewrap, docker, process") as caught:
+        run(open_sandbox(SandboxSpec(), "nope"))
     assert caught.value.reason == "unavailable"
 
 
