@@ -19,7 +19,13 @@ from types import TracebackType
 
 from atropos.sandbox import _host
 from atropos.sandbox.relay import Relay
-from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec, model_target
+from atropos.sandbox.spec import (
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    inside_url,
+    model_target,
+)
 
 _ids = itertools.count()
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
@@ -58,10 +64,7 @@ class LocalSandbox:
     def model_url(self) -> str | None:
         """The rollout proxy's URL inside the sandbox (model-only; None otherwise):
         `http://127.0.0.1:<the host URL's port><its path>`."""
-        if self.spec.model_url is None:
-            return None
-        _, port, path = model_target(self.spec.model_url)
-        return f"http://127.0.0.1:{port}{path}"
+        return None if self.spec.model_url is None else inside_url(self.spec.model_url)
 
     async def start(self, timeout: float = 30.0) -> LocalSandbox:
         try:

@@ -52,10 +52,12 @@ from atropos.images import ImageMissing
 from atropos.sandbox import _host
 from atropos.sandbox._engine import Engine, EngineError, Output, demux, engine_socket, quoted
 from atropos.sandbox._local import BASE_ENV
-from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec
+from atropos.sandbox.relay import Relay
+from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec, inside_url, model_target
 
 LABEL, OWNER = "atropos.sandbox", "atropos.owner"
 NEVER = 2**31 - 1  # seconds: the container's sleep without a ttl
+RELAY_UID = 65534  # nobody: the model relay's uid on the host once it listens
 _ids = itertools.count()
 _swept: set[str] = set()
 
@@ -83,18 +85,36 @@ class DockerSandbox:
         self.owner = _host.owner_label()
         self.name = f"atropos-{os.getpid()}-{next(_ids)}-{uuid.uuid4().hex[:6]}"
         self.id: str | None = None
+        self.relay: Relay | None = None  # model-only
         self.started = 0.0
         self.closed = False
 
     def _network_mode(self) -> str:
-        """The container's network for `spec.network` ("none": only lo)."""
-        if self.spec.network != "none":
+        """The container's network for `spec.network`: "none" (only lo) for both policies;
+        model-only adds a relay listening on that lo once the container runs (`_relay`)."""
+        if self.spec.network == "model-only" and not _host.IS_ROOT:
             raise SandboxError(
                 "unsupported",
-                f"network={self.spec.network!r} is not available yet (only 'none'); the "
-                "model-only policy comes with the sandbox network work",
+                "network='model-only' on docker needs root (the relay joins the container's "
+                "network namespace from this machine); run as root or use network='none'",
             )
         return "none"
+
+    @property
+    def model_url(self) -> str | None:
+        """The rollout proxy's URL inside the container (model-only; None otherwise)."""
+        return None if self.spec.model_url is None else inside_url(self.spec.model_url)
+
+    async def _relay(self) -> None:
+        """Model-only: a relay (atropos.sandbox.relay) listening on 127.0.0.1:PORT in the
+        container's network namespace, forwarding to `spec.model_url` on this machine."""
+        assert self.spec.model_url is not None and self.id is not None
+        info = await self.engine.request("GET", f"/containers/{self.id}/json")
+        namespace = f"/proc/{info.json()['State']['Pid']}/ns/net"
+        host, port, _ = model_target(self.spec.model_url)
+        self.relay = await asyncio.to_thread(Relay, (host, port), port, RELAY_UID, 30.0, namespace)
+        if self.closed:  # the start timed out while the relay started
+            self.relay.close()
 
     async def start(self, timeout: float = 30.0) -> DockerSandbox:
         try:
@@ -127,6 +147,8 @@ class DockerSandbox:
             raise
         self.id = created.json()["Id"]
         await self.engine.request("POST", f"/containers/{self.id}/start")
+        if self.spec.model_url is not None:
+            await self._relay()
         for path, data in self.spec.files.items():
             await self.put(path, data)
 
@@ -176,7 +198,7 @@ class DockerSandbox:
             "Entrypoint": ["sleep", str(ttl)],
             "Cmd": [],
             "User": self.user,
-            "Env": _env_list({**BASE_ENV, "HOME": spec.workdir, **spec.env}),
+            "Env": _env_list({**BASE_ENV, "HOME": spec.workdir, **self._model_env(), **spec.env}),
             "WorkingDir": spec.workdir,
             "Labels": {LABEL: "1", OWNER: self.owner},
             "NetworkDisabled": self.network_mode == "none",
@@ -345,7 +367,12 @@ class DockerSandbox:
         self.closed = True
         await asyncio.shield(self._remove())
 
+    def _model_env(self) -> dict[str, str]:
+        return {} if self.model_url is None else {"ATROPOS_MODEL_URL": self.model_url}
+
     async def _remove(self) -> None:
+        if self.relay is not None:
+            await asyncio.to_thread(self.relay.close)
         with contextlib.suppress(EngineError):
             await self.engine.request(
                 "DELETE",

@@ -97,6 +97,17 @@ def model_target(url: str) -> tuple[str, int, str]:
     return parts.hostname, 80 if port is None else port, parts.path.rstrip("/")
 
 
+def inside_url(url: str) -> str:
+    """The URL a model-only sandbox reaches `url` at: the same port and path on its own
+    loopback, where its relay listens.
+
+    >>> inside_url("http://proxy.internal:9000/v1")
+    'http://127.0.0.1:9000/v1'
+    """
+    _, port, path = model_target(url)
+    return f"http://127.0.0.1:{port}{path}"
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int  # negative: killed by that signal (-9 after a timeout)
