@@ -22,6 +22,7 @@ from atropos.environments.harbor.image import task_image
 from atropos.environments.harbor.task import HarborTask, load_tasks, read_task
 from atropos.environments.harbor.trial import Agent, Limits, TrialResult, run_trial
 from atropos.envs import cli
+from atropos.sandbox import SandboxError
 from atropos.testing import FakeInferenceServer
 
 from .helpers import OFFLINE, make_env, read_jsonl
@@ -104,15 +105,22 @@ def test_a_missing_image_fails_with_its_reason_and_the_stand_in_command(engine, 
     folder = copy_task(tmp_path, "count-errors", "wild-base")
     dockerfile = folder / "environment/Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace(BASE, "python:3.11-slim"))
-    env = make_env(Harbor, OFFLINE, tasks=str(folder))
+    with FakeInferenceServer(responder=answer) as fake:
+        env = make_env(Harbor, fake.base_url, tasks=str(folder), group_size=2)
 
-    async def main() -> tuple[TrialResult, TrialResult]:
-        await env.setup()
-        task = env.items[0]
-        return await env.trial(task, Agent("oracle")), await env.trial(task, Agent("oracle"))
+        async def main() -> tuple[TrialResult, BaseException | None]:
+            await env.setup()
+            first = await env.trial(env.items[0], Agent("oracle"))
+            try:  # a rollout of the group: failed, never scored
+                await env.collect_trajectories(env.items[0])
+            except SandboxError as error:
+                return first, error
+            return first, None
 
-    first, again = asyncio.run(main())
-    assert first.failure == again.failure == "image_missing" and first.reward is None
+        first, raised = asyncio.run(main())
+    assert first.failure == "image_missing" and first.reward is None
+    assert isinstance(raised, SandboxError) and raised.reason == "image_missing"
+    assert env.failures == {"image_missing": 2}
     assert "atropos sandbox image build python:3.11-slim --debian" in first.detail
 
 

@@ -21,8 +21,9 @@ With a scripted agent or the oracle the policy's completions are still sampled (
 needs tokens) but the score is the script's: these modes check tasks and plumbing, they are
 not for training. A rollout whose trial failed (the image missing or not built, the sandbox
 not started or dead, the verifier past its timeout or writing no reward) is never a score:
-its group is dropped with the reason counted as `dropped/harbor_<reason>`, and
-`harbor/failed_rate` is logged. Metrics: `harbor/reward`, `harbor/agent_timeout_rate`,
+its group raises `SandboxError(reason)`, which the runner counts as failed
+(`failed/SandboxError`), and the reason is counted in `train/harbor_failed/<reason>`, as
+`code_execution` does. Metrics: `harbor/reward`, `harbor/agent_timeout_rate`,
 `harbor/no_block_rate`, `harbor/failed_rate`. docs/harbor.md has the field mapping.
 """
 
@@ -32,6 +33,7 @@ import asyncio
 import logging
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +48,7 @@ from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, rollout_group
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.images import ImageError, ImageMissing
+from atropos.sandbox import SandboxError
 
 __all__ = ["Harbor", "HarborConfig", "SHIPPED_TASKS", "bash_block"]
 
@@ -135,13 +138,13 @@ class Harbor(Env[HarborConfig]):
         rollouts = await self.generate(messages, n=self.config.group_size)
         blocks = [bash_block(r.text) for r in rollouts]
         results = await asyncio.gather(*(self.trial(task, self.agent(b)) for b in blocks))
-        failed = [r.failure for r in results if r.failure is not None]
         self.record_mean("harbor/failed_rate", (float(r.failure is not None) for r in results))
-        if failed:
-            log.warning("harbor: %s: a trial failed (%s): %s", task.name, failed[0],
-                        next(r.detail for r in results if r.failure))  # fmt: skip
-            self.drop(f"harbor_{failed[0]}")
-            return None, []
+        for result in results:
+            if result.failure is not None:
+                self.failures[result.failure] += 1
+        failed = next((r for r in results if r.failure is not None), None)
+        if failed is not None:
+            raise SandboxError(str(failed.failure), f"{task.name}: {failed.detail}")
         scores = [float(r.reward or 0.0) for r in results]
         self.record_mean("harbor/reward", scores)
         self.record_mean("harbor/agent_timeout_rate", (float(r.agent_timed_out) for r in results))
@@ -150,6 +153,17 @@ class Harbor(Env[HarborConfig]):
         if adjusted is None:
             return None, []
         return rollout_group(rollouts, [messages] * len(rollouts), adjusted), []
+
+    @property
+    def failures(self) -> Counter[str]:
+        """Failed trials since the start, by reason."""
+        failures: Counter[str] = self.__dict__.setdefault("_failures", Counter())
+        return failures
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Adds `train/harbor_failed/<reason>`: failed trials since the start."""
+        extra = {f"train/harbor_failed/{r}": float(n) for r, n in self.failures.items()}
+        await super().wandb_log({**(metrics or {}), **extra})
 
     def agent(self, block: str | None) -> Agent:
         """This run's agent: the oracle, the scripted command, or the policy's block."""
