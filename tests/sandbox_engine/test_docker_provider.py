@@ -240,13 +240,6 @@ def test_limits_and_policies_map_to_the_container(docker_host: Any, sandbox_imag
     assert expired.reason == "expired"
 
 
-def test_model_only_is_refused_until_its_relay_lands(docker_host: Any, sandbox_image: str) -> None:
-    model_only = spec(sandbox_image, network="model-only", model_url="http://127.0.0.1:9/v1")
-    with pytest.raises(SandboxError, match="model-only") as raised:
-        DockerSandbox(model_only)
-    assert raised.value.reason == "unsupported"
-
-
 def test_a_container_removed_under_us_is_dead(docker_host: Any, sandbox_image: str) -> None:
     async def main() -> SandboxError:
         async with await open_sandbox(spec(sandbox_image), "docker") as box:
