@@ -277,3 +277,26 @@ def test_a_start_that_fails_is_a_sandbox_error_and_leaves_nothing(
     assert caught.value.reason == "start_failed"
     assert leftovers(run_root) == []
     assert os.listdir(run_root) == [] or not any(run_root.glob("owner-*/*"))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_stdin_never_read_does_not_outlive_the_deadline(provider: str, run_root: Path) -> None:
+    async def main() -> Any:
+        async with await open_sandbox(SandboxSpec(), provider) as box:
+            # 4 MiB fills the pipe long before the command (which never reads) ends
+            return await box.exec("sleep 30", timeout=1, stdin=b"x" * (4 << 20))
+
+    started = time.monotonic()
+    result = run(main())
+    assert result.timed_out and result.exit_code == -9
+    assert time.monotonic() - started < 20  # the deadline (1 s), not the command (30 s)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_output_before_a_background_holder_is_kept(provider: str, run_root: Path) -> None:
+    # a process that left the exec's group keeps the pipes open past the exec's end: what
+    # the command wrote is still returned
+    command = "echo before; setsid sleep 30 & echo after >&2"
+    result = run(_exec(provider, command))
+    assert result.exit_code == 0
+    assert result.stdout == b"before\n" and result.stderr == b"after\n"

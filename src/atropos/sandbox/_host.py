@@ -178,18 +178,19 @@ async def collect(
     )
     assert proc.stdout is not None and proc.stderr is not None
     cut = [False]
-    readers = [asyncio.ensure_future(_read(s, cap, cut)) for s in (proc.stdout, proc.stderr)]
+    kept = (bytearray(), bytearray())  # filled as read: what a cancelled reader read stays
+    readers = [
+        asyncio.ensure_future(_read(stream, cap, cut, into))
+        for stream, into in zip((proc.stdout, proc.stderr), kept, strict=True)
+    ]
+    # stdin is fed beside the wait, so a command that never reads it cannot hold the exec
+    # past its deadline (a full pipe would block drain() forever)
+    feeder = asyncio.ensure_future(_feed(proc.stdin, stdin)) if stdin is not None else None
     timed_out = False
     try:
-        if stdin is not None:
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(stdin)
-                await proc.stdin.drain()
-                proc.stdin.close()
         timed_out = not await _exited(proc, timeout)
         # the exec's group ends with it; one that left the group (setsid) may hold the pipes
-        # until close: wait for them briefly, not forever
+        # until close: wait for them briefly, not forever (what they sent so far is kept)
         _kill_group(proc.pid)
         await asyncio.wait(readers, timeout=0.5)
     finally:
@@ -198,11 +199,19 @@ async def collect(
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await asyncio.shield(proc.wait())
-        for reader in readers:
-            reader.cancel()
-    out, err = (r.result() if r.done() and not r.cancelled() else b"" for r in readers)
+        for task in (*readers, feeder):
+            if task is not None:
+                task.cancel()
     code = -signal.SIGKILL if timed_out or proc.returncode is None else proc.returncode
-    return code, out, err, timed_out, cut[0]
+    return code, bytes(kept[0]), bytes(kept[1]), timed_out, cut[0]
+
+
+async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
+    assert pipe is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
 
 
 async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
@@ -222,14 +231,12 @@ async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
     return True
 
 
-async def _read(stream: asyncio.StreamReader, cap: int, cut: list[bool]) -> bytes:
-    kept = bytearray()
+async def _read(stream: asyncio.StreamReader, cap: int, cut: list[bool], kept: bytearray) -> None:
     while chunk := await stream.read(65_536):
         room = cap - len(kept)
         if len(chunk) > room:
             cut[0] = True
         kept += chunk[: max(room, 0)]
-    return bytes(kept)
 
 
 def _kill_group(pid: int) -> None:

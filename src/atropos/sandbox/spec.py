@@ -110,7 +110,10 @@ def inside_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class ExecResult:
-    exit_code: int  # negative: killed by that signal (-9 after a timeout)
+    # the command's status; killed by signal n: -n where we reap it ourselves (process),
+    # 128+n where an init inside reports it as a shell does (bubblewrap, docker);
+    # -9 with timed_out after a deadline, whatever the provider
+    exit_code: int
     stdout: bytes
     stderr: bytes
     timed_out: bool = False
