@@ -66,7 +66,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
     "proxy": frozenset({"http", "envs", "inference", "metrics", "rewards"}),
-    "environments": frozenset({"envs", "proxy", "rewards", "inference", "metrics", "http"}),
+    "environments": frozenset(
+        {"envs", "proxy", "rewards", "inference", "metrics", "http", "sandbox"}
+    ),
     # the public trainer client: the API's calls, batches as tensors, weights into the servers
     # (rewards: GRPO's advantage; local: the process group a weight transfer joins, deferred)
     "client": frozenset({"rewards", "local"}),

@@ -11,6 +11,8 @@ def _total_value(self):
 Store.total_value = _total_value
 PY
 cat > inventory/report.py <<'PY'
+"""The stock report, one line per item, in the currency of $SHOP_CURRENCY."""
+
 import os
 
 

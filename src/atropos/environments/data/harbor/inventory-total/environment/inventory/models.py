@@ -1,3 +1,5 @@
+"""An item of stock: a name, how many, and the price of one."""
+
 from dataclasses import dataclass
 
 

@@ -1,3 +1,5 @@
+"""The stock report, one line per item, in the currency of $SHOP_CURRENCY."""
+
 import os
 
 

@@ -1,3 +1,5 @@
+"""The store: the items in stock, and a sample one."""
+
 from inventory.models import Item
 
 
