@@ -4,11 +4,12 @@ a venv inside it from the package index, and every command run in it with bubble
 
     python scripts/harbor_cli.py tasks init atropos/my-task --verifier-mode shared -p /tmp/tasks
 
-The root is built once under `$XDG_CACHE_HOME/atropos/harbor-cli/<version>/root` (about 60 s
-on a fresh 2-core machine: mmdebstrap 32 s, pip 23 s; 605 MB) and reused. Building reaches the
-Debian mirror and the package index (the host's CA bundle and resolv.conf are lent to pip);
-running a command does not (no network), with the folder of `-p`/`--tasks-dir` (default: the
-current one) bound writable at the same path. Needs root, mmdebstrap and bwrap.
+The root is built once under `$XDG_CACHE_HOME/atropos/harbor-cli/<version>/root` (49 s in
+all on a fresh 2-core machine, mmdebstrap and pip about half each; 605 MB) and reused.
+Building reaches the Debian mirror and the package index (the host's CA bundle and
+resolv.conf are lent to pip); running a command does not (no network), with the folder of
+`-p`/`--tasks-dir` (default: the current one) bound writable at `/work` inside. Needs root,
+mmdebstrap and bwrap.
 """
 
 from __future__ import annotations

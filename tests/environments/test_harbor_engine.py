@@ -166,7 +166,7 @@ def test_env_process_harbor_makes_scored_groups(engine, tmp_path):
 
 
 def harbor_cli_or_skip() -> Any:
-    """scripts/harbor_cli.py, its root made (cached; about 60 s the first time, reaching the
+    """scripts/harbor_cli.py, its root made (cached; 49 s the first time, reaching the
     Debian mirror and PyPI), or a skip saying why it cannot be."""
     import importlib.util
 
