@@ -54,10 +54,14 @@ def test_a_single_task_folder_is_a_task_set_of_one(tmp_path):
         (lambda f: (f / "environment/Dockerfile").unlink(), "environment/Dockerfile is missing"),
         (lambda f: _toml(f, "[agent]\ntimeout_sec = -1\n"), "[agent] timeout_sec must be a"),
         (lambda f: _toml(f, "[[steps]]\nname = 'a'\n"), "multi-step tasks"),
+        (lambda f: _toml(f, "[verifier]\nenvironment_mode = 'own'\n"), "'shared' or 'separate'"),
         (
-            lambda f: _toml(f, "[verifier]\nenvironment_mode = 'separate'\n"),
-            "--verifier-mode shared",
+            lambda f: _toml(f, "[verifier]\nenvironment_mode = 'shared'\n[verifier.environment]\n"),
+            "drop one of them",
         ),
+        (lambda f: _toml(f, "[[verifier.collect]]\ncommand = 'true'\n"), "collect]] hooks"),
+        (lambda f: _toml(f, "artifacts = ['out.txt']\n"), "needs an absolute `source`"),
+        (lambda f: _toml(f, "artifacts = [{source = '/x', service = 'db'}]\n"), "service 'db'"),
         (lambda f: _toml(f, "[environment]\ngpus = 1\n"), "gpus = 1"),
         (lambda f: _toml(f, "[environment]\nmemory = 'lots'\n"), "like '2G'"),
         (lambda f: _toml(f, "[environment]\nenv = { K = '${ATROPOS_NOT_SET_X}' }\n"), "not set"),
@@ -70,6 +74,31 @@ def test_a_task_we_cannot_run_is_one_error_naming_what_and_how(tmp_path, edit, s
     with pytest.raises(TaskError, match=None) as raised:
         read_task(folder)
     assert said in str(raised.value) and str(folder) in str(raised.value)
+
+
+def test_the_separate_verifier_settings_are_read_as_harbor_resolves_them(tmp_path):
+    folder = task_copy(tmp_path)
+    assert read_task(folder).verifier_mode == "shared"  # unset: shared
+    _toml(folder, "[verifier]\nenvironment_mode = 'separate'\n")
+    task = read_task(folder)
+    assert (task.verifier_mode, task.verifier_environment, task.artifacts) == ("separate", None, ())
+    _toml(  # [verifier.environment] alone implies separate
+        folder,
+        "artifacts = ['/app/out', {source = '/var/log/x', exclude = ['*.tmp']}]\n"
+        "[verifier.environment]\ndocker_image = 'judge:1'\ncpus = 2\nmemory_mb = 512\n",
+    )
+    task = read_task(folder)
+    assert task.verifier_mode == "separate"
+    assert task.verifier_environment is not None
+    assert task.verifier_environment.docker_image == "judge:1"
+    assert (task.verifier_environment.cpus, task.verifier_environment.memory_bytes) == (
+        2.0,
+        512 << 20,
+    )
+    assert [(a.source, a.exclude) for a in task.artifacts] == [
+        ("/app/out", ()),
+        ("/var/log/x", ("*.tmp",)),
+    ]
 
 
 def _toml(folder: Path, text: str) -> None:

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from atropos.environments.harbor.compose import main_service
-from atropos.environments.harbor.image import TaskImage, task_image
+from atropos.environments.harbor.image import TaskImage, task_image, verifier_image
 from atropos.environments.harbor.task import HarborTask, load_tasks
 from atropos.environments.harbor.trial import Agent, Limits, TrialResult, run_trial
 from atropos.envs.config import BaseEnvConfig
@@ -98,7 +98,7 @@ class Harbor(Env[HarborConfig]):
         return tasks
 
     async def setup(self) -> None:
-        self._images: dict[str, TaskImage | TrialResult] = {}
+        self._images: dict[str, tuple[TaskImage, TaskImage | None] | TrialResult] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(self.config.max_sandboxes)
         self.broken: dict[str, str] = {}
@@ -175,16 +175,16 @@ class Harbor(Env[HarborConfig]):
 
     async def trial(self, task: HarborTask, agent: Agent) -> TrialResult:
         """One trial of `task` (its image made first, once per task)."""
-        image = await self.image(task)
-        if isinstance(image, TrialResult):
-            return TrialResult(failure=image.failure, detail=image.detail)
+        images = await self.image(task)
+        if isinstance(images, TrialResult):
+            return TrialResult(failure=images.failure, detail=images.detail)
         limits = Limits(self.config.provider, self.config.start_timeout, self.config.agent_timeout)
         async with self._slots:
-            return await run_trial(task, image, agent, limits)
+            return await run_trial(task, images[0], agent, limits, images[1])
 
-    async def image(self, task: HarborTask) -> TaskImage | TrialResult:
-        """The task's image, built once; a failure (kept, so it is not retried each rollout)
-        as a failed `TrialResult`."""
+    async def image(self, task: HarborTask) -> tuple[TaskImage, TaskImage | None] | TrialResult:
+        """The task's image and its separate verifier's (if any), built once; a failure
+        (kept, so it is not retried each rollout) as a failed `TrialResult`."""
         lock = self._locks.setdefault(task.name, asyncio.Lock())
         async with lock:
             if task.name not in self._images:
@@ -192,9 +192,11 @@ class Harbor(Env[HarborConfig]):
         return self._images[task.name]
 
 
-def _make_image(task: HarborTask) -> TaskImage | TrialResult:
+def _make_image(task: HarborTask) -> tuple[TaskImage, TaskImage | None] | TrialResult:
+    env = dict(os.environ)
     try:
-        return task_image(task, dict(os.environ))
+        main = task_image(task, env)
+        return main, verifier_image(task, env) if task.verifier_mode == "separate" else None
     except ImageMissing as error:
         return TrialResult(failure="image_missing", detail=str(error))
     except ImageError as error:

@@ -5,8 +5,21 @@ service's context (`environment/` by default) with `--pull=false`, every `FROM` 
 present first (an absent one is `ImageMissing`, naming the stand-in command).
 
 A built image is tagged `harbor-<task>:<hash of every file of its context and the build
-arguments>`, so an edited task rebuilds and an unchanged one is found present; Docker's layer
-cache serves rebuilds. Task images are not saved to the image cache (their bases are).
+arguments>`, so an edited task rebuilds and an unchanged one is found present. Built images
+are saved to the image cache (`atropos.images.ensure_image`, keyed by that same hash), so a
+fresh engine loads them instead of building again, as it does the bases.
+
+A separate verifier (`environment_mode = "separate"`) gets its own image, as in Harbor
+(`harbor.models.task.verifier_mode.resolve_verifier_environment_definition`):
+`[verifier.environment] docker_image`, else `tests/Dockerfile` built with `tests/` as the
+context (`harbor-<task>-verifier:<hash>`); both carry the tests (Harbor uploads none), else
+the task's own image, into which the tests are copied.
+
+The engine builds offline: a `FROM` base that is absent is `ImageMissing` (the stand-in
+command); a `COPY --from=` image that is absent, or a build that fails or runs past
+`build_timeout_sec`, is an `ImageError` whose message says the build may need the network
+and how to provide the image instead (build it where there is network and `docker load` it
+under its name, or build a stand-in under that name).
 """
 
 from __future__ import annotations
@@ -23,12 +36,18 @@ from atropos.images import (
     INSPECT_TIMEOUT,
     Dockerfile,
     ImageError,
+    ImageMissing,
     docker_program,
+    ensure_image,
     image_present,
     require_image,
+    stand_in_command,
 )
 
-__all__ = ["TaskImage", "task_image"]
+__all__ = ["TaskImage", "task_image", "verifier_image"]
+
+_COPY_FROM = re.compile(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", re.IGNORECASE | re.M)
+_STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE | re.M)
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,7 @@ class TaskImage:
     how: str  # "present" or "built"
     environment: Mapping[str, str]
     working_dir: str | None
+    bundles_tests: bool = False  # a verifier image that holds /tests already
 
 
 def task_image(task: HarborTask, env: Mapping[str, str] | None = None) -> TaskImage:
@@ -51,12 +71,78 @@ def task_image(task: HarborTask, env: Mapping[str, str] | None = None) -> TaskIm
     name, how = service.image or built_name(task, service), "present"
     if service.context is None:
         require_image(name, env)
-    elif not image_present(name, env):
-        recipe = Dockerfile(service.context, service.dockerfile, service.build_args)
-        recipe.build(name, env, task.build_timeout)
-        how = "built"
+    else:
+        recipe = TaskBuild(service.context, service.dockerfile, service.build_args)
+        how = build(name, recipe, env, task.build_timeout)
     workdir = service.working_dir or image_workdir(name, env)
     return TaskImage(name, how, service.environment, workdir)
+
+
+def verifier_image(task: HarborTask, env: Mapping[str, str] | None = None) -> TaskImage | None:
+    """A separate verifier's own image (None: the task's image, the tests copied in)."""
+    own = task.verifier_environment
+    if own is not None and own.docker_image is not None:
+        require_image(own.docker_image, env)
+        workdir = own.workdir or image_workdir(own.docker_image, env)
+        return TaskImage(own.docker_image, "present", {}, workdir, bundles_tests=True)
+    if not (task.tests_dir / "Dockerfile").is_file():
+        return None
+    recipe = TaskBuild(task.tests_dir)
+    name = f"{built_name(task, None)}-verifier:{recipe.key()}"
+    how = build(name, recipe, env, task.build_timeout)
+    workdir = (own.workdir if own else None) or image_workdir(name, env)
+    return TaskImage(name, how, {}, workdir, bundles_tests=True)
+
+
+@dataclass(frozen=True)
+class TaskBuild(Dockerfile):
+    """A task's Dockerfile build, keyed by every file of its context (not only the
+    Dockerfile), so the cached archive is that of this exact folder."""
+
+    def key(self) -> str:
+        digest = hashlib.sha256()
+        for path in sorted(self.context.rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(self.context)).encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+        if self.dockerfile is not None:
+            digest.update(self.dockerfile.read_bytes())
+        digest.update("\0".join(self.build_args).encode())
+        return digest.hexdigest()[:12]
+
+
+def build(name: str, recipe: TaskBuild, env: Mapping[str, str] | None, timeout: float) -> str:
+    """`ensure_image` of a task's build (present, loaded from the cache, or built and saved),
+    offline: an absent `COPY --from` image is refused before docker would pull it, and a
+    failed or overlong build says how to provide the image instead."""
+    text = recipe.path().read_text()
+    stages = {m.lower() for m in _STAGE.findall(text)}
+    for source in _COPY_FROM.findall(text):
+        if source.lower() in stages or source.isdigit() or "$" in source:
+            continue
+        if not image_present(source, env):
+            raise ImageError(needs_network(name, recipe, f"COPY --from={source} names an"
+                                           " image that is not on this engine"))  # fmt: skip
+    try:
+        return ensure_image(name, recipe, env=env, timeout=timeout)
+    except ImageMissing:
+        raise
+    except subprocess.TimeoutExpired:
+        raise ImageError(needs_network(name, recipe, f"the build ran past {timeout:g} s"
+                                       " (build_timeout_sec)")) from None  # fmt: skip
+    except ImageError as error:
+        raise ImageError(needs_network(name, recipe, str(error))) from None
+
+
+def needs_network(name: str, recipe: TaskBuild, why: str) -> str:
+    """The `image_build` message: what failed, and the two ways to provide the image."""
+    where = recipe.path()
+    return (
+        f"{where}: {why}. This engine builds without network, so a step that fetches"
+        " (RUN pip/uv/apt-get/curl, COPY --from a registry image) cannot run here; provide"
+        f" {name} instead: build it where there is network and `docker load` it here under"
+        f" that name, or build a stand-in: {stand_in_command(name)}"
+    )
 
 
 def image_workdir(name: str, env: Mapping[str, str] | None) -> str | None:
@@ -76,12 +162,5 @@ def built_name(task: HarborTask, service: MainService | None) -> str:
     slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
     if service is None or service.context is None:
         return f"harbor-{slug}"
-    digest = hashlib.sha256()
-    for path in sorted(service.context.rglob("*")):
-        if path.is_file():
-            digest.update(str(path.relative_to(service.context)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    if service.dockerfile is not None:
-        digest.update(service.dockerfile.read_bytes())
-    digest.update("\0".join(service.build_args).encode())
-    return f"harbor-{slug}:{digest.hexdigest()[:12]}"
+    recipe = TaskBuild(service.context, service.dockerfile, service.build_args)
+    return f"harbor-{slug}:{recipe.key()}"

@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["HarborTask", "TaskError", "load_tasks", "read_task"]
+__all__ = ["Artifact", "HarborTask", "TaskError", "VerifierEnvironment", "load_tasks", "read_task"]
 
 DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's [verifier] timeout_sec default
 DEFAULT_BUILD_TIMEOUT = 600.0  # Harbor's [environment] build_timeout_sec default
@@ -33,6 +33,10 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([GMK])\s*$", re.IGNORECASE)
 _REFUSED = {  # table -> key -> why it cannot run here
     "": {"steps": "multi-step tasks ([[steps]]) are not supported; split them into tasks"},
+    "verifier": {
+        "collect": "[[verifier.collect]] hooks are not supported; snapshot the state to a file"
+        " the agent's run leaves under /logs/artifacts (or a path listed in `artifacts`)",
+    },
     "environment": {
         "mcp_servers": "MCP servers are not supported; remove [[environment.mcp_servers]]",
         "tpu": "TPUs are not available to a sandbox",
@@ -66,6 +70,9 @@ class HarborTask:
     agent_user: str | None = None
     verifier_user: str | None = None
     healthcheck: Mapping[str, Any] | None = None
+    verifier_mode: str = "shared"  # or "separate": the verifier in a container of its own
+    verifier_environment: VerifierEnvironment | None = None  # [verifier.environment]
+    artifacts: tuple[Artifact, ...] = ()  # task.toml's `artifacts`, besides /logs/artifacts
 
     @property
     def environment_dir(self) -> Path:
@@ -83,6 +90,29 @@ class HarborTask:
     def compose_file(self) -> Path | None:
         found = self.environment_dir / "docker-compose.yaml"
         return found if found.is_file() else None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A path of the agent's container handed to a separate verifier (`artifacts`): copied
+    from `source` in the agent's container to the same path in the verifier's, less the
+    `exclude` patterns (tar's)."""
+
+    source: str
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerifierEnvironment:
+    """`[verifier.environment]`: the separate verifier's own image and resources (Harbor's
+    `EnvironmentConfig`, its defaults: a copy of the task's `[environment]` when unset)."""
+
+    docker_image: str | None
+    workdir: str | None
+    cpus: float | None
+    memory_bytes: int | None
+    disk_bytes: int | None
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def load_tasks(path: Path | str) -> list[HarborTask]:
@@ -135,7 +165,17 @@ def read_task(folder: Path) -> HarborTask:
         agent_user=where.user(agent, "agent"),
         verifier_user=where.user(verifier, "verifier"),
         healthcheck=where.healthcheck(environment),
+        verifier_mode=_mode(verifier),
+        verifier_environment=where.verifier_environment(verifier),
+        artifacts=where.artifacts(config.get("artifacts", [])),
     )  # fmt: skip
+
+
+def _mode(verifier: dict[str, Any]) -> str:
+    """Harbor's resolution: the explicit mode, else separate when [verifier.environment] is
+    set, else shared."""
+    mode = verifier.get("environment_mode")
+    return str(mode) if mode is not None else "separate" if "environment" in verifier else "shared"
 
 
 def _refuse(config: dict[str, Any], where: _Where) -> None:
@@ -146,15 +186,16 @@ def _refuse(config: dict[str, Any], where: _Where) -> None:
                 raise TaskError(f"{where.file}: {why}")
     verifier = config.get("verifier") or {}
     mode = verifier.get("environment_mode")
-    if mode == "separate" or (mode is None and verifier.get("environment")):
-        raise TaskError(
-            f"{where.file}: [verifier] environment_mode = 'separate' (a verifier container of"
-            " its own, built from tests/Dockerfile) is not supported: the verifier runs in the"
-            ' task\'s sandbox after the agent. Set environment_mode = "shared" (what'
-            " `harbor tasks init --verifier-mode shared` writes)"
-        )
     if mode not in (None, "shared", "separate"):
-        raise TaskError(f"{where.file}: [verifier] environment_mode must be 'shared', not {mode!r}")
+        raise TaskError(f"{where.file}: [verifier] environment_mode must be 'shared' or"
+                        f" 'separate', not {mode!r}")  # fmt: skip
+    if mode == "shared" and "environment" in verifier:
+        raise TaskError(f"{where.file}: [verifier.environment] is set with environment_mode ="
+                        " 'shared' (Harbor refuses it too); drop one of them")  # fmt: skip
+    tests = where.file.parent / "tests"
+    if _mode(verifier) == "separate" and (tests / "docker-compose.yaml").is_file():
+        raise TaskError(f"{tests / 'docker-compose.yaml'}: a compose verifier environment is"
+                        " not supported; use tests/Dockerfile")  # fmt: skip
     environment = config.get("environment") or {}
     if str(environment.get("os", "linux")).lower() != "linux":
         raise TaskError(f"{where.file}: [environment] os = {environment['os']!r}: only linux"
@@ -251,6 +292,39 @@ class _Where:
     def user(self, table: dict[str, Any], name: str) -> str | None:
         value = table.get("user")
         return None if value is None else str(value)
+
+    def verifier_environment(self, verifier: dict[str, Any]) -> VerifierEnvironment | None:
+        table = verifier.get("environment")
+        if table is None:
+            return None
+        if not isinstance(table, dict):
+            raise TaskError(f"{self.file}: [verifier.environment] must be a table")
+        name = "verifier.environment"
+        return VerifierEnvironment(
+            docker_image=self.text(table, name, "docker_image"),
+            workdir=self.text(table, name, "workdir"),
+            cpus=self.number(table, name, "cpus", None),
+            memory_bytes=self.size(table, "memory_mb", "memory"),
+            disk_bytes=self.size(table, "storage_mb", "storage"),
+            env=self.env(table, name),
+        )
+
+    def artifacts(self, entries: Any) -> tuple[Artifact, ...]:
+        if not isinstance(entries, list):
+            raise TaskError(f"{self.file}: `artifacts` must be a list of paths or tables")
+        found = []
+        for entry in entries:
+            spec = {"source": entry} if isinstance(entry, str) else entry
+            source = spec.get("source") if isinstance(spec, dict) else None
+            if not isinstance(source, str) or not source.startswith("/") or ".." in source:
+                raise TaskError(f"{self.file}: artifact {entry!r} needs an absolute `source`"
+                                " path without '..'")  # fmt: skip
+            if spec.get("service") not in (None, "main"):
+                service = spec["service"]
+                raise TaskError(f"{self.file}: artifact {source} names service {service!r};"
+                                " only main's paths are collected")  # fmt: skip
+            found.append(Artifact(source, tuple(str(p) for p in spec.get("exclude") or ())))
+        return tuple(found)
 
     def healthcheck(self, environment: dict[str, Any]) -> dict[str, Any] | None:
         check = environment.get("healthcheck")

@@ -1,8 +1,20 @@
-"""One Harbor trial in one sandbox: the agent, then the verifier in the same sandbox, then the
-reward it wrote. The paths are Harbor's (`harbor.models.trial.paths.EnvironmentPaths`):
-`/logs/agent`, `/logs/verifier` (`reward.json` read first, else `reward.txt`), `/tests`
-(copied in after the agent, as Harbor's shared-mode verifier does), `/solution` (the oracle's
-only). Files go in through `tar -x -C /` fed on the exec's stdin, so the image needs `tar`.
+"""One Harbor trial: the agent in the task's sandbox, then the verifier, then the reward it
+wrote. The paths are Harbor's (`harbor.models.trial.paths.EnvironmentPaths`): `/logs/agent`,
+`/logs/verifier` (`reward.json` read first, else `reward.txt`), `/logs/artifacts`, `/tests`
+(copied in after the agent, as Harbor's verifier does), `/solution` (the oracle's only).
+Files go in through `tar -x -C /` fed on the exec's stdin, so the image needs `tar`.
+
+The verifier runs where `[verifier] environment_mode` says, as in Harbor 0.25
+(`harbor.trial.single_step`, `Trial._run_separate_verifier`): `shared`, in the agent's
+sandbox; `separate`, in a sandbox of its own started after the agent's is closed. That one
+is the verifier's image (`image.verifier_image`: its tests inside, so none are copied) or
+the task's (the tests copied in), with `[verifier.environment]`'s resources, else the
+task's; it receives what Harbor's `ArtifactHandler` hands over and nothing else: the agent's
+`/logs/artifacts` and every path listed in task.toml's `artifacts`, each at its own path,
+read from the agent's sandbox with `tar -c` (a missing path is skipped, as Harbor's
+collection is best-effort; more than ARTIFACT_BYTES in all fails the trial, `artifacts`).
+Harbor bind-mounts `/logs/verifier` to read the reward from the host; we read it from the
+verifier's sandbox before closing it, the same file.
 
 An agent is the oracle (`solution/solve.sh`, with `[solution] env` and
 `DEBIAN_FRONTEND=noninteractive`), a command (the instruction in `/logs/agent/instruction.md`
@@ -12,8 +24,8 @@ still runs: the rollout is scored, as in Harbor (`AgentTimeoutError` is recorded
 verifier runs). What fails a trial instead of scoring it (`TrialResult.failure`, one word):
 the sandbox's `SandboxError` reason (`start_failed`, `start_timeout`, `dead`, `closed`,
 `expired`, `unsupported`, `unavailable`), `setup` (the log folders could not be made),
-`healthcheck`, `verifier_timeout`, `no_reward` (neither file written) and `bad_reward` (not a
-finite number, or a JSON without numbers).
+`healthcheck`, `artifacts`, `verifier_timeout`, `no_reward` (neither file written) and
+`bad_reward` (not a finite number, or a JSON without numbers).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from typing import Literal
 
 from atropos.environments.harbor.container import open_task_sandbox
 from atropos.environments.harbor.image import TaskImage
-from atropos.environments.harbor.task import HarborTask
+from atropos.environments.harbor.task import HarborTask, VerifierEnvironment
 from atropos.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec
 
 __all__ = ["Agent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
@@ -39,6 +51,8 @@ __all__ = ["Agent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
 SETUP_TIMEOUT = 60.0
 READ_TIMEOUT = 30.0
 INSTRUCTION_FILE = "/logs/agent/instruction.md"
+ARTIFACTS = "/logs/artifacts"  # Harbor's convention entry, always handed over
+ARTIFACT_BYTES = 64 << 20  # the most a separate verifier is handed, all artifacts together
 # what `docker run` gives a root process of a Debian or Ubuntu image (the provider's own PATH
 # leaves out the sbin folders)
 CONTAINER_ENV = {
@@ -85,6 +99,7 @@ def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxS
     """The sandbox of a task: its image, environment, work dir and resources; its time to
     live covers the agent, the verifier and their setup."""
     agent = task.agent_timeout or limits.agent_timeout
+    separate = task.verifier_mode == "separate"
     return SandboxSpec(
         image=image.name,
         env={**CONTAINER_ENV, **image.environment, **task.env},
@@ -95,24 +110,82 @@ def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxS
         pids=limits.pids,
         network="none",
         ttl_seconds=agent + task.verifier_timeout + 4 * SETUP_TIMEOUT,
+        output_bytes=max(limits.output_bytes, ARTIFACT_BYTES if separate else 0),
+    )
+
+
+def verifier_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxSpec:
+    """A separate verifier's sandbox: its image, and `[verifier.environment]`'s settings,
+    else a copy of the task's `[environment]` (Harbor's default)."""
+    own = task.verifier_environment or VerifierEnvironment(
+        None, task.workdir, task.cpus, task.memory_bytes, task.disk_bytes, task.env
+    )
+    return SandboxSpec(
+        image=image.name,
+        env={**CONTAINER_ENV, **image.environment, **own.env},
+        workdir=own.workdir or image.working_dir or "/",
+        cpus=own.cpus,
+        memory_bytes=own.memory_bytes or limits.memory_bytes,
+        disk_bytes=own.disk_bytes,
+        pids=limits.pids,
+        network="none",
+        ttl_seconds=task.verifier_timeout + 4 * SETUP_TIMEOUT,
         output_bytes=limits.output_bytes,
     )
 
 
 async def run_trial(
-    task: HarborTask, image: TaskImage, agent: Agent, limits: Limits
+    task: HarborTask,
+    image: TaskImage,
+    agent: Agent,
+    limits: Limits,
+    verifier: TaskImage | None = None,
 ) -> TrialResult:
-    """Start the task's sandbox, run `agent` then the verifier, read the reward, close it."""
+    """Start the task's sandbox, run `agent`, then the verifier (in the same sandbox, or in
+    one of `verifier`'s image, else `image`'s, when separate), read the reward, close them."""
     result = TrialResult()
     try:
         spec = sandbox_spec(task, image, limits)
         async with await open_task_sandbox(spec, limits.provider, limits.start_timeout) as box:
-            if await _prepare(box, task, result):
-                await _act(box, task, agent, limits, result)
-                await _verify(box, task, result)
+            if not await _prepare(box, task, result):
+                return result
+            await _act(box, task, agent, limits, result)
+            if task.verifier_mode != "separate":
+                await _verify(box, task, result, copy_tests=True)
+                return result
+            handed = await _collect(box, task, result)
+        if handed is None:
+            return result
+        judge = verifier or image  # the agent's sandbox is closed first, as Harbor stops it
+        spec = verifier_spec(task, judge, limits)
+        async with await open_task_sandbox(spec, limits.provider, limits.start_timeout) as box:
+            await box.exec(["mkdir", "-p", "/logs/verifier", ARTIFACTS], timeout=SETUP_TIMEOUT)
+            for archive in handed:
+                await _untar(box, archive)
+            await _verify(box, task, result, copy_tests=not judge.bundles_tests)
     except SandboxError as error:
         result.failure, result.detail = error.reason, str(error)
     return result
+
+
+async def _collect(box: Sandbox, task: HarborTask, result: TrialResult) -> list[bytes] | None:
+    """What a separate verifier is handed: `/logs/artifacts` and task.toml's `artifacts`,
+    each a tar rooted at `/` (a path the agent's sandbox lacks is skipped)."""
+    handed, size = [], 0
+    for source, exclude in [(ARTIFACTS, ()), *((a.source, a.exclude) for a in task.artifacts)]:
+        command = ["tar", "-c", "-C", "/", *(f"--exclude={p}" for p in exclude)]
+        command += ["--", source.strip("/")]
+        present = await box.exec(["test", "-e", source], timeout=READ_TIMEOUT)
+        if not present.ok:
+            continue
+        done = await box.exec(command, timeout=SETUP_TIMEOUT)
+        size += len(done.stdout)
+        if done.truncated or size > ARTIFACT_BYTES:
+            _failed(result, "artifacts", f"the artifacts pass {ARTIFACT_BYTES >> 20} MiB")
+            return None
+        if done.ok:
+            handed.append(done.stdout)
+    return handed
 
 
 async def _prepare(box: Sandbox, task: HarborTask, result: TrialResult) -> bool:
@@ -160,10 +233,11 @@ async def _act(
     result.agent_output = (done.stdout + done.stderr).decode(errors="replace")[-4000:]
 
 
-async def _verify(box: Sandbox, task: HarborTask, result: TrialResult) -> None:
+async def _verify(box: Sandbox, task: HarborTask, result: TrialResult, copy_tests: bool) -> None:
     await box.exec(["rm", "-f", "/logs/verifier/reward.txt", "/logs/verifier/reward.json"],
                    timeout=SETUP_TIMEOUT)  # fmt: skip
-    await put_tree(box, task.tests_dir, "/tests")
+    if copy_tests:
+        await put_tree(box, task.tests_dir, "/tests")
     command = "chmod +x /tests/test.sh && /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
     done = await box.exec(as_user(command, task.verifier_user), timeout=task.verifier_timeout,
                           env=dict(task.verifier_env))  # fmt: skip
