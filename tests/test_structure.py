@@ -66,8 +66,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "envs": frozenset({"rewards", "inference", "metrics", "view"}),
     # the rollout proxy (inference behind OpenAI/Anthropic APIs) and its agent environment base
     "proxy": frozenset({"http", "envs", "inference", "metrics", "rewards"}),
+    # agent programs (harnesses) in sandboxes against the proxy, and their environment
+    "harnesses": frozenset({"envs", "proxy", "inference", "sandbox"}),
     "environments": frozenset(
-        {"envs", "proxy", "rewards", "inference", "metrics", "http", "sandbox"}
+        {"envs", "proxy", "rewards", "inference", "metrics", "http", "sandbox", "harnesses"}
     ),
     # the public trainer client: the API's calls, batches as tensors, weights into the servers
     # (rewards: GRPO's advantage; local: the process group a weight transfer joins, deferred)
