@@ -23,6 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from atropos.sandbox import relay
+
 UID_BASE = 2_000_000  # far above any uid a distribution hands out
 UID_SLOTS = 65_536
 IS_ROOT = os.geteuid() == 0
@@ -145,8 +147,28 @@ def sweep(root: Path | None = None) -> int:
         if not owner_alive(reservation.read_text()):
             kill_uid(int(reservation.name))
             reservation.unlink(missing_ok=True)
+    sweep_relays()
     _swept.add(root)
     return removed
+
+
+def sweep_relays() -> int:
+    """SIGKILL the model relays (atropos.sandbox.relay) whose owner is dead, found by their
+    argv (`python -I -S relay.py HOST PORT PORT UID OWNER [JOIN]`); returns how many."""
+    program, killed = os.fsencode(relay.__file__), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 8 and args[3] == program and args[8] != b"-":
+            if not owner_alive(args[8].decode(errors="replace")):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(name), signal.SIGKILL)
+                    killed += 1
+    return killed
 
 
 def sweep_once(root: Path) -> None:

@@ -25,6 +25,7 @@ from atropos.sandbox.spec import (
     SandboxSpec,
     inside_url,
     model_target,
+    signal_status,
 )
 
 _ids = itertools.count()
@@ -43,6 +44,13 @@ class LocalSandbox:
                 f"network='model-only' needs root for {self.provider} (a network namespace "
                 "per sandbox, its relay run as the sandbox's own uid); run as root or use "
                 "network='none'",
+            )
+        if spec.profile != "locked":
+            raise SandboxError(
+                "unsupported",
+                f"{self.provider} has no profile {spec.profile!r} (a writable root and an "
+                "image's own work dir need an image: the docker provider's); use "
+                "profile='locked' or provider='docker'",
             )
         if spec.cpus is not None:
             raise SandboxError(
@@ -96,7 +104,7 @@ class LocalSandbox:
         if self.spec.model_url is not None:
             assert self.uid is not None  # model-only is refused unless root
             host, port, _ = model_target(self.spec.model_url)
-            self.relay = Relay((host, port), port, self.uid, timeout)
+            self.relay = Relay((host, port), port, self.uid, timeout, owner=self.owner)
             if self.closed:  # start timed out and close() ran while the relay started
                 self.relay.close()
 
@@ -119,6 +127,7 @@ class LocalSandbox:
         return ["prlimit", *flags, "--"]
 
     extra_tasks = 0  # tasks of the provider's own counted against RLIMIT_NPROC
+    shell_status = False  # the provider reports a signalled command as 128+n (made -n)
 
     @property
     def own_tasks(self) -> int:
@@ -158,6 +167,8 @@ class LocalSandbox:
         )
         if self.closed:
             raise SandboxError("closed", f"the sandbox closed while running {argv[:1]}")
+        if self.shell_status:
+            code = signal_status(code)
         return ExecResult(code, out, err, timed_out, truncated)
 
     def _check_usable(self) -> None:

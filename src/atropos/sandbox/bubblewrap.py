@@ -2,6 +2,15 @@
 (user, PID, network, IPC, UTS, cgroup), over a read-only root (the host's `/usr`, `/bin`,
 `/lib*`, `/sbin`, `/etc`, or `spec.root`), a private `/proc`, a minimal `/dev`, a tmpfs `/tmp`
 and the sandbox's work dir (persistent across execs, the only writable place that is).
+`spec.mounts` are `--ro-bind`s after the root: a mount point inside a read-only folder
+(`spec.root`, the host's `/etc` or `/usr`) must exist there, as the work dir's must (bwrap
+cannot make one); elsewhere (`/opt/...`) bwrap makes it. bwrap runs as the sandbox's uid, so
+the host path must be readable by it (world-readable, its parents traversable).
+
+A signalled command is reported by bwrap as 128+n; it is returned as -n, as on docker
+(`spec.signal_status`: a command's own `exit 130` also reads -2). bwrap 0.8 (Debian
+bookworm) has no overlay mounts, so there is no writable root over `spec.root`: the "task"
+profile is refused (unsupported).
 
 Why one bwrap per exec rather than one long-lived bwrap running an init that takes commands
 over a pipe: bwrap starts in a few milliseconds, every exec then gets a fresh PID namespace
@@ -32,6 +41,7 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 class BubblewrapSandbox(LocalSandbox):
     provider = "bubblewrap"
     extra_tasks = 2  # bwrap itself and the PID namespace's init
+    shell_status = True  # bwrap's init reports a signalled command as 128+n
 
     def __init__(self, spec: SandboxSpec) -> None:
         if shutil.which("bwrap") is None:
@@ -55,6 +65,8 @@ class BubblewrapSandbox(LocalSandbox):
         if spec.disk_bytes is not None:
             args += ["--size", str(spec.disk_bytes)]
         args += ["--tmpfs", "/tmp", "--bind", str(self.work), spec.workdir, "--chdir", spec.workdir]
+        for inside, host in spec.mounts.items():
+            args += ["--ro-bind", str(host), inside]
         if spec.user is not None:
             args += ["--uid", spec.user, "--gid", spec.user]
         join = self.network() if self.relay is not None else []

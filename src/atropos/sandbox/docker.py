@@ -53,11 +53,19 @@ from atropos.sandbox import _host
 from atropos.sandbox._engine import Engine, EngineError, Output, demux, engine_socket, quoted
 from atropos.sandbox._local import BASE_ENV
 from atropos.sandbox.relay import Relay
-from atropos.sandbox.spec import ExecResult, SandboxError, SandboxSpec, inside_url, model_target
+from atropos.sandbox.spec import (
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    inside_url,
+    model_target,
+    signal_status,
+)
 
 LABEL, OWNER = "atropos.sandbox", "atropos.owner"
 NEVER = 2**31 - 1  # seconds: the container's sleep without a ttl
 RELAY_UID = 65534  # nobody: the model relay's uid on the host once it listens
+CREATE_WAIT = 60.0  # seconds close() waits for a create a start deadline left in flight
 _ids = itertools.count()
 _swept: set[str] = set()
 
@@ -86,6 +94,10 @@ class DockerSandbox:
         self.name = f"atropos-{os.getpid()}-{next(_ids)}-{uuid.uuid4().hex[:6]}"
         self.id: str | None = None
         self.relay: Relay | None = None  # model-only
+        # requests that made something on the engine or host, left to finish when a start
+        # deadline passes, so that close() removes what they made (never orphaned)
+        self.creating: asyncio.Future[Any] | None = None
+        self.relaying: asyncio.Future[Relay] | None = None
         self.started = 0.0
         self.closed = False
 
@@ -112,9 +124,12 @@ class DockerSandbox:
         info = await self.engine.request("GET", f"/containers/{self.id}/json")
         namespace = f"/proc/{info.json()['State']['Pid']}/ns/net"
         host, port, _ = model_target(self.spec.model_url)
-        self.relay = await asyncio.to_thread(Relay, (host, port), port, RELAY_UID, 30.0, namespace)
-        if self.closed:  # the start timed out while the relay started
-            self.relay.close()
+        self.relaying = asyncio.ensure_future(
+            asyncio.to_thread(
+                Relay, (host, port), port, RELAY_UID, 30.0, namespace, owner=self.owner
+            )
+        )
+        self.relay = await asyncio.shield(self.relaying)
 
     async def start(self, timeout: float = 30.0) -> DockerSandbox:
         try:
@@ -135,10 +150,15 @@ class DockerSandbox:
         if self.engine.socket not in _swept:
             _swept.add(self.engine.socket)
             await sweep_docker(self.engine)
-        try:
-            created = await self.engine.request(
+        # shielded: once sent, the engine may make the container whether or not we wait, so a
+        # start deadline leaves the request to finish and close() removes what it made
+        self.creating = asyncio.ensure_future(
+            self.engine.request(
                 "POST", "/containers/create", {"name": self.name}, body=self.config()
             )
+        )
+        try:
+            created = await asyncio.shield(self.creating)
         except EngineError as error:
             if error.status == 404 and "image" in error.message.lower():
                 raise SandboxError(
@@ -176,17 +196,23 @@ class DockerSandbox:
                 },
             },
         }
+        mounts = [
+            {"Type": "bind", "Source": str(source), "Target": inside, "ReadOnly": True}
+            for inside, source in spec.mounts.items()
+        ]
+        locked = spec.profile == "locked"
         host: dict[str, Any] = {
             "NetworkMode": self.network_mode,
-            "ReadonlyRootfs": True,
+            "ReadonlyRootfs": locked,  # task: the container's own layer, gone with it
             "Tmpfs": {"/tmp": f"rw,nosuid,nodev,exec,mode=1777{size}"},
-            "Mounts": [work],
-            "CapDrop": ["ALL"],
+            "Mounts": [work, *mounts] if locked else mounts,  # task: the image's work dir
             "SecurityOpt": ["no-new-privileges"],
             "Init": True,
             "AutoRemove": False,
             "Ulimits": ulimits,
         }
+        if locked:
+            host["CapDrop"] = ["ALL"]  # task: Docker's default capabilities
         if spec.memory_bytes is not None:
             host["Memory"] = host["MemorySwap"] = spec.memory_bytes
         if spec.pids is not None:
@@ -271,10 +297,7 @@ class DockerSandbox:
         if self.closed:
             raise SandboxError("closed", "the sandbox closed while an exec ran")
         code = info.get("ExitCode")
-        if timed_out or code is None:
-            code = -signal.SIGKILL
-        elif 128 < code <= 128 + 64:
-            code = 128 - code
+        code = -signal.SIGKILL if timed_out or code is None else signal_status(code)
         return ExecResult(code, bytes(kept.stdout), bytes(kept.stderr), timed_out, kept.truncated)
 
     async def _inspect(self, exec_id: str) -> dict[str, Any]:
@@ -371,8 +394,15 @@ class DockerSandbox:
         return {} if self.model_url is None else {"ATROPOS_MODEL_URL": self.model_url}
 
     async def _remove(self) -> None:
+        if self.relaying is not None:  # a relay still starting: wait for it, then end it
+            with contextlib.suppress(Exception):
+                self.relay = await self.relaying
         if self.relay is not None:
             await asyncio.to_thread(self.relay.close)
+        if self.creating is not None and self.id is None:  # a create the engine may still do
+            with contextlib.suppress(Exception):
+                made = await asyncio.wait_for(asyncio.shield(self.creating), CREATE_WAIT)
+                self.id = made.json()["Id"]
         with contextlib.suppress(EngineError):
             await self.engine.request(
                 "DELETE",
@@ -453,6 +483,7 @@ async def sweep_docker(engine: Engine | None = None) -> int:
     (and such volumes whose container went without them); returns how many containers. The
     first docker sandbox of a process runs it on its engine."""
     engine = Engine(engine_socket()) if engine is None else engine
+    await asyncio.to_thread(_host.sweep_relays)  # model-only relays (they run as nobody)
     filters = {"filters": json.dumps({"label": [f"{LABEL}=1"]})}
     listed = (await engine.request("GET", "/containers/json", {"all": "1", **filters})).json()
     dead = [c["Id"] for c in listed if not _host.owner_alive(c["Labels"].get(OWNER, ""))]

@@ -13,6 +13,10 @@ caller's files, other sandboxes), no reading other sandboxes' work dirs, `spec.p
 `memory_bytes` of address space per process, and every process gone at close or with its
 owner (sweep). Not root, there is no dedicated uid: then only the network, the limits and
 the session hold (and model-only is refused).
+
+`spec.mounts` are taken only where the inside path is the host path: the file is there
+already, and it is read-only only as far as the uid's permissions go (as root, a dedicated
+uid cannot write a root-owned 0644 file; not root, the sandbox runs as us and can).
 """
 
 from __future__ import annotations
@@ -21,10 +25,22 @@ from collections.abc import Mapping
 
 from atropos.sandbox import _host
 from atropos.sandbox._local import LocalSandbox
+from atropos.sandbox.spec import SandboxError, SandboxSpec
 
 
 class ProcessSandbox(LocalSandbox):
     provider = "process"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        for inside, host in spec.mounts.items():
+            if inside not in (str(host), str(host.resolve())):
+                raise SandboxError(
+                    "unsupported",
+                    f"process sees the host's file system and mounts nothing: mount "
+                    f"{inside!r} from {str(host)!r} needs the same path on both sides "
+                    f"(mounts={{{str(host)!r}: ...}}) or provider='bubblewrap'",
+                )
+        super().__init__(spec)
 
     def environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {**super().environment(extra), "HOME": str(self.work)}

@@ -16,7 +16,10 @@ How (stdlib only: this file is also the relay program, run as `python -I -S rela
   never redirect an exec into another namespace.
 - It ends with the sandbox: it runs as the sandbox's uid, so `close()` and `sweep()` (which
   kill every process of that uid) end it; its stdin is a pipe only the owner holds, and its
-  end (the owner's death, SIGKILL included) ends the relay at once.
+  end (the owner's death, SIGKILL included) ends the relay at once. Its argv names its
+  owner's label, and `sweep()` kills the relays of dead owners too (`_host.sweep_relays`: a
+  child the owner forked may still hold that pipe; a docker relay runs as `nobody`, not as
+  a uid the sweep kills).
 """
 
 from __future__ import annotations
@@ -50,12 +53,14 @@ class Relay:
         uid: int,
         timeout: float,
         join: str | None = None,
+        owner: str = "",
     ) -> None:
         """Start a relay to `target` listening on 127.0.0.1:`port` in a new network namespace,
-        or in the one at `join` (a container's `/proc/<pid>/ns/net`), running as `uid`."""
+        or in the one at `join` (a container's `/proc/<pid>/ns/net`), running as `uid`;
+        `owner` (the owner's label, in its argv) lets `sweep()` find it once the owner died."""
         host, target_port = target
         argv = [sys.executable, "-I", "-S", __file__, host, str(target_port), str(port), str(uid)]
-        argv += [join] if join is not None else []
+        argv += [owner or "-"] + ([join] if join is not None else [])
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -182,7 +187,7 @@ async def _serve(listener: socket.socket, targets: list[tuple[str, int]]) -> Non
 
 def main(argv: list[str]) -> None:
     host, target_port, port, uid = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    join = argv[4] if len(argv) > 4 else None
+    join = argv[5] if len(argv) > 5 else None  # argv[4]: the owner's label, for sweep()
     found = socket.getaddrinfo(host, target_port, type=socket.SOCK_STREAM)
     targets = [(str(info[4][0]), int(info[4][1])) for info in found]
     made: list[socket.socket | BaseException] = []

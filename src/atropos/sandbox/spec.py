@@ -3,6 +3,7 @@ error a sandbox raises (`SandboxError`) and the `Sandbox` protocol every provide
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 NetworkPolicy = Literal["none", "model-only"]
+Profile = Literal["locked", "task"]
 
 
 @dataclass(frozen=True)
@@ -21,15 +23,26 @@ class SandboxSpec:
     sandbox may have at once, `disk_bytes` the largest file it may write (RLIMIT_FSIZE; the
     bubblewrap `/tmp` tmpfs is capped to it too), `cpu_seconds` RLIMIT_CPU per process, and
     `ttl_seconds` how long a sandbox may live before any exec on it is refused. `cpus` (cores)
-    needs cgroups: the docker provider (later) takes it; bubblewrap and process refuse it.
+    needs cgroups: the docker provider takes it; bubblewrap and process refuse it.
 
     `network="model-only"` needs `model_url`, the host-side URL of the rollout proxy
     (`http://127.0.0.1:PORT[/path]`, or `http://HOST:PORT[/path]`): the sandbox reaches that
     and nothing else, at its own `model_url` (`http://127.0.0.1:PORT[/path]` inside, also
     in the `ATROPOS_MODEL_URL` variable of every exec).
+
+    `profile` is what kind of place the sandbox is: "locked" (the default) for untrusted
+    snippets (docker: a read-only root, the work dir an empty tmpfs, every capability
+    dropped), "task" for an image that is a task's machine (docker: a writable root, the
+    image's own work dir, Docker's default capabilities; limits and network unchanged).
+    bubblewrap and process have only "locked" and refuse "task" (`SandboxError`, unsupported).
+
+    `mounts` binds host folders or files read-only into the sandbox: `{inside path: host
+    path}` (an agent program installed on the host, a venv). Inside paths are absolute and
+    neither the work dir, nor under it, nor above it; host paths exist. The process provider
+    sees the host's file system, so it takes only mounts whose inside path is the host path.
     """
 
-    image: str | None = None  # docker (later)
+    image: str | None = None  # docker: a local image
     root: Path | None = None  # bubblewrap: a directory to use as a read-only root
     files: Mapping[str, bytes] = field(default_factory=dict)  # put in at start
     env: Mapping[str, str] = field(default_factory=dict)
@@ -44,8 +57,12 @@ class SandboxSpec:
     model_url: str | None = None  # model-only: the rollout proxy's URL on the host
     ttl_seconds: float | None = None
     output_bytes: int = 1 << 20  # kept per stream and exec; the rest is dropped (truncated)
+    profile: Profile = "locked"
+    mounts: Mapping[str, Path] = field(default_factory=dict)  # inside path: host path, read-only
 
     def __post_init__(self) -> None:
+        if self.profile not in ("locked", "task"):
+            raise ValueError(f"profile must be 'locked' or 'task', not {self.profile!r}")
         if self.network not in ("none", "model-only"):
             raise ValueError(f"network must be 'none' or 'model-only', not {self.network!r}")
         if self.network == "model-only":
@@ -62,10 +79,42 @@ class SandboxSpec:
             )
         if not self.workdir.startswith("/"):
             raise ValueError(f"workdir must be an absolute path, not {self.workdir!r}")
+        object.__setattr__(self, "mounts", checked_mounts(self.mounts, self.workdir))
         for name in ("memory_bytes", "pids", "disk_bytes", "cpu_seconds", "output_bytes"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, not {value}")
+
+
+def checked_mounts(mounts: Mapping[str, Path | str], workdir: str) -> dict[str, Path]:
+    """`mounts` with normalized inside paths and absolute host paths; a `ValueError` naming
+    the fix for a relative inside path, one that is, holds or lies under the work dir, or a
+    host path that does not exist.
+
+    >>> checked_mounts({"/opt/agent/": "/usr"}, "/work")
+    {'/opt/agent': PosixPath('/usr')}
+    """
+    work = posixpath.normpath(workdir)
+    checked: dict[str, Path] = {}
+    for inside, host in mounts.items():
+        if not isinstance(inside, str) or not inside.startswith("/"):
+            raise ValueError(f"mounts: inside path {inside!r} must be absolute, e.g. '/opt/agent'")
+        where = posixpath.normpath(inside)
+        if where == "/" or where == work or f"{work}/".startswith(f"{where}/"):
+            raise ValueError(
+                f"mounts: inside path {inside!r} would hide the work dir {workdir!r}; mount "
+                "beside it, e.g. '/opt/agent'"
+            )
+        if where.startswith(f"{work}/"):
+            raise ValueError(
+                f"mounts: inside path {inside!r} is under the work dir {workdir!r}, which is "
+                "the sandbox's own; mount beside it (e.g. '/opt/agent') or put() the files"
+            )
+        source = Path(host).absolute()
+        if not source.exists():
+            raise ValueError(f"mounts: host path {str(host)!r} (for {inside!r}) does not exist")
+        checked[where] = source
+    return checked
 
 
 def model_target(url: str) -> tuple[str, int, str]:
@@ -110,8 +159,8 @@ def inside_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class ExecResult:
-    # the command's status; killed by signal n: -n where we reap it ourselves (process),
-    # 128+n where an init inside reports it as a shell does (bubblewrap, docker);
+    # the command's status; killed by signal n: -n on every provider (bubblewrap and docker
+    # report 128+n, which is returned as -n: a command's own `exit 137` also reads -9);
     # -9 with timed_out after a deadline, whatever the provider
     exit_code: int
     stdout: bytes
@@ -122,6 +171,16 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+def signal_status(code: int) -> int:
+    """An exit status as `ExecResult` gives it: a shell-style 128+n (a signalled command, as
+    bwrap and the Docker engine report it) is -n; anything else is itself.
+
+    >>> signal_status(137), signal_status(1), signal_status(-9)
+    (-9, 1, -9)
+    """
+    return 128 - code if 128 < code <= 128 + 64 else code
 
 
 class SandboxError(RuntimeError):

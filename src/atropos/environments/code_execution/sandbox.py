@@ -206,9 +206,7 @@ class CodeRunner:
         code, timed_out, truncated = done.exit_code, done.timed_out, done.truncated
         stdout = done.stdout.decode("utf-8", "replace")
         stderr = done.stderr.decode("utf-8", "replace")
-        sig = -code if code < 0 else None
-        if self.provider == "bubblewrap" and 128 < code < 128 + signal.NSIG:
-            sig = code - 128  # bwrap reports a signalled child as 128 + the signal
+        sig = -code if code < 0 else None  # every provider reports signal n as -n
         if truncated:
             status = "output_limit"
         elif timed_out:
