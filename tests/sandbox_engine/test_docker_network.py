@@ -1,6 +1,7 @@
 """network="model-only" on the docker provider: the container reaches the model's URL
 (streamed responses arrive in pieces) and nothing else (another host port, an outside address,
-DNS); the relay ends with the sandbox and with its owner's SIGKILL."""
+DNS); the relay ends with the sandbox and with its owner's SIGKILL, and `sweep()` ends a dead
+owner's relay that something else kept alive."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from tests.sandbox.test_network_policy import DNS, REACH, STREAM, forbidden, model
 
-from atropos.sandbox import _host
+from atropos.sandbox import _host, sweep
 from atropos.sandbox.docker import DockerSandbox, sweep_docker
 from atropos.sandbox.spec import SandboxSpec
 
@@ -133,3 +134,49 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in (b"Z", b"X")
+
+
+HELD_OWNER = """
+import asyncio, os, sys, time
+from atropos.sandbox.docker import DockerSandbox
+from atropos.sandbox.spec import SandboxSpec
+
+async def main():
+    spec = SandboxSpec(image=sys.argv[1], network="model-only", model_url=sys.argv[2])
+    box = await DockerSandbox(spec).start(60)
+    child = os.fork()  # it inherits the relay's stdin pipe: the relay outlives the owner
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    print(box.relay.proc.pid, child, box.name, flush=True)
+    await asyncio.sleep(1000)
+
+asyncio.run(main())
+"""
+
+
+def test_sweep_ends_a_dead_owners_relay_and_container(
+    engine_env: Any, sandbox_image: str, model: int, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The relay's pipe is held by a child the owner forked, so only `sweep()` can end it."""
+    monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(tmp_path / "root"))
+    url = f"http://127.0.0.1:{model}/v1"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", HELD_OWNER, sandbox_image, url],
+        stdout=subprocess.PIPE, env={**os.environ}, text=True,
+    )  # fmt: skip
+    assert owner.stdout is not None
+    relay, child, name = owner.stdout.readline().split()
+    try:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        assert _alive(int(relay))  # its pipe is still open (the child)
+        assert sweep() >= 1  # the container
+        deadline = time.monotonic() + 10
+        while _alive(int(relay)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(int(relay))
+        listed = engine_env.docker(["ps", "-aq", "--filter", f"name=^{name}$"])
+        assert listed.stdout.split() == []
+    finally:
+        os.kill(int(child), signal.SIGKILL)
