@@ -15,7 +15,14 @@ are dropped, no-new-privileges is set, the user is `spec.user` (else the image's
 
 The work dir starts empty (the image's content at that path is hidden); it belongs to
 `spec.user` when that is a number (`uid` or `uid:gid`), else it is mode 1777. Files put in
-belong to the container's user (`spec.user`'s numbers, else `copyUIDGID`).
+belong to the container's user (`spec.user`'s numbers, else `copyUIDGID`). That is the
+"locked" profile; `profile="task"` keeps the image's own work dir (no volume), a writable root
+(the container's layer) and Docker's default capabilities, and changes nothing else.
+`spec.mounts` are read-only bind mounts in both.
+
+A start past its deadline never orphans a container: the create request is shielded (once
+sent, the engine may make the container whether we wait or not), and `close()` waits up to
+`CREATE_WAIT` for its answer and removes what it made; a relay still starting likewise.
 
 An exec past its deadline has its process tree SIGSTOPped then SIGKILLed from the host (the
 engine gives its host pid; this needs root, as the tests' engine does), else by a `kill` exec'd
