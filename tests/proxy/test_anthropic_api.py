@@ -212,6 +212,44 @@ def test_tools_tool_choice_and_sampling() -> None:
     assert to_turn(body(tools=[], stop_sequences=[])).tools is None
 
 
+def test_what_claude_code_sends() -> None:
+    """Claude Code's request shape (2.1.332): system blocks with cache_control, a system turn
+    in the middle of the conversation (kept in place), a deferred tool (left out of the
+    prompt: not loaded until searched for), and fields the policy has no use for (thinking,
+    context_management, output_config.effort, metadata) ignored."""
+    cached = {"type": "ephemeral"}
+    turn = to_turn(
+        body(
+            system=[
+                {"type": "text", "text": "You are an agent."},
+                {"type": "text", "text": "Be careful.", "cache_control": cached},
+            ],
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "Fix answer.txt"}]},
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "# Environment", "cache_control": cached}],
+                },
+                {"role": "assistant", "content": [{**USE, "input": {"path": "a"}}]},
+                {"role": "user", "content": [{**RESULT, "cache_control": cached}]},
+                {"role": "system", "content": "A reminder."},
+            ],
+            tools=[WEATHER, {**WEATHER, "name": "WebSearch", "defer_loading": True}],
+            thinking={"type": "adaptive", "display": "updates"},
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            output_config={"effort": "high"},
+            metadata={"user_id": '{"session_id": "s"}'},
+        )
+    )
+    assert [m["role"] for m in turn.messages] == [
+        "system", "user", "system", "assistant", "tool", "system"
+    ]  # fmt: skip
+    assert turn.messages[0]["content"] == "You are an agent.\nBe careful."
+    assert turn.messages[2] == {"role": "system", "content": "# Environment"}
+    assert turn.messages[5] == {"role": "system", "content": "A reminder."}
+    assert [t["function"]["name"] for t in turn.tools or []] == ["get_weather"]
+
+
 # to_turn: every refusal names the field and the fix
 
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
@@ -243,7 +281,8 @@ BAD = [
     ({"messages": []}, "messages: required, a non-empty list"),
     ({"messages": ["Hi"]}, "messages[0]: must be an object with role and content"),
     ({"messages": [{"role": "user"}]}, "messages[0].content: required, a string or a list"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "put system text in the top-level"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "must be 'user', 'assistant' or 'system'"),
+    ({"messages": [{"role": "system", "content": [IMAGE]}]}, "'image' blocks are not supported"),
     ({"messages": [{"role": "user", "content": []}]}, "messages[0].content: must not be empty"),
     ({"messages": user("text")}, "messages[0].content[0]: must be a content block"),
     ({"messages": user({"text": "x"})}, "messages[0].content[0]: must be a content block"),
@@ -562,3 +601,56 @@ def test_answer_and_events_validate_against_the_sdk_types() -> None:
     adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
     for _, data in events(stream_events(answer, "policy")):
         adapter.validate_python(data, strict=True)
+
+
+# The proxy: an answer sent back with its calls' arguments filled in
+
+
+def echo_responder(prompt: str) -> str:
+    if "<|im_start|>tool" in prompt:
+        return "Fixed."
+    call = {"name": "Edit", "arguments": {"file_path": "a.txt", "old": "x", "new": "y"}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("added", "sequences"),
+    [({"replace_all": False}, 1), ({"old": "changed"}, 2)],
+    ids=["defaults-added", "argument-changed"],
+)
+def test_an_echo_with_defaults_filled_in_extends_the_sequence(
+    added: dict[str, Any], sequences: int
+) -> None:
+    """Claude Code sends a tool_use back with its schema's defaults added (`replace_all`): the
+    conversation still extends the model's own tokens (one sequence, a clean extension); an
+    argument the model wrote but changed is the agent's rewrite (a new sequence)."""
+    import httpx
+
+    from atropos.proxy.app import build_app
+    from atropos.testing import FakeInferenceServer, serve_in_thread
+
+    from .helpers import make_proxy
+
+    edit = {"name": "Edit", "input_schema": {"type": "object"}}
+    with FakeInferenceServer(responder=echo_responder) as fake:
+        with serve_in_thread(build_app(make_proxy(fake.base_url))) as url:
+            session = httpx.post(f"{url}/sessions", json={}).json()
+            headers = {"x-api-key": session["api_key"]}
+            ask = {"model": "m", "max_tokens": 200, "tools": [edit]}
+            ask["messages"] = [{"role": "user", "content": "Fix a.txt"}]
+            endpoint = f"{session['anthropic_base_url']}/v1/messages"
+            first = httpx.post(endpoint, json=ask, headers=headers).json()
+            use = first["content"][-1]
+            assert use["type"] == "tool_use" and use["name"] == "Edit"
+            sent = {**use, "input": {**use["input"], **added}}
+            result_block = {"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}
+            ask["messages"] += [
+                {"role": "assistant", "content": [sent]},
+                {"role": "user", "content": [result_block]},
+            ]
+            second = httpx.post(endpoint, json=ask, headers=headers).json()
+            assert second["content"][0]["text"] == "Fixed."
+            path = f"{url}/sessions/{session['id']}/trajectory"
+            trajectory = httpx.get(path, headers=headers).json()
+    assert len(trajectory["sequences"]) == sequences
+    assert trajectory["breaks"]["clean"] == (1 if sequences == 1 else 0)

@@ -6,7 +6,11 @@ Pure translation; the app (routes, auth, sessions) calls these. Content the poli
 
 How the Anthropic shapes map onto OpenAI chat messages (`atropos.proxy.turns`):
 
-- `system` (a string or text blocks) becomes a leading system message;
+- `system` (a string or text blocks) becomes a leading system message; a `system` turn inside
+  `messages` (Claude Code sends its environment and reminders as such) stays a system message
+  in its place (`cache_control` on any block is ignored: the server caches prefixes itself);
+- a tool with `defer_loading: true` is left out of the prompt: the model does not see it until
+  the agent loads it (Claude Code's tool search), so it must not see it here either;
 - a user message's text blocks become one user message (texts joined by a newline, as vLLM joins
   text parts), each `tool_result` block a `{"role": "tool", "tool_call_id", "content"}` message,
   in the order written; a result with `is_error` reads `Error: <content>`;
@@ -223,10 +227,12 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             out += _user(content, f"{where}.content")
         elif role == "assistant":
             out.append(_assistant(content, f"{where}.content"))
+        elif role == "system":  # a mid-conversation system turn (Claude Code sends them)
+            out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
         else:
             raise _bad(
-                f"{where}.role: must be 'user' or 'assistant' (got {role!r}); put system "
-                "text in the top-level 'system' field"
+                f"{where}.role: must be 'user', 'assistant' or 'system' (got {role!r}); put "
+                "the leading system text in the top-level 'system' field"
             )
     return out
 
@@ -336,6 +342,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         }
         if function["description"] is None:
             del function["description"]
+        if tool.get("defer_loading") is True:  # not in the model's context until searched for
+            continue
         out.append({"type": "function", "function": function})
     return out
 

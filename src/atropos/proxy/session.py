@@ -242,6 +242,7 @@ class Session:
         self.reward: float | None = None
         self.finished = False
         self._raw_of: dict[str, str] = {}  # assistant_key -> the raw text the model wrote
+        self._by_ids: dict[str, tuple[dict[str, Any], str]] = {}  # call ids -> answer, raw
         self._spans: dict[int, list[Span]] = {}  # id(node) -> its generated spans
         self._conversations: list[list[dict[str, Any]]] = []  # text-only: finished chats
         self.responses: dict[str, list[dict[str, Any]]] = {}  # Responses API: id -> chat
@@ -288,7 +289,7 @@ class Session:
         out = []
         for message in messages:
             if message.get("role") == "assistant":
-                raw = self._raw_of.get(assistant_key(message))
+                raw = self._raw_of.get(assistant_key(message)) or self._filled_in(message)
                 if raw is not None:
                     message = {"role": "assistant", "content": raw}
             out.append(message)
@@ -315,7 +316,26 @@ class Session:
         reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
         choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed, stop)
         self._raw_of[assistant_key(choice.message())] = raw
+        if choice.tool_calls:
+            self._by_ids[_call_ids(choice.tool_calls)] = (choice.message(), raw)
         return choice
+
+    def _filled_in(self, message: Mapping[str, Any]) -> str | None:
+        """The raw text of an answer sent back with its text, call ids and every argument
+        kept but arguments added (an agent filling in its tools' schema defaults: Claude
+        Code's Edit adds `replace_all: false`); None for anything else."""
+        calls = message.get("tool_calls") or []
+        held = self._by_ids.get(_call_ids(calls)) if calls else None
+        if held is None:
+            return None
+        answer, raw = held
+        if _text(answer["content"]).strip() != _text(message.get("content")).strip():
+            return None
+        for ours, theirs in zip(answer["tool_calls"], calls, strict=True):
+            mine, sent = _arguments(ours), _arguments(theirs)
+            if not all(k in sent and sent[k] == v for k, v in mine.items()):
+                return None
+        return raw
 
     async def _complete_tokens(self, request: TurnRequest, max_tokens: int | None) -> TurnResult:
         assert self.managed is not None
@@ -457,6 +477,22 @@ class Session:
     def close(self) -> None:
         """Finish the session: no more calls; its sequences stay readable."""
         self.finished = True
+
+
+def _call_ids(calls: Any) -> str:
+    return json.dumps([c.get("id") if isinstance(c, Mapping) else None for c in calls])
+
+
+def _arguments(call: Any) -> dict[str, Any]:
+    """A call's arguments as an object ({} when they are not one)."""
+    fn = call.get("function", call) if isinstance(call, Mapping) else {}
+    arguments = fn.get("arguments") if isinstance(fn, Mapping) else None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 def _message_key(message: Mapping[str, Any]) -> str:
