@@ -32,12 +32,16 @@ LIMITS = Limits(start_timeout=60.0)
 
 
 @pytest.fixture(scope="module")
-def engine(docker_engine: Any, sandbox_image: str) -> Iterator[Any]:
+def engine(
+    docker_engine: Any, sandbox_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     """`DOCKER_HOST` at the tests' engine, and our tasks' base: the sandbox tests' image
     (python3, pytest, bash) tagged under the name the task folders use."""
     docker_engine.docker(["tag", sandbox_image, BASE], check=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DOCKER_HOST", docker_engine.host)
+        # the task images these tests build are saved here, not in the machine's cache
+        patch.setenv("ATROPOS_IMAGE_CACHE", str(tmp_path_factory.mktemp("harbor-images")))
         yield docker_engine
 
 
@@ -190,34 +194,121 @@ INIT_FILLED = {  # the three files `harbor tasks init` tells the author to fill
 }
 
 
-@pytest.mark.slow
-def test_a_task_made_by_harbor_tasks_init_runs_unchanged(engine, tmp_path, sandbox_image):
-    harbor_cli = harbor_cli_or_skip()
-    made = tmp_path / "made"
-    harbor_cli.harbor(["tasks", "init", "atropos/separate", "-p", str(made)])
-    with pytest.raises(ValueError, match="--verifier-mode shared"):
-        read_task(made / "separate")  # Harbor's default: a verifier container of its own
-    harbor_cli.harbor(["tasks", "init", "atropos/harbor-init", "--verifier-mode", "shared",
-                       "--no-pytest", "-p", str(made)])  # fmt: skip
-    folder = made / "harbor-init"
-    task = read_task(folder)
-    assert (task.agent_timeout, task.verifier_timeout) == (600.0, 600.0)
+# What `uv pip install pytest-json-ctrf` would add to a stand-in: pytest's `--ctrf PATH`
+# option, writing a small CTRF-shaped report (a stand-in for the plugin, not its output).
+CTRF_STAND_IN = """import json
+def pytest_addoption(parser):
+    parser.addoption("--ctrf", default=None)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.getoption("ctrf"):
+        passed = len(terminalreporter.stats.get("passed", []))
+        with open(config.getoption("ctrf"), "w") as out:
+            json.dump({"results": {"summary": {"passed": passed}}}, out)
+"""
+
+
+def oracle_of(folder: Path) -> TrialResult:
     env = make_env(Harbor, OFFLINE, tasks=str(folder))
 
-    async def oracle() -> TrialResult:
+    async def main() -> TrialResult:
         await env.setup()
         return await env.trial(env.items[0], Agent("oracle"))
 
-    missing = asyncio.run(oracle())  # FROM ubuntu:24.04, which is never pulled
-    assert missing.failure == "image_missing", missing.detail
-    engine.docker(["tag", sandbox_image, "ubuntu:24.04"])  # the stand-in, under its name
+    return asyncio.run(main())
+
+
+def fill(folder: Path, answer: str = "/app/answer.txt") -> HarborTask:
+    for name, text in INIT_FILLED.items():
+        (folder / name).write_text(text.replace("/app/answer.txt", answer))
+    return read_task(folder)
+
+
+def provide_verifier_image(engine: Any, name: str, tests: Path, tmp_path: Path) -> None:
+    """The verifier image as if built elsewhere: the stand-in, the tests, --ctrf's stand-in."""
+    context = tmp_path / "judge"
+    shutil.copytree(tests, context / "tests")
+    (context / "ctrf_stand_in.py").write_text(CTRF_STAND_IN)
+    (context / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nCOPY ctrf_stand_in.py /usr/lib/python3/dist-packages/\n"
+        'ENV PYTEST_ADDOPTS="-p ctrf_stand_in"\nWORKDIR /app\nCOPY tests /tests/\n'
+    )
+    engine.docker(["build", "--pull=false", "-q", "-t", name, str(context)], check=True)
+
+
+@pytest.mark.slow
+def test_a_task_made_by_harbor_tasks_init_runs_unchanged(engine, tmp_path, sandbox_image):
+    """Harbor's default `tasks init` (a separate verifier built from tests/Dockerfile:
+    FROM python:3.12-slim, COPY --from=ghcr.io/astral-sh/uv, RUN uv pip install pytest
+    pytest-json-ctrf), then --no-pytest (separate), --verifier-mode shared with and without
+    --no-pytest. The stand-ins for ubuntu:24.04 and python:3.12-slim are the sandbox tests'
+    image tagged under those names: Debian with bash, tar, python3 and pytest, all that the
+    templates' files run offline."""
+    harbor_cli = harbor_cli_or_skip()
+    made = tmp_path / "made"
+    harbor_cli.harbor(["tasks", "init", "atropos/default", "-p", str(made)])
+    harbor_cli.harbor(["tasks", "init", "atropos/no-pytest", "--no-pytest", "-p", str(made)])
+    for name, flags in (("shared", ["--no-pytest"]), ("shared-pytest", [])):
+        harbor_cli.harbor(["tasks", "init", f"atropos/{name}", "--verifier-mode", "shared",
+                           *flags, "-p", str(made)])  # fmt: skip
+    default = read_task(made / "default")
+    assert default.verifier_mode == "separate" and (made / "default/tests/Dockerfile").is_file()
+    missing = oracle_of(made / "default")  # FROM ubuntu:24.04, which is never pulled
+    assert missing.failure == "image_missing" and "ubuntu:24.04" in missing.detail
+    for name in ("ubuntu:24.04", "python:3.12-slim"):
+        engine.docker(["tag", sandbox_image, name], check=True)  # the stand-ins
     try:
-        placeholder = asyncio.run(oracle())  # the template's test.sh writes no reward yet
-        assert placeholder.failure == "no_reward", placeholder.detail
-        for name, text in INIT_FILLED.items():
-            (folder / name).write_text(text)
-        task = read_task(folder)
+        offline = oracle_of(made / "default")  # its verifier image needs ghcr.io and PyPI
+        assert offline.failure == "image_build", offline.detail
+        assert "COPY --from=ghcr.io/astral-sh/uv:0.9.7" in offline.detail
+        assert "docker load" in offline.detail and "--debian" in offline.detail
+        judge = offline.detail.split("provide ", 1)[1].split(" instead", 1)[0]
+        provide_verifier_image(engine, judge, made / "default/tests", tmp_path)
+        placeholder = oracle_of(made / "default")  # test_outputs.py's placeholder passes
+        assert (placeholder.failure, placeholder.reward) == (None, 1.0), placeholder.detail
+
+        separate = oracle_of(made / "no-pytest")  # its tests/Dockerfile builds offline
+        assert separate.failure == "no_reward", separate.detail  # test.sh writes none yet
+        task = fill(made / "no-pytest")  # /app/answer.txt stays in the agent's container
+        assert trial(task, Agent("oracle")).reward == 0.0  # as in Harbor: not handed over
+        task = fill(made / "no-pytest", "/logs/artifacts/answer.txt")  # what is handed over
+        assert trial(task, Agent("oracle")).reward == 1.0
+        wrong = "echo boat > /logs/artifacts/answer.txt"
+        assert trial(task, Agent("script", wrong)).reward == 0.0
+
+        shared = oracle_of(made / "shared")
+        assert shared.failure == "no_reward", shared.detail
+        task = fill(made / "shared")
         assert trial(task, Agent("oracle")).reward == 1.0
         assert trial(task, Agent("script", "echo boat > /app/answer.txt")).reward == 0.0
+        # shared with pytest: test.sh fetches curl and uv first; offline it writes 0
+        fetching = oracle_of(made / "shared-pytest")
+        assert (fetching.failure, fetching.reward) == (None, 0.0), fetching.detail
     finally:
-        engine.docker(["rmi", "ubuntu:24.04"])
+        engine.docker(["rmi", "ubuntu:24.04", "python:3.12-slim"])
+
+
+@pytest.mark.slow
+def test_a_separate_verifier_is_handed_the_artifacts_only(engine, tmp_path):
+    """The verifier's own sandbox sees /logs/artifacts and the listed `artifacts`, not the
+    agent's other files; the task's image, saved when built, is loaded after an rmi."""
+    folder = copy_task(tmp_path, "count-errors", "judged")
+    toml = folder / "task.toml"
+    text = toml.read_text().replace('environment_mode = "shared"', 'environment_mode = "separate"')
+    toml.write_text(text.replace("\n[task]", "artifacts = ['/app/errors.txt']\n\n[task]", 1))
+    (folder / "tests/test.sh").write_text(
+        "#!/bin/bash\n[ -e /app/unlisted.txt ] && echo 0 > /logs/verifier/reward.txt && exit\n"
+        "n=$(cat /app/errors.txt); a=$(cat /logs/artifacts/note.txt)\n"
+        '[ "$n" = 3 ] && [ "$a" = seen ] && echo 1 > /logs/verifier/reward.txt'
+        " || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    task = read_task(folder)
+    assert (task.verifier_mode, [a.source for a in task.artifacts]) == (
+        "separate",
+        ["/app/errors.txt"],
+    )
+    solve = ("cat /app/logs/*.log | grep -c ERROR > /app/errors.txt; touch /app/unlisted.txt;"
+             " echo seen > /logs/artifacts/note.txt")  # fmt: skip
+    done = trial(task, Agent("script", solve))
+    assert (done.failure, done.reward) == (None, 1.0), done.detail
+    engine.docker(["rmi", task_image(task).name], check=True)
+    assert task_image(task).how == "loaded"  # from the image cache's archive, not rebuilt

@@ -115,6 +115,8 @@ def build(name: str, recipe: TaskBuild, env: Mapping[str, str] | None, timeout: 
     """`ensure_image` of a task's build (present, loaded from the cache, or built and saved),
     offline: an absent `COPY --from` image is refused before docker would pull it, and a
     failed or overlong build says how to provide the image instead."""
+    if image_present(name, env):  # built or provided (`docker load`) under its name
+        return "present"
     text = recipe.path().read_text()
     stages = {m.lower() for m in _STAGE.findall(text)}
     for source in _COPY_FROM.findall(text):
