@@ -45,6 +45,7 @@ def installed_dir(name: str, version: str, make: Callable[[Path], None]) -> Path
     for stale in target.parent.glob(f".partial-{name}-{version}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".partial-{name}-{version}-", dir=target.parent))
+    work.chmod(0o755)  # mkdtemp's 0700 would hide the install from the sandboxes' uids
     try:
         _say(f"installing {name} {version} into {target} (once; cached)")
         started = time.monotonic()
