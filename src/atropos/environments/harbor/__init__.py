@@ -3,8 +3,10 @@
 `atropos env process harbor --env.tasks PATH` reads PATH (a task folder, or a folder of them;
 default: our three in `environments/data/harbor/`), builds each task's image from its
 `environment/` (`image.py`), and for every rollout starts the task's sandbox (the docker
-provider by default), runs the agent, then `tests/test.sh` in the same sandbox; the reward it
-writes (`/logs/verifier/reward.json`, else `reward.txt`) is the score (`trial.py`).
+provider by default), runs the agent, then `tests/test.sh` in the same sandbox, or in a
+verifier sandbox of its own (`environment_mode = "separate"`, Harbor's `tasks init`
+default); the reward it writes (`/logs/verifier/reward.json`, else `reward.txt`) is the
+score (`trial.py`).
 
 The agent (one per run):
 

@@ -7,9 +7,11 @@ Harbor merges the task's compose file over its own base, where `main` is built f
 `working_dir`; `${VAR}`/`${VAR:-default}` expand from `CONTEXT_DIR`, `MAIN_IMAGE_NAME`,
 `CPUS`, `MEMORY` and this process's environment, as Harbor's infra variables do.
 
-Refused with one error each: services besides `main` (sidecars need containers on a private
-network, which the sandbox providers do not offer), `volumes` (host folders), a build context
-outside the task folder. Keys that only shape how Docker Compose starts the container
+Refused with one error each: services besides `main`, `volumes` (host folders), a build
+context outside the task folder. Sidecars would need main on a private `--internal` network
+with them; the tests' engine can make one, but main is the docker provider's sandbox,
+created with `--network none`, to which Docker adds no network (docs/harbor.md).
+Keys that only shape how Docker Compose starts the container
 (`command`, `entrypoint`, `init`, `tty`, `network_mode`, `healthcheck`, `restart`,
 `platform`, `pull_policy`, `container_name`, resource limits) are ignored: the sandbox starts
 it, with the task.toml's limits and no network.
@@ -60,9 +62,10 @@ def main_service(task: HarborTask, image_name: str) -> MainService:
     others = sorted(str(name) for name in services if name != MAIN)
     if others:
         raise TaskError(
-            f"{where}: services besides `main` ({', '.join(others)}) are not supported: a"
-            " sandbox is one container without a network to reach sidecars; fold them into"
-            " main's image (started from the tests or the instruction) or drop them"
+            f"{where}: services besides `main` ({', '.join(others)}) are not supported: the"
+            " task's sandbox is created with no network, so no sidecar can be reached from it;"
+            " fold them into main's image (started from the tests or the instruction) or drop"
+            " them"
         )
     main = services.get(MAIN) or {}
     if not isinstance(main, dict):
