@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from atropos.envs.config import BaseEnvConfig
-from atropos.envs.types import Item
+from atropos.envs.types import Item, ScoredDataGroup
 from atropos.harnesses import harness_named
 from atropos.harnesses.base import Harness, Installed
 from atropos.harnesses.run import RolloutResult, RolloutSettings, run_rollout
@@ -120,6 +120,13 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
             error = f"{result.failure}: {result.detail}"
             log.warning("harness %s failed on %s: %s", self.harness.name, _id(task), error)
         return AgentRun(result, trajectory, error, time.monotonic() - start)
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
+        group, backlog = await super().collect_trajectories(item)
+        if group is not None and not group["tokens"]:  # failed before any model call
+            self.drop("no_tokens")
+            return None, backlog
+        return group, backlog
 
     def score(self, task: Item, run: AgentRun) -> float:
         result: RolloutResult = run.output
