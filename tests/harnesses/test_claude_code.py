@@ -137,6 +137,12 @@ def test_claude_code_edits_the_file_and_the_test_scores_it(fake: Any, tmp_path: 
         assert '"name": "Edit"' in text and "Done: greet.py now prints goodbye." in text
 
 
+def test_a_turn_limit_ends_the_run_and_its_work_is_scored(fake: Any, tmp_path: Path) -> None:
+    (group, _), env = collect(fake.base_url, tasks(tmp_path, "[fix]"), max_agent_turns=1)
+    assert group is not None and sorted(group["scores"]) == [0.0, 1.0]
+    assert env.exits == {"limit": 2}
+
+
 def test_a_hanging_command_is_a_failed_rollout_not_a_score(fake: Any, tmp_path: Path) -> None:
     (group, _), env = collect(fake.base_url, tasks(tmp_path, "[hang]"), agent_timeout=8.0)
     assert group is None  # a failed rollout drops the group: never scored 0
