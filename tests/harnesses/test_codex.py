@@ -11,8 +11,6 @@ import asyncio
 import itertools
 import json
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,16 +54,11 @@ def fake() -> Any:
 
 
 @pytest.fixture(autouse=True)
-def run_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private sandbox run root (under /tmp: the sandboxes' uids must reach their work
-    dirs); nothing may be left in it after a run."""
-    root = Path(tempfile.mkdtemp(prefix="atropos-codex-test-", dir="/tmp"))
-    root.chmod(0o711)
-    monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(root))
-    yield root
-    left = [str(p) for p in root.glob("owner-*/*")] + [str(p) for p in root.glob("uids/*")]
-    shutil.rmtree(root, ignore_errors=True)
-    assert left == []  # every sandbox closed, every uid freed
+def nothing_left(sandbox_root: Path) -> Iterator[None]:
+    """After a run no sandbox folder nor uid reservation is left in the test's run root."""
+    yield
+    left = [str(p) for p in sandbox_root.glob("owner-*/*")]
+    assert left + [str(p) for p in sandbox_root.glob("uids/*")] == []
 
 
 def tasks(tmp_path: Path, marker: str) -> str:
