@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from typing import Any
 import pytest
 
 from atropos.harnesses.base import HarnessCall
-from atropos.harnesses.cache import cache_root
 from atropos.harnesses.claude_code import ClaudeCode, last_result
 from atropos.harnesses.env import HarnessEnv
 from atropos.harnesses.tasks import load_tasks
@@ -68,16 +66,6 @@ def sandbox_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     left = [str(p) for p in root.glob("owner-*/*")] + [str(p) for p in root.glob("uids/*")]
     shutil.rmtree(root, ignore_errors=True)
     assert left == []  # every sandbox closed, every uid freed
-
-
-@pytest.fixture(autouse=True)
-def reachable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The harness cache where a sandbox's uid can reach it: bwrap binds the install as that
-    uid, so a cache under a 0700 home (root's `~/.cache`) is moved to /var/tmp."""
-    root = cache_root()
-    hidden = [p for p in root.parents if p.exists() and not os.stat(p).st_mode & 0o001]
-    if hidden:
-        monkeypatch.setenv("ATROPOS_HARNESS_CACHE", "/var/tmp/atropos-harnesses")
 
 
 def tasks(tmp_path: Path, marker: str) -> str:
