@@ -13,8 +13,8 @@ Anthropic Messages calls pointed at the rollout proxy's session.
 - **Nothing else on the network**: non-essential traffic, telemetry, error reporting and the
   auto-updater off; the attribution header (a version line it prepends to the system prompt)
   off, so the policy's prompt holds only what the agent says.
-- **Headless permissions**: `--dangerously-skip-permissions` with `IS_SANDBOX=1` (documented for
-  containers; without it Claude Code refuses the flag as root). The sandbox is the boundary.
+- **Headless permissions**: `--dangerously-skip-permissions` with `IS_SANDBOX=1` (what 2.1.332
+  checks before refusing the flag as root, exit 1). The sandbox is the boundary.
 - **Exit**: `--output-format stream-json --verbose` writes one JSON event per line; the last
   `result` event says how it ended. Read in this order: a deadline is `timeout`; a signal
   `crashed`; a tool call denied for want of approval (`permission_denials`) `approval`; no model
