@@ -1,5 +1,6 @@
 """Installing harnesses on the host, once: each under `~/.cache/atropos/harnesses/
-<name>-<version>` (`ATROPOS_HARNESS_CACHE` moves the root), made in a temporary folder beside
+<name>-<version>` (`ATROPOS_HARNESS_CACHE` moves the root; `cache_root` says when it is
+`/var/cache/atropos/harnesses` instead), made in a temporary folder beside
 it and renamed into place when complete, so a folder that exists is a whole install and an
 interrupted one leaves only a `.partial-*` folder, removed by the next try.
 
@@ -28,11 +29,29 @@ class HarnessInstallError(RuntimeError):
     """A harness could not be installed on the host."""
 
 
+SHARED_CACHE = Path("/var/cache/atropos/harnesses")
+
+
 def cache_root() -> Path:
-    """Where harnesses are installed (`$ATROPOS_HARNESS_CACHE`, else
-    `~/.cache/atropos/harnesses`)."""
+    """Where harnesses are installed: `$ATROPOS_HARNESS_CACHE`, else
+    `~/.cache/atropos/harnesses`, unless that is out of other users' reach (a home of mode
+    0700, as root's often is) while we are root: sandboxes run as uids of their own, which
+    must read the harness's files, so then `/var/cache/atropos/harnesses`."""
     root = os.environ.get("ATROPOS_HARNESS_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "atropos" / "harnesses"
+    if root:
+        return Path(root)
+    home = Path.home() / ".cache" / "atropos" / "harnesses"
+    if os.geteuid() == 0 and not _reachable(home):
+        return SHARED_CACHE
+    return home
+
+
+def _reachable(path: Path) -> bool:
+    """Whether other users may traverse every existing folder down to `path`."""
+    for folder in [*reversed(path.parents), path]:
+        if folder.exists() and not folder.stat().st_mode & 0o001:
+            return False
+    return True
 
 
 def installed_dir(name: str, version: str, make: Callable[[Path], None]) -> Path:
@@ -41,10 +60,11 @@ def installed_dir(name: str, version: str, make: Callable[[Path], None]) -> Path
     target = cache_root() / f"{name}-{version}"
     if (target / ".complete").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     for stale in target.parent.glob(f".partial-{name}-{version}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".partial-{name}-{version}-", dir=target.parent))
+    work.chmod(0o755)  # sandboxes' own uids read it
     work.chmod(0o755)  # mkdtemp's 0700 would hide the install from the sandboxes' uids
     try:
         _say(f"installing {name} {version} into {target} (once; cached)")

@@ -69,7 +69,11 @@ class MiniSweAgent(Harness):
                 "model_class": "litellm",
                 "model_name": f"openai/{call.model}",
                 "cost_tracking": "ignore_errors",
-                "model_kwargs": {"api_base": call.base_url, "api_key": call.api_key},
+                "model_kwargs": {
+                    "api_base": call.base_url,
+                    "api_key": call.api_key,
+                    "max_retries": 0,  # the openai client would retry a refusal twice
+                },
             },
             "environment": {"environment_class": "local", "cwd": call.workdir, "timeout": 60},
         }
