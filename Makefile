@@ -8,7 +8,7 @@ DEV := $(VENV)/.installed-dev
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
 .PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker \
-	bubblewrap
+	bubblewrap harnesses
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -118,7 +118,14 @@ ifeq ($(BWRAP),)
 		"install with: sudo apt-get install -y bubblewrap"; fi
 endif
 
-test: $(DEV) chromium slurm docker bubblewrap
+# The agent harnesses the harness tests run (tests/harnesses): Claude Code and Codex CLI from
+# npm, mini-SWE-agent in a venv of its own, each at its pinned version under the harness cache
+# (atropos.harnesses.cache: ~/.cache/atropos/harnesses, or /var/cache/atropos/harnesses for a
+# root whose home sandboxes cannot reach); a no-op when there.
+harnesses: $(DEV)
+	$(PY) -m atropos.harnesses
+
+test: $(DEV) chromium slurm docker bubblewrap harnesses
 	$(PY) scripts/check
 
 # The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that
