@@ -12,13 +12,15 @@ A failed rollout (the harness's, the sandbox's or the test's infrastructure: nev
 policy's) is not scored: the group is dropped (`dropped/agent_failed`) unless
 `--env.failed_agent_score` is set, and its reason is counted in
 `train/harness_failed/<reason>`. Metrics per harness, means over rollouts:
-`harness/<name>/calls`, `tokens` (completion), `tool_calls`, `breaks`, `seconds` (the
-harness's wall time), `score`, and `harness/<name>/exit/<reason>` (each exit's share)."""
+`harness/<name>/calls` (model calls), `tokens` (completion tokens), `tool_calls` (calls the
+policy's answers made), `breaks` (calls that started a new sequence: `fork` and `new`, never a
+clean or realigned extension), `seconds` (the harness's wall time), `score` (scored rollouts
+only), and `harness/<name>/exit/<reason>` (each way of ending's share of the rollouts since the
+start: "ok", "limit", or a failure's reason)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -35,11 +37,13 @@ from atropos.harnesses.run import RolloutResult, RolloutSettings, run_rollout
 from atropos.harnesses.tasks import HarnessTask, load_tasks
 from atropos.inference.tool_calls import parse_tool_calls
 from atropos.proxy.agent_env import AgentEnv, AgentEnvConfig, AgentRun
+from atropos.proxy.session import Session
 from atropos.proxy.trajectory import Trajectory
 
 __all__ = ["HarnessEnv", "HarnessEnvConfig", "tool_calls_of"]
 
 log = logging.getLogger("atropos.env.harness")
+NEW_SEQUENCE = ("fork", "new")  # the break kinds that start a sequence (atropos.proxy.trajectory)
 
 
 class HarnessEnvConfig(AgentEnvConfig):
@@ -52,7 +56,12 @@ class HarnessEnvConfig(AgentEnvConfig):
     tasks: str = Field(
         default="swe_patch", description="a JSONL of {instruction, snapshot, test}, or swe_patch"
     )
-    provider: str = Field(default="bubblewrap", description="the sandbox provider")
+    provider: str = Field(
+        default="bubblewrap", description="the sandbox provider: bubblewrap, process, docker"
+    )
+    image: str | None = Field(
+        default=None, description="the local image the tasks run in (--env.provider docker)"
+    )
     verifier_timeout: float = Field(default=300.0, gt=0, description="seconds for the test")
     start_timeout: float = Field(default=60.0, gt=0, description="seconds to start a sandbox")
     max_sandboxes: int = Field(default=16, ge=1, description="rollouts running at once")
@@ -79,6 +88,7 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
         self.installed: Installed = await asyncio.to_thread(self.harness.install)
         self._slots = asyncio.Semaphore(self.config.max_sandboxes)
         self.failures: Counter[str] = Counter()
+        self.settings()  # a provider without its image fails here, at once
         await super().setup()
 
     def settings(self) -> RolloutSettings:
@@ -92,6 +102,16 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
             max_turns=config.max_agent_turns,
             memory_bytes=config.sandbox_memory_bytes,
             pids=config.sandbox_pids,
+            image=config.image,
+        )
+
+    async def run(self, task: Item, session: Session) -> RolloutResult:
+        """The harness on `task` against `session`, tested and scored (`run_rollout`); an
+        environment with other tasks (Harbor's) overrides it."""
+        settings = self.settings()
+        model = self.proxy.settings.model
+        return await run_rollout(
+            self.harness, self.installed, task, session, self.proxy_url, model, settings
         )
 
     async def rollout(self, task: Item) -> AgentRun:
@@ -101,15 +121,7 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
         start = time.monotonic()
         try:
             async with self._slots:
-                result = await run_rollout(
-                    self.harness,
-                    self.installed,
-                    task,
-                    session,
-                    self.proxy_url,
-                    self.proxy.settings.model,
-                    self.settings(),
-                )
+                result = await self.run(task, session)
         finally:
             trajectory = session.trajectory()
             self.proxy.delete(session.id)
@@ -136,7 +148,7 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
 
     def _record(self, result: RolloutResult, trajectory: Trajectory) -> None:
         prefix = f"harness/{self.harness.name}"
-        breaks = sum(trajectory.breaks.values())
+        breaks = sum(trajectory.breaks.get(kind, 0) for kind in NEW_SEQUENCE)
         self.record_mean(f"{prefix}/calls", [float(trajectory.turns)])
         self.record_mean(f"{prefix}/tokens", [float(trajectory.completion_tokens)])
         self.record_mean(f"{prefix}/tool_calls", [float(tool_calls_of(trajectory, self))])
@@ -164,23 +176,20 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
 
 
 def tool_calls_of(trajectory: Trajectory, env: HarnessEnv) -> int:
-    """Tool calls the policy made in the rollout: those of each distinct assistant turn over
-    its sequences (a turn repeated in a later sequence after a break counts once)."""
-    seen: set[str] = set()
-    count = 0
+    """Tool calls the policy made in the rollout: those of the answers each sequence generated
+    (its last `len(spans)` assistant turns: a turn a later sequence re-renders after a fork is
+    not generated there, so it counts once; a retokenized sequence has no spans: all its
+    assistant turns)."""
     parser = env.proxy.settings.tool_parser
+    count = 0
     for sequence in trajectory.sequences:
-        for message in sequence.messages or []:
-            if message.get("role") != "assistant":
-                continue
+        answers = [m for m in sequence.messages or [] if m.get("role") == "assistant"]
+        if sequence.token_source == "server":
+            answers = answers[len(answers) - len(sequence.spans) :]
+        for message in answers:
+            calls = message.get("tool_calls")
             text = str(message.get("content") or "")
-            key = json.dumps([text, message.get("tool_calls")], default=str)
-            if key in seen:
-                continue
-            seen.add(key)
-            count += len(message.get("tool_calls") or []) or len(
-                parse_tool_calls(text, parser).tool_calls
-            )
+            count += len(calls) if calls else len(parse_tool_calls(text, parser).tool_calls)
     return count
 
 

@@ -3,9 +3,20 @@
 repository and the harness's config files put in; the harness run headless against its
 session with a wall-time deadline; then the task's test in the same sandbox, and the score.
 
+`run_harness` is the part every task source shares: the harness's config files put in, its
+command run in a sandbox the caller opened (model-only, the install mounted), its exit read.
+`run_rollout` (JSONL and `swe_patch` tasks) and the `harbor` environment's trials
+(atropos.environments.harbor.trial, a Harbor task's own container and verifier) both call it.
+
 Layout inside the sandbox: the work dir `/work` holds `repo/` (the task's files, the harness's
 cwd), `home/` (HOME: config files, caches, logs) and, after the harness, what the test adds
 (`test_files`). The harness never sees the test files.
+
+Providers (`RolloutSettings.provider`): `bubblewrap` (default: the host's `/usr`, `/etc`, ...
+read-only), `process`, or `docker` with `RolloutSettings.image` (a local image; the locked
+profile: a read-only root, `/work` a tmpfs volume). The harness's install is mounted in all of
+them, so its native code must run on what the sandbox's root holds: docs/harnesses.md,
+"Providers", says what each harness needs of an image.
 
 Limits: wall time is the harness exec's deadline (`timeout`, then its whole process tree is
 SIGKILLed); calls and tokens are the session's (`atropos.proxy.session.Limits`): a call past
@@ -18,27 +29,46 @@ the test's infrastructure (`verifier_timeout`, `verifier_reward`: no readable re
 from __future__ import annotations
 
 import posixpath
+import shlex
 import time
-from dataclasses import dataclass, fields
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from atropos.harnesses.base import Harness, HarnessCall, HarnessExit, Installed, tail
 from atropos.harnesses.tasks import HarnessTask
 from atropos.proxy.session import Session
-from atropos.sandbox import ExecResult, SandboxError, SandboxSpec, open_sandbox
+from atropos.sandbox import (
+    PROVIDERS,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    open_sandbox,
+)
 
-__all__ = ["RolloutResult", "RolloutSettings", "run_rollout", "sandbox_spec"]
+__all__ = [
+    "HarnessRun",
+    "RolloutResult",
+    "RolloutSettings",
+    "base_url",
+    "run_harness",
+    "run_rollout",
+    "sandbox_spec",
+]
 
 WORK = "/work"
 REPO = f"{WORK}/repo"
 HOME = f"{WORK}/home"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+Put = Callable[[str, bytes], Awaitable[None]]
+
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    """How each rollout runs (from the environment's config)."""
+    """How each rollout runs (from the environment's config). `image`: the docker
+    provider's local image (required there, refused elsewhere)."""
 
     provider: str = "bubblewrap"
     timeout: float = 600.0  # the harness's wall time
@@ -48,6 +78,23 @@ class RolloutSettings:
     memory_bytes: int | None = None  # RLIMIT_AS per process: Node reserves far more than it uses
     pids: int | None = 512  # Node and its workers are many threads
     disk_bytes: int | None = 1 << 30
+    image: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ValueError(
+                f"--env.provider {self.provider!r}: use one of {', '.join(sorted(PROVIDERS))}"
+            )
+        if self.provider == "docker" and not self.image:
+            raise ValueError(
+                "--env.provider docker needs --env.image, a local image the tasks run in "
+                "(e.g. one made by: atropos sandbox image build NAME --debian --include python3)"
+            )
+        if self.provider != "docker" and self.image:
+            raise ValueError(
+                f"--env.image {self.image!r} is for --env.provider docker (the provider is "
+                f"{self.provider!r}): set both or neither"
+            )
 
 
 @dataclass
@@ -63,29 +110,65 @@ class RolloutResult:
     verifier_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class HarnessRun:
+    """A harness run in a sandbox: the harness, its install on the host, its session."""
+
+    harness: Harness
+    installed: Installed
+    session: Session
+
+
 def sandbox_spec(installed: Installed, proxy_url: str, settings: RolloutSettings) -> SandboxSpec:
-    """The rollout's sandbox: model-only to the proxy, the harness bound read-only. Until
-    the sandbox takes `mounts`, bubblewrap runs over the host's root read-only (which shows the
-    harness's cache folder at its own path)."""
-    spec: dict[str, Any] = {
-        "network": "model-only",
-        "model_url": proxy_url,
-        "workdir": WORK,
-        "memory_bytes": settings.memory_bytes,
-        "pids": settings.pids,
-        "disk_bytes": settings.disk_bytes,
-    }
-    if "mounts" in {f.name for f in fields(SandboxSpec)}:
-        spec["mounts"] = dict(installed.mounts)
-    elif settings.provider == "bubblewrap":
-        spec["root"] = Path("/")
-    return SandboxSpec(**spec)
+    """The rollout's sandbox: model-only to the proxy, the harness bound read-only; on docker,
+    `settings.image`."""
+    return SandboxSpec(
+        image=settings.image if settings.provider == "docker" else None,
+        network="model-only",
+        model_url=proxy_url,
+        workdir=WORK,
+        memory_bytes=settings.memory_bytes,
+        pids=settings.pids,
+        disk_bytes=settings.disk_bytes,
+        mounts=dict(installed.mounts),
+    )
 
 
 def base_url(inside: str, session: Session, dialect: str) -> str:
     """The session's base URL inside the sandbox, for `dialect`."""
     root = f"{inside.rstrip('/')}/s/{session.id}"
     return root if dialect == "anthropic" else f"{root}/v1"
+
+
+async def run_harness(
+    box: Sandbox,
+    run: HarnessRun,
+    call: HarnessCall,
+    put: Put | None = None,
+    system_path: str = SYSTEM_PATH,
+    user: str | None = None,
+) -> tuple[HarnessExit, float]:
+    """Run `run.harness` headless in `box` (opened by the caller: model-only to the proxy,
+    the install mounted) as `call` says: its config files put in (relative paths under
+    `call.workdir`; `put(absolute path, data)`, default `box.put`, which writes only under
+    the sandbox's work dir), its command run in `call.workdir` within `call.timeout`, as
+    `user` when given (`su`; the image's user otherwise). Returns its exit (a stop on a
+    session limit is `limit`, not a failure) and its wall seconds. A `SandboxError` is
+    raised."""
+    write = put or box.put
+    for path, data in run.harness.files(call).items():
+        await write(_inside(call.workdir, path, (call.workdir, call.home)), data)
+    env = _environment(run.harness, call, run.installed, system_path)
+    argv = _in_dir(call.workdir, run.harness.command(call))
+    command: list[str] | str = argv
+    if user not in (None, "root", "0"):  # su resets HOME and PATH: set them after it
+        assigned = [f"{k}={v}" for k, v in env.items()]
+        inner = shlex.join(["env", *assigned, *argv])
+        command = f"su -s /bin/sh {shlex.quote(str(user))} -c {shlex.quote(inner)}"
+    started = time.monotonic()
+    result = await box.exec(command, call.timeout, env=env)
+    seconds = time.monotonic() - started
+    return _limited(run.harness.outcome(result, run.session.turns), run.session), seconds
 
 
 async def run_rollout(
@@ -107,25 +190,20 @@ async def run_rollout(
         return _failed(HarnessExit(False, "sandbox"), error.reason, str(error))
     async with box:
         try:
-            return await _in_sandbox(box, harness, installed, task, session, model, settings)
+            run = HarnessRun(harness, installed, session)
+            return await _in_sandbox(box, run, task, model, settings)
         except SandboxError as error:
             return _failed(HarnessExit(False, "sandbox"), error.reason, str(error))
 
 
 async def _in_sandbox(
-    box: Any,
-    harness: Harness,
-    installed: Installed,
-    task: HarnessTask,
-    session: Session,
-    model: str,
-    settings: RolloutSettings,
+    box: Any, run: HarnessRun, task: HarnessTask, model: str, settings: RolloutSettings
 ) -> RolloutResult:
     assert box.model_url is not None  # model-only
     call = HarnessCall(
         instruction=task.instruction,
-        base_url=base_url(box.model_url, session, harness.dialect),
-        api_key=session.key,
+        base_url=base_url(box.model_url, run.session, run.harness.dialect),
+        api_key=run.session.key,
         model=model,
         workdir=REPO,
         home=HOME,
@@ -136,16 +214,7 @@ async def _in_sandbox(
     await box.put(f"{REPO}/.keep", b"")
     for path, data in task.files.items():
         await box.put(_inside(REPO, path), data)
-    for path, data in harness.files(call).items():
-        await box.put(_inside(REPO, path), data)
-    started = time.monotonic()
-    result = await box.exec(
-        _in_dir(REPO, harness.command(call)),
-        settings.timeout,
-        env=_environment(harness, call, installed),
-    )
-    harness_seconds = time.monotonic() - started
-    exit = _limited(harness.outcome(result, session.turns), session)
+    exit, harness_seconds = await run_harness(box, run, call)
     if not exit.ok:
         failed = _failed(exit, exit.reason, exit.detail)
         failed.harness_seconds = harness_seconds
@@ -189,8 +258,10 @@ def _limited(exit: HarnessExit, session: Session) -> HarnessExit:
     return exit
 
 
-def _environment(harness: Harness, call: HarnessCall, installed: Installed) -> dict[str, str]:
-    path = ":".join([*installed.path, SYSTEM_PATH])
+def _environment(
+    harness: Harness, call: HarnessCall, installed: Installed, system_path: str = SYSTEM_PATH
+) -> dict[str, str]:
+    path = ":".join([*installed.path, system_path])
     return {"HOME": call.home, "PATH": path, **harness.environment(call)}
 
 
@@ -199,11 +270,12 @@ def _in_dir(directory: str, argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', directory, *argv]
 
 
-def _inside(directory: str, path: str) -> str:
-    """`path` (relative to `directory`, or absolute) as an absolute path under the work dir."""
+def _inside(directory: str, path: str, within: tuple[str, ...] = (WORK,)) -> str:
+    """`path` (relative to `directory`, or absolute) as an absolute path under one of
+    `within` (default: the work dir)."""
     full = posixpath.normpath(posixpath.join(directory, path))
-    if full != WORK and not full.startswith(WORK + "/"):
-        raise ValueError(f"{path!r} is outside the sandbox's work dir {WORK}")
+    if not any(full == top or full.startswith(top.rstrip("/") + "/") for top in within):
+        raise ValueError(f"{path!r} is outside {' and '.join(within)}")
     return full
 
 
