@@ -577,16 +577,34 @@ class Hub:
             rec = live.get(other) if other is not None else None
             reserved = int(batch * _share(rec)) if rec else 0
             available += max(0, packed - reserved)
-        return self._versioned(
-            {
-                "current_step": self.step,
-                "queue_size": (own + available) // own_group,
-                "unallocated_fraction": 1.0 - min(1.0, allocated),
-                "self_queue_size": own // own_group,
-                "max_group_size": big,
-                "env_weight": max(0.01, share),
-            }
-        )
+        answer = {
+            "current_step": self.step,
+            "queue_size": (own + available) // own_group,
+            "unallocated_fraction": 1.0 - min(1.0, allocated),
+            "self_queue_size": own // own_group,
+            "max_group_size": big,
+            "env_weight": max(0.01, share),
+        }
+        answer.update(self._pacing(env_id, waiting))
+        return self._versioned(answer)
+
+    def _pacing(self, env_id: int, waiting: Counter[int | None]) -> dict[str, Any]:
+        """What an env needs to pace itself under `--max-staleness` (nothing without it, so an
+        old client's answer is as it was): the limit, the batch size, the sequences waiting to
+        be batched (every env's; leased batches are already counted in the step), and the
+        groups of this env the API dropped, by reason (`api_dropped`, when any)."""
+        limit = self.config.max_staleness
+        if limit is None:
+            return {}
+        extra: dict[str, Any] = {
+            "max_staleness": limit,
+            "batch_size": self.batch_size,
+            "queued_sequences": sum(n for n in waiting.values() if n > 0),
+        }
+        counters = self.counters.get(env_id)
+        if counters is not None and counters.drops:
+            extra["api_dropped"] = dict(counters.drops)
+        return extra
 
     def info(self) -> dict[str, Any]:
         reg = self.registration

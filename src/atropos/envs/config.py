@@ -165,6 +165,11 @@ class BaseEnvConfig(BaseModel):
     max_batches_offpolicy: int = Field(
         default=3, description="pause when this many batches are queued (<= 0: never pause)"
     )
+    pace_staleness: bool = Field(
+        default=True,
+        description="with an API run with --max-staleness N, start rollouts only while none in"
+        " flight can be trained more than N versions stale (false: the API discards them)",
+    )
     tokenizer_name: str = Field(
         default=TINY,
         description="tokenizer to load: a hub id, a local directory or 'tiny' (the shipped one;"

@@ -5,8 +5,10 @@ deadline); read `/info`; load the newest checkpoint; then admit work. Admission 
 `cap` rollouts in flight, where `cap` follows the rules of atroposlib 0.4.0 (upstream):
 `max_num_workers`, less while an evaluation runs (`eval_handling`), and no more than the
 off-policy budget `max_batches_offpolicy * batch_size / group_size - queued groups` (raised to
-an env's `min_batch_allocation` floor). When the cap drops, admission pauses; rollouts already
-running finish and are sent (upstream cancelled them and threw the work away).
+an env's `min_batch_allocation` floor), and, when the API runs with `--max-staleness N`, no
+more than keep every rollout in flight within N versions of the step that will train it
+(`pacing`: long rollouts are waited for, not discarded). When the cap drops, admission pauses;
+rollouts already running finish and are sent (upstream cancelled them and threw the work away).
 
 Every group is stamped with a `group_id` and its policy version: the lowest weight version the
 inference servers reported (`policy_version` in their answers) for the calls its rollout made,
@@ -57,6 +59,7 @@ from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
+from atropos.envs.runner.pacing import Flight, PaceInputs, Pacer
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog, drop_hint
@@ -137,6 +140,9 @@ class ServeRunner:
         self.scores: list[float] = []
         self.durations: dict[str, list[float]] = {"succeeded": [], "failed": []}
         self.heap = FrozenHeap()
+        self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
+        self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
+        self.logged_paced = (0.0, 0)  # paced seconds and stretches at the last metrics record
         self.teacher: Teacher | None = None  # --teacher.*: started after the env's setup
         spool = Path(self.config.spool_dir or run_dir / "spool")
         self.sender = Sender(
@@ -271,7 +277,27 @@ class ServeRunner:
     # ----- admission ----------------------------------------------------------------------------
 
     def capacity(self) -> int:
-        """How many rollouts may be in flight now."""
+        """How many rollouts may be in flight now: the rules below, then staleness pacing."""
+        cap = self._capacity()
+        pace = self._pace_limit()
+        if pace is None:
+            self.pacer.note(False)
+            return cap
+        self.pacer.note(pace < cap and len(self.workers) >= pace)
+        return min(cap, pace)
+
+    def _pace_limit(self) -> int | None:
+        """The most rollouts in flight that keep each within the API's `max_staleness`
+        (`pacing`); None when the API announces no limit or `pace_staleness` is off."""
+        inputs = self.pace_inputs
+        if inputs is None or not self.config.pace_staleness:
+            return None
+        g = self.config.group_size
+        unseen = self.submitted - self.submitted_at_poll + self.pending_at_poll
+        queued = inputs.queued_sequences + unseen * g
+        return self.pacer.limit(inputs, self.version_now(), queued, g)
+
+    def _capacity(self) -> int:
         cfg, status = self.config, self.env.status_dict
         cap = cfg.max_num_workers
         if self.eval_task is not None and not self.eval_task.done():
@@ -320,7 +346,11 @@ class ServeRunner:
         finished rollout's slot is refilled at once instead of a few loop turns later through
         `_admit` (at 256 workers those turns left ~4% of the slots empty)."""
         while True:
-            await self._handle(item, self.version_now())
+            flight = self.pacer.start(self.version_now())
+            try:
+                await self._handle(item, flight)
+            finally:
+                self.pacer.finish(flight)
             # this task holds one of the slots counted by capacity()
             if self.stopping.is_set() or self.done or len(self.workers) > self.capacity():
                 return
@@ -331,13 +361,14 @@ class ServeRunner:
                 if item is None:
                     return
 
-    async def _handle(self, item: Any, version: int) -> None:
+    async def _handle(self, item: Any, flight: Flight) -> None:
         env, cfg = self.env, self.config
         timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
         started = time.monotonic()
         try:
             # what the servers report for this rollout's calls, and why the env dropped it
             with PolicyVersions() as seen, EnvDrops() as dropped:
+                flight.seen = seen  # pacing counts the rollout at the oldest version reported
                 result, more = await _within(timeout, env.collect_trajectories(item))
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
@@ -348,7 +379,7 @@ class ServeRunner:
                 dropped,
                 self.drops,
                 max_token_len=env.max_token_len,
-                policy_version=version if seen.lowest is None else seen.lowest,
+                policy_version=flight.version if seen.lowest is None else seen.lowest,
                 env_id=env.env_id,
                 teacher=self.teacher,
             )
@@ -453,6 +484,8 @@ class ServeRunner:
     async def _on_status(self, status: dict[str, Any]) -> None:
         env, cfg = self.env, self.config
         self._note_published(status)
+        self.pace_inputs = PaceInputs.of(status)
+        self.pacer.refresh()
         old, new = env.curr_step, int(status.get("current_step", env.curr_step))
         weight = status.get("env_weight")
         if weight is not None and env._server is not None:  # the share of inference capacity
@@ -511,6 +544,7 @@ class ServeRunner:
             metrics[f"train/dropped/{reason}"] = float(dropped[reason])
         for kind in self.failures:
             metrics[f"train/failed/{kind}"] = float(failed[kind])
+        metrics.update(self._pacing_metrics())
         if self.scores:
             metrics["train/score_mean"] = sum(self.scores) / len(self.scores)
         metrics.update(completion_stats(self.lengths, env.max_token_len))
@@ -529,6 +563,25 @@ class ServeRunner:
         self.logged_drops, self.logged_failures = Counter(self.drops), Counter(self.failures)
         self.lengths, self.scores = [], []
         self.durations = {"succeeded": [], "failed": []}
+        return metrics
+
+    def _pacing_metrics(self) -> dict[str, float]:
+        """Time paced in this window (seconds, stretches started) and the API's drops of this
+        env's groups by reason (totals since the API started), when it runs with a limit."""
+        seconds, count = self.pacer.paced_total(), self.pacer.paced_count
+        last_seconds, last_count = self.logged_paced
+        self.logged_paced = (seconds, count)
+        if self.pace_inputs is None:
+            return {}
+        metrics = {
+            "train/paced_seconds": seconds - last_seconds,
+            "train/paced_count": float(count - last_count),
+        }
+        dropped = self.env.status_dict.get("api_dropped")
+        if isinstance(dropped, dict):
+            for reason, n in dropped.items():
+                if isinstance(n, int):
+                    metrics[f"train/api_dropped/{reason}_total"] = float(n)
         return metrics
 
     async def _drain(self) -> None:
@@ -575,6 +628,11 @@ class ServeRunner:
             f"{plural(stats.sent, 'group')} sent, {stats.spooled:,} spooled, drops"
             f" {dict(self.drops)}, failures {dict(self.failures)}"
         )
+        if self.pacer.paced_count:
+            counts += (
+                f", paced {self.pacer.paced_total():.1f} s"
+                f" ({plural(self.pacer.paced_count, 'time')})"
+            )
         hint = drop_hint(self.drops, stats.sent)
         if hint is not None:
             counts += f": {hint}"
