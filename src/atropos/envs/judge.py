@@ -9,6 +9,19 @@ will repeat for every call (a model it does not serve, a refused key, a judge se
 reached, or all of them unreachable for `--server_wait` seconds in a row) is a `JudgeError`
 naming the `--judge.*` flags, and the runners stop the run with it, as with the policy's servers.
 
+Every environment and eval suite asks its judge through `Judge.complete`, the one judge client,
+which keeps to the provider's budget (`atropos.envs.budget`, one per base URL): at most
+`--judge.max_concurrency` calls in flight, `--judge.rpm` requests and `--judge.tpm` tokens per
+minute (estimated before the call from the prompt and `max_tokens`, corrected from the answer's
+usage), a pause for every call when the provider answers 429 with `Retry-After`, and a circuit
+breaker (`--judge.breaker_threshold` consecutive failures refuse calls for
+`--judge.breaker_cooldown` seconds, then one probe). One call has one deadline,
+`--judge.timeout`, over its waits, attempts and backoffs; only a connection error, a 5xx, a 429
+(or 408) is retried, `--judge.retries` times, with jittered exponential backoff. A judge that
+cannot answer raises `JudgeFailed`, and the rollout (the group it scores) fails with the reason,
+counted as `train/failed/judge_<reason>` by the runners: timeout, breaker_open,
+retries_exhausted, rejected (another 4xx), malformed. It is never scored, as a 0 or otherwise.
+
 Verdicts come in two shapes:
 
 - pairwise (`compare`): the judge sees both answers twice, in both orders, `votes` times each,
@@ -42,10 +55,20 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from pydantic import Field, SecretStr
 
 from atropos.envs.base import BaseEnv
+from atropos.envs.budget import (
+    Attempt,
+    Budget,
+    BudgetRefused,
+    Provider,
+    estimate_tokens,
+    provider_for,
+)
 from atropos.envs.config import Namespace
 from atropos.envs.types import Message
+from atropos.inference.base import within
 from atropos.inference.config import APIServerConfig, ServerType
 from atropos.inference.errors import FatalError, InferenceError
+from atropos.inference.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from atropos.inference.manager import ServerManager
@@ -53,7 +76,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Judge",
     "JudgeConfig",
+    "JUDGE_FAILURES",
     "JudgeError",
+    "JudgeFailed",
     "JudgedEnv",
     "PairVerdict",
     "RubricVerdict",
@@ -65,7 +90,7 @@ __all__ = [
 
 
 class JudgeConfig(Namespace):
-    """`--judge.*`: the judge model. No `base_url`: the policy's own servers judge."""
+    """`--judge.*`: the judge model and its budget. No `base_url`: the policy's servers judge."""
 
     base_url: str = Field(
         "", description="judge server, e.g. http://127.0.0.1:9010/v1 ('': policy's)"
@@ -73,10 +98,26 @@ class JudgeConfig(Namespace):
     model_name: str = Field("default", description="judge model name")
     api_key: SecretStr = Field(SecretStr(""), description="bearer key for the judge server")
     server_type: ServerType = Field("openai", description="openai | vllm | sglang | trl")
-    timeout: float = Field(600, gt=0, description="seconds one judge request may take")
+    timeout: float = Field(
+        600, gt=0, description="seconds one judge call may take in all (budget waits, retries)"
+    )
     votes: int = Field(3, ge=1, description="judge answers per order (pairwise) or per rating")
     temperature: float = Field(1.0, ge=0, description="judge sampling temperature")
     max_tokens: int = Field(2048, ge=1, description="longest judge answer, in tokens")
+    max_concurrency: int = Field(64, ge=0, description="judge calls in flight (0: no limit)")
+    rpm: float = Field(0, ge=0, description="judge requests per minute (0: no limit)")
+    tpm: float = Field(
+        0, ge=0, description="judge tokens per minute, prompt + max_tokens (0: no limit)"
+    )
+    retries: int = Field(
+        3, ge=0, description="retries of a call after a connection error, 5xx or 429"
+    )
+    breaker_threshold: int = Field(
+        5, ge=0, description="consecutive judge failures that open its breaker (0: never)"
+    )
+    breaker_cooldown: float = Field(
+        30, gt=0, description="seconds the open breaker refuses calls before one probe"
+    )
 
     def server(self) -> APIServerConfig:
         """The judge's own server configuration (only meaningful when `base_url` is set)."""
@@ -87,7 +128,14 @@ class JudgeConfig(Namespace):
                 "api_key": self.api_key,
                 "server_type": self.server_type,
                 "timeout": self.timeout,
+                "num_max_requests_at_once": max(self.max_concurrency, 512),
             }
+        )
+
+    def budget(self) -> Budget:
+        """The provider's limits."""
+        return Budget(
+            self.max_concurrency, self.rpm, self.tpm, self.breaker_threshold, self.breaker_cooldown
         )
 
 
@@ -96,8 +144,39 @@ class JudgeError(FatalError):
     the run)."""
 
 
+JUDGE_FAILURES = ("timeout", "breaker_open", "retries_exhausted", "rejected", "malformed")
+"""Why a judge call gave no answer; the rollout is failed, counted as `judge_<reason>`."""
+
+
+class JudgeFailed(Exception):
+    """The judge could not answer this call: the rollout fails (never scored), counted by the
+    runners as `failed/judge_<reason>` (`train/failed/judge_<reason>`).
+
+    `reason` is one of `JUDGE_FAILURES`: `timeout` (the `--judge.timeout` deadline passed, or
+    would pass before the budget let the call go), `breaker_open`, `retries_exhausted`,
+    `rejected` (a 4xx other than 408/429: the request is wrong) or `malformed` (an answer that
+    cannot be read)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"judge {reason}: {message}")
+        self.reason = reason
+        self.failure_kind = f"judge_{reason}"
+
+
+BACKOFF = RetryPolicy(max_attempts=1, backoff=1.0, backoff_max=30.0)
+"""Waits between a judge call's attempts: full jitter, 1 s ceiling doubling to 30 s; a longer
+`Retry-After` is honoured whole (within the call's deadline)."""
+
+
 class Judge:
-    """Asks the judge model; owns a server manager when the judge has its own server.
+    """Asks the judge model, within the provider's budget; owns a server manager when the
+    judge has its own server.
+
+    Every call goes through the `Provider` of `base_url` (`atropos.envs.budget`): concurrency,
+    requests and tokens per minute, 429 pauses and the circuit breaker, under one deadline
+    (`--judge.timeout`). A retryable failure (connection, timeout of one attempt, 5xx, 429) is
+    retried up to `--judge.retries` times with jittered exponential backoff; on the policy's
+    own servers the manager's retries apply instead (`--max_attempts`), not these.
 
     Args:
         config: the `--judge.*` settings.
@@ -115,38 +194,98 @@ class Judge:
         """Whether the judge runs on its own server rather than the policy's."""
         return bool(self.config.base_url)
 
+    @property
+    def provider(self) -> Provider:
+        """This event loop's budget of the judge's provider (shared by every judge of it)."""
+        return provider_for(self.config.base_url or "policy", self.config.budget())
+
     def _manager(self) -> ServerManager:
         if not self.separate:
             return self._env.server
         if self._own is None:
             from atropos.inference.manager import ServerManager
 
-            self._own = ServerManager(
-                [self.config.server()], self._env.manager_config, role="judge"
-            )
+            manager = self._env.manager_config.model_copy(
+                update={"max_attempts": 1, "deadline": self.config.timeout}
+            )  # one attempt per call: the judge retries within its own budget
+            self._own = ServerManager([self.config.server()], manager, role="judge")
         return self._own
 
     async def complete(self, messages: list[Message], n: int) -> list[str]:
         """`n` judge answers to `messages` (their text; an empty answer is "").
 
         Raises:
+            JudgeFailed: no answer within the budget, the deadline and the retries (the
+                rollout fails with its reason).
             JudgeError: a failure of the judge's own server that will repeat for every call
                 (a model it does not serve, a refused key, a judge server never reached or
                 unreachable for `--server_wait` seconds): the runners stop the run with it.
-            InferenceError: any other failed call (the policy's servers' errors as they are).
+            InferenceError: a fatal error of the policy's servers, as it is.
         """
-        try:
-            reply = await self._manager().chat_completion(
-                messages=messages,
-                n=n,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-        except InferenceError as err:
-            if self.separate and err.fatal:  # name the judge's flags, not the policy's
+        c = self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + c.timeout
+        provider = self.provider
+        tokens = estimate_tokens(messages, c.max_tokens * n)
+        attempts = 1 + (c.retries if self.separate else 0)
+        for attempt in range(1, attempts + 1):
+            try:
+                async with provider.attempt(tokens, deadline) as sent:
+                    try:
+                        reply = await within(deadline, self._ask(messages, n))
+                    except asyncio.TimeoutError as err:  # the deadline; InferenceTimeout too
+                        sent.failed(loop.time())
+                        raise JudgeFailed("timeout", f"no answer within {c.timeout:g} s") from err
+                    except InferenceError as err:
+                        error = self._settle(err, sent, loop.time())
+                    else:
+                        usage = getattr(reply, "usage", None)
+                        sent.ok(getattr(usage, "total_tokens", None))
+                        return [choice.message.content or "" for choice in reply.choices]
+            except BudgetRefused as refused:
+                reason = "timeout" if refused.reason == "deadline" else refused.reason
+                raise JudgeFailed(reason, str(refused)) from None
+            if attempt == attempts:
+                raise JudgeFailed(
+                    "retries_exhausted", f"{attempts} attempts, the last: {error}"
+                ) from error
+            wait = max(BACKOFF.delay(attempt), error.retry_after or 0.0)
+            if loop.time() + wait >= deadline:
+                raise JudgeFailed(
+                    "timeout", f"no answer within {c.timeout:g} s (the last: {error})"
+                ) from error
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _ask(self, messages: list[Message], n: int) -> Any:
+        return await self._manager().chat_completion(
+            messages=messages,
+            n=n,
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+        )
+
+    def _settle(self, err: InferenceError, sent: Attempt, now: float) -> InferenceError:
+        """Tell the budget how the attempt went; return `err` when it may be retried, else
+        raise what the caller sees."""
+        if err.fatal:
+            sent.failed(now)
+            if self.separate:  # name the judge's flags, not the policy's
                 raise JudgeError(f"judge: {err}".replace("--openai.", "--judge.")) from err
-            raise
-        return [choice.message.content or "" for choice in reply.choices]
+            raise err
+        if err.kind == "http_429":
+            sent.limited(err.retry_after, now)
+            return err
+        if err.kind == "timeout":
+            sent.failed(now)
+            raise JudgeFailed("timeout", str(err)) from err
+        if err.retryable:  # connection, 5xx, no server available
+            sent.failed(now)
+            return err
+        if err.kind == "http_4xx":
+            raise JudgeFailed("rejected", str(err)) from err
+        sent.failed(now)  # an answer that cannot be read, or a call the server cannot take
+        raise JudgeFailed("malformed", str(err)) from err
 
     async def aclose(self) -> None:
         """Close the judge's own server manager (the policy's is the env's to close)."""

@@ -39,8 +39,9 @@ class FailureLog:
         self._messages: set[str] = set()
 
     def record(self, err: BaseException, kind: str | None = None) -> bool:
-        """Count `err` (under `kind`, default its type's name); True when it is fatal."""
-        kind = kind or type(err).__name__
+        """Count `err` (under `kind`, default its `failure_kind` if it has one, e.g.
+        `judge_timeout`, else its type's name); True when it is fatal."""
+        kind = kind or getattr(err, "failure_kind", None) or type(err).__name__
         self.counts[kind] += 1
         reason = fatal_reason(err)
         if reason is not None:
