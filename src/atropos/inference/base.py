@@ -26,6 +26,7 @@ from typing_extensions import TypedDict
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
 from atropos.inference.http import HTTPClient
+from atropos.inference.routing import SESSION_HINT
 
 Split = Literal["train", "eval"]
 T = TypeVar("T")
@@ -307,7 +308,9 @@ class HTTPBackend:
         total = self.config.timeout if timeout is None else timeout
         data = None if body is None else _ENCODER.encode(body)
         try:
-            answer = await self._http().request(method, url, data, timeout=total)
+            answer = await self._http().request(
+                method, url, data, timeout=total, headers=SESSION_HINT.get()
+            )
         except TimeoutError as exc:
             raise InferenceTimeout(
                 f"{method} {url}: no answer within {total:g} s", server=self.base_url

@@ -65,6 +65,26 @@ class ServerManagerConfig(BaseModel):
     )
     health_check_interval: float = Field(5.0, gt=0, description="seconds between probes")
     health_check_timeout: float = Field(5.0, gt=0, description="seconds one probe may take")
+    routing: Literal["sticky_least_loaded", "least_loaded"] = Field(
+        "sticky_least_loaded",
+        description="sessions (ManagedServer, proxy, agents): keep a conversation on the server"
+        " that served its first turn, or send every call to the least-loaded server",
+    )
+    rehome_load_ratio: float = Field(
+        2.0,
+        ge=1.0,
+        description="a session leaves its server when it is over this many times as loaded as"
+        " the least-loaded one (docs/inference.md, Sessions)",
+    )
+    adaptive_concurrency: bool = Field(
+        False,
+        description="per server, grow the in-flight cap while it keeps up and shrink it when it"
+        " queues (its /metrics, else latency), between adaptive_floor and the configured max",
+    )
+    adaptive_floor: int = Field(4, ge=1, description="the adaptive in-flight cap's lowest value")
+    adaptive_interval: float = Field(
+        1.0, gt=0, description="seconds between adaptive in-flight cap decisions"
+    )
 
 
 LOCAL_SERVER_URL = "http://127.0.0.1:9001/v1"  # `atropos local serve`'s default address

@@ -3,11 +3,14 @@
 It exposes the backend calls (`chat_completion`, `completion`, `tokens_and_logprobs_completion`,
 `get_logprobs`), each with `split="train" | "eval"` (separate budgets per server; atroposlib 0.4.0
 dropped `split`, so eval calls used the training budget), and adds what a single backend does not
-do: least-loaded routing among healthy servers, waiting for capacity without polling, token-free
-health probes, failover and bounded jittered retries for retryable errors only, one deadline per
-call, `n` split into chunks of `max_n_completions`, an adaptive share of capacity (`update_weight`),
-token-exact sessions (`managed_server`) and bounded per-server metrics for logging (`metrics`).
-Token calls go only to servers that can answer them, so a list may mix server types.
+do: least-loaded routing among healthy servers, session-affine routing of conversations
+(`routing`: a session's turns stay on the server that holds its prefix, with the engines'
+session hints), waiting for capacity without polling, token-free health probes, failover and
+bounded jittered retries for retryable errors only, one deadline per call, `n` split into chunks
+of `max_n_completions`, an adaptive share of capacity (`update_weight`), adaptive per-server
+concurrency (`concurrency`, when on), token-exact sessions (`managed_server`) and bounded
+per-server metrics for logging (`metrics`). Token calls go only to servers that can answer them,
+so a list may mix server types.
 
 >>> from atropos.inference.config import APIServerConfig
 >>> ServerManager([APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm")])
@@ -41,6 +44,7 @@ from atropos.inference.openai import merge_completions
 from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
 from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnOnce
 from atropos.inference.retry import RetryPolicy
+from atropos.inference.routing import SESSION_HINT, SessionHomes, hint_headers, new_session_key
 from atropos.inference.slurm import resolve_server_configs
 
 NEEDS = {
@@ -56,18 +60,25 @@ DEFAULT_SERVER_WAIT = 60.0
 class PinnedServer:
     """The four backend calls through the manager, preferring (or holding) one server.
 
-    `managed_server()` gives one to `ManagedServer`: calls stay on one server while it is healthy
-    and has room (good for its prefix cache), and move to another token-capable server when it
-    fails or is full. `dedicated_server()` gives one that holds a unit of budget and never
-    leaves its server.
+    `managed_server()` gives one to `ManagedServer`: a session (`session`, its key), whose calls
+    stay on its home server while that is healthy, has room and is within the load ratio (good
+    for its prefix cache), and move to another token-capable server otherwise
+    (`atropos.inference.routing`). `dedicated_server()` gives one that holds a unit of budget
+    and never leaves its server.
     """
 
     def __init__(
-        self, manager: ServerManager, slot: ServerSlot, *, held: Split | None = None
+        self,
+        manager: ServerManager,
+        slot: ServerSlot,
+        *,
+        held: Split | None = None,
+        session: str | None = None,
     ) -> None:
         self._manager = manager
         self.slot = slot
         self.held = held
+        self.session = session
 
     @property
     def config(self) -> APIServerConfig:
@@ -116,13 +127,16 @@ class PinnedServer:
 
 
 class _Session:
-    """`async with manager.managed_server(...)`: the `ManagedServer`, reset on exit. A plain
+    """`async with manager.managed_server(...)`: the `ManagedServer`, reset on exit (and its
+    session's home forgotten, unless the caller named the session: it may come back). A plain
     class: entered once per rollout, and cheaper than a generator-based context manager."""
 
-    __slots__ = ("_managed",)
+    __slots__ = ("_managed", "_homes", "_key")
 
-    def __init__(self, managed: Any) -> None:
+    def __init__(self, managed: Any, homes: SessionHomes | None, key: str) -> None:
         self._managed = managed
+        self._homes = homes
+        self._key = key
 
     async def __aenter__(self) -> Any:
         return self._managed
@@ -131,6 +145,8 @@ class _Session:
         reset = getattr(self._managed, "reset", None)
         if callable(reset):
             reset()
+        if self._homes is not None:
+            self._homes.forget(self._key)
 
 
 class ServerManager:
@@ -188,7 +204,13 @@ class ServerManager:
             health_timeout=self.config.health_check_timeout,
             server_wait=self.config.server_wait or DEFAULT_SERVER_WAIT,
             role=role,
+            adaptive_floor=self.config.adaptive_floor if self.config.adaptive_concurrency else None,
+            adaptive_interval=self.config.adaptive_interval,
         )
+        #: Each session's home server (`atropos.inference.routing`).
+        self.homes = SessionHomes()
+        self._sticky = self.config.routing == "sticky_least_loaded"
+        self._ratio = self.config.rehome_load_ratio
         self._weight = 1.0
         self._closed = False
         self._only: dict[str, frozenset[int]] = {}
@@ -216,18 +238,28 @@ class ServerManager:
 
     # -- the four calls ----------------------------------------------------------------------
 
-    async def chat_completion(self, *, split: str = "train", **kwargs: Any) -> ChatCompletion:
-        """An OpenAI chat completion from the least-loaded healthy server (kwargs as OpenAI's)."""
-        result: ChatCompletion = await self._dispatch("chat_completion", split, kwargs, None)
+    async def chat_completion(
+        self, *, split: str = "train", session: str | None = None, **kwargs: Any
+    ) -> ChatCompletion:
+        """An OpenAI chat completion from the least-loaded healthy server (kwargs as OpenAI's).
+
+        `session`: a conversation's key; its calls stay on one server (`routing`), as every
+        one of the four calls'.
+        """
+        result: ChatCompletion = await self._dispatch(
+            "chat_completion", split, kwargs, None, session
+        )
         return result
 
-    async def completion(self, *, split: str = "train", **kwargs: Any) -> Completion:
+    async def completion(
+        self, *, split: str = "train", session: str | None = None, **kwargs: Any
+    ) -> Completion:
         """An OpenAI text completion from the least-loaded healthy server."""
-        result: Completion = await self._dispatch("completion", split, kwargs, None)
+        result: Completion = await self._dispatch("completion", split, kwargs, None, session)
         return result
 
     async def tokens_and_logprobs_completion(
-        self, *, split: str = "train", **kwargs: Any
+        self, *, split: str = "train", session: str | None = None, **kwargs: Any
     ) -> TokensAndLogprobs:
         """`(prompt_tokens, [output_tokens], [output_logprobs], [finish_reasons])`.
 
@@ -235,32 +267,44 @@ class ServerManager:
         `max_completion_tokens`), and sampling kwargs (`temperature`, `top_p`, `stop`, ...).
         """
         result: TokensAndLogprobs = await self._dispatch(
-            "tokens_and_logprobs_completion", split, kwargs, None
+            "tokens_and_logprobs_completion", split, kwargs, None, session
         )
         return result
 
-    async def get_logprobs(self, *, split: str = "train", **kwargs: Any) -> PromptLogprobs:
+    async def get_logprobs(
+        self, *, split: str = "train", session: str | None = None, **kwargs: Any
+    ) -> PromptLogprobs:
         """Top-k logprobs of every prompt position (`prompt=` or `input_ids=`, `top_k=1`)."""
-        result: PromptLogprobs = await self._dispatch("get_logprobs", split, kwargs, None)
+        result: PromptLogprobs = await self._dispatch("get_logprobs", split, kwargs, None, session)
         return result
 
     # -- sessions ----------------------------------------------------------------------------
 
     def managed_server(
-        self, tokenizer: Any = None, *, base_url: str | None = None, **kwargs: Any
+        self,
+        tokenizer: Any = None,
+        *,
+        base_url: str | None = None,
+        session: str | None = None,
+        **kwargs: Any,
     ) -> contextlib.AbstractAsyncContextManager[Any]:
         """A `ManagedServer` (token-exact session) on the least-loaded healthy token server.
 
         Use as `async with manager.managed_server(tokenizer) as managed:`. `base_url` picks a
         specific server; extra kwargs go to `ManagedServer`. Its `reset()` runs on exit, so read
         its state inside the block. The session renders with this manager's reasoning settings
-        (`template_plan`).
+        (`template_plan`). Its calls stay on one server (`routing`); `session` names it (a proxy
+        session's or an agent rollout's key), so that later `managed_server` or plain calls
+        with the same key find the same server; without one it gets a fresh key, forgotten on
+        exit.
         """
         from atropos.inference.managed import ManagedServer
 
         self._check_open("train")
         only = self._eligible("tokens_and_logprobs_completion")
         slots = self._pool.slots
+        key = session if session is not None else new_session_key()
+        home = self.homes.get(key) if session is not None else None
         if base_url is not None:
             matches = [s for s in slots if s.config.base_url == base_url]
             if not matches or matches[0].index not in only:
@@ -268,15 +312,20 @@ class ServerManager:
             slot = matches[0]
         elif len(slots) == 1 and slots[0].index in only:
             slot = slots[0]  # one server: nothing to choose (the common case, once per rollout)
+        elif home is not None and home in only:
+            slot = slots[home]
         else:
             healthy = [s for s in slots if s.index in only and s.healthy]
             candidates = healthy or [s for s in slots if s.index in only]
             slot = min(candidates, key=lambda s: (s.load("train"), s.index))
-        pinned = PinnedServer(self, slot)
+        pinned = PinnedServer(self, slot, session=key)
+        if self._sticky:
+            self.homes.set(key, slot.index)
         renders_with = tokenizer if tokenizer is not None else pinned.tokenizer
         if self.reasoning is not None and renders_with is not None and "reasoning" not in kwargs:
             kwargs["reasoning"] = self.template_plan(renders_with)
-        return _Session(ManagedServer(pinned, tokenizer, **kwargs))
+        forget = self.homes if session is None and self._sticky else None
+        return _Session(ManagedServer(pinned, tokenizer, **kwargs), forget, key)
 
     def template_plan(self, tokenizer: Any) -> TemplatePlan:
         """The chat-template kwargs and reasoning budget of token-level generation with
@@ -321,8 +370,20 @@ class ServerManager:
                 tag = "" if split == "train" else "eval_"
                 out[f"{prefix}_{tag}in_flight"] = float(slot.in_flight[split])
                 out[f"{prefix}_{tag}capacity"] = float(slot.capacity(split))
+            out[f"{prefix}_sessions"] = float(self.homes.per_server[slot.index])
+            limit = slot.limit
+            if limit is not None:  # adaptive concurrency: the cap now and what moved it
+                out[f"{prefix}_concurrency_limit"] = float(limit.value)
+                out[f"{prefix}_concurrency_max"] = float(slot.base_capacity("train"))
+                out[f"{prefix}_concurrency_grown"] = float(limit.grown)
+                out[f"{prefix}_concurrency_shrunk"] = float(limit.shrunk)
+                if limit.waiting >= 0:
+                    out[f"{prefix}_queue_waiting"] = limit.waiting
+                if limit.kv_usage >= 0:
+                    out[f"{prefix}_kv_cache_usage"] = limit.kv_usage
         out["server/healthy_servers"] = float(sum(s.healthy for s in self._pool.slots))
         out["server/weight"] = self._weight
+        out["server/sessions_rehomed"] = float(self.homes.rehomed)
         return out
 
     # -- routing -----------------------------------------------------------------------------
@@ -353,17 +414,22 @@ class ServerManager:
         return only
 
     async def _dispatch(
-        self, method: str, split: str, kwargs: dict[str, Any], pin: PinnedServer | None
+        self,
+        method: str,
+        split: str,
+        kwargs: dict[str, Any],
+        pin: PinnedServer | None,
+        session: str | None = None,
     ) -> Any:
         """`n` above `max_n_completions` becomes concurrent chunks, merged in order."""
         split = self._check_open(split)
         n = int(kwargs.get("n") or 1)
         most = self.config.max_n_completions
         if method == "get_logprobs" or n <= most:
-            return await self._call(method, split, kwargs, pin)
+            return await self._call(method, split, kwargs, pin, session)
         sizes = [most] * (n // most) + ([n % most] if n % most else [])
         parts = await gather_or_cancel(
-            self._call(method, split, {**kwargs, "n": size}, pin) for size in sizes
+            self._call(method, split, {**kwargs, "n": size}, pin, session) for size in sizes
         )
         if method == "tokens_and_logprobs_completion":
             return (
@@ -381,8 +447,22 @@ class ServerManager:
         result: Awaitable[Any] = getattr(slot.backend, method)(**kwargs)
         return result
 
+    def _home(self, key: str, pin: PinnedServer | None) -> ServerSlot | None:
+        """The session's home server, when sticky routing applies."""
+        if not self._sticky:
+            return None
+        index = self.homes.get(key)
+        if index is not None:
+            return self._pool.slots[index]
+        return pin.slot if pin is not None else None
+
     async def _call(
-        self, method: str, split: Split, kwargs: dict[str, Any], pin: PinnedServer | None
+        self,
+        method: str,
+        split: Split,
+        kwargs: dict[str, Any],
+        pin: PinnedServer | None,
+        session: str | None = None,
     ) -> Any:
         """One call: pick a server, try, fail over and back off on retryable errors."""
         loop = asyncio.get_running_loop()
@@ -391,24 +471,35 @@ class ServerManager:
         tried: set[int] = set()
         attempt = 0
         pool = self._pool
+        key = pin.session if pin is not None else session
         while True:
             attempt += 1
             wait = 0.0
             if pin is not None and pin.held is not None:
                 slot, owned = pin.slot, False  # a dedicated server: its unit is already held
             else:
+                home = self._home(key, pin) if key is not None else None
+                if home is not None and home.index in tried:
+                    home = None
                 slot = await pool.acquire(
                     split,
                     deadline,
-                    prefer=pin.slot if pin is not None and pin.slot.index not in tried else None,
+                    prefer=home,
                     avoid=tried,
                     only=only,
+                    ratio=self._ratio if home is not None else math.inf,
                 )
                 owned = True
                 if pin is not None:
                     pin.slot = slot
+                if key is not None and self._sticky:
+                    self.homes.set(key, slot.index)
             tried.add(slot.index)
             started = loop.time()
+            hint = None
+            if key is not None:
+                headers = hint_headers(slot.config.server_type, key)
+                hint = SESSION_HINT.set(headers) if headers else None
             try:
                 call = self._invoke(slot, method, kwargs)
                 result = await within(deadline, call)
@@ -435,6 +526,8 @@ class ServerManager:
                 slot.answered = True
                 return result
             finally:
+                if hint is not None:
+                    SESSION_HINT.reset(hint)
                 if owned:
                     slot.in_flight[split] -= 1
                     if pool.waiting(split):  # wake one waiter for the unit given back

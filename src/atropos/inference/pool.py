@@ -30,8 +30,10 @@ from collections.abc import Set
 from typing import Any
 
 from atropos.inference.base import InferenceServer, Split, within
+from atropos.inference.concurrency import AdaptiveLimit, Pacer
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError
+from atropos.inference.routing import within_ratio
 
 log = logging.getLogger(__name__)
 SPLITS: tuple[Split, Split] = ("train", "eval")
@@ -83,17 +85,27 @@ class ServerSlot:
         self.why = ""  # why it was last marked unhealthy
         self.weight = 1.0
         self.in_flight: Counter[Split] = Counter()
+        #: The adaptive cap on training requests (`atropos.inference.concurrency`), when on.
+        self.limit: AdaptiveLimit | None = None
 
     @property
     def config(self) -> APIServerConfig:
         """The server's configuration."""
         return self.backend.config
 
-    def capacity(self, split: Split) -> int:
-        """This split's budget: max(1, configured * weight)."""
+    def base_capacity(self, split: Split) -> int:
+        """This split's configured budget: max(1, configured * weight)."""
         cfg = self.config
         base = cfg.num_max_requests_at_once if split == "train" else cfg.num_requests_for_eval
         return max(1, int(base * self.weight))
+
+    def capacity(self, split: Split) -> int:
+        """This split's budget: the configured one, capped by the adaptive limit (training)."""
+        base = self.base_capacity(split)
+        limit = self.limit
+        if limit is None or split != "train":
+            return base
+        return max(1, min(base, limit.value))
 
     def has_room(self, split: Split) -> bool:
         """Healthy, and fewer requests of this split in flight than its budget."""
@@ -124,8 +136,14 @@ class ServerPool:
         server_wait: float = 60.0,
         note_every: float = 10.0,
         role: str = "policy",
+        adaptive_floor: int | None = None,
+        adaptive_interval: float = 1.0,
     ) -> None:
         self.slots = [ServerSlot(i, b) for i, b in enumerate(backends)]
+        if adaptive_floor is not None:  # adaptive concurrency on: every server starts at it
+            for slot in self.slots:
+                slot.limit = AdaptiveLimit(adaptive_floor)
+        self.adaptive_interval = adaptive_interval
         self.health_interval = health_interval
         self.health_timeout = health_timeout
         self.server_wait = server_wait
@@ -146,6 +164,14 @@ class ServerPool:
         for slot in self.slots:
             if slot.config.health_check:
                 self._spawn(self._watch(slot), f"health:{slot.config.base_url}")
+            if slot.limit is not None:
+                pacer = Pacer(self, slot, self.adaptive_interval)
+                self._spawn(pacer.run(), f"pace:{slot.config.base_url}")
+
+    @property
+    def closing(self) -> bool:
+        """True once `aclose()` began: the background tasks end."""
+        return self._closing
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -169,14 +195,22 @@ class ServerPool:
         prefer: ServerSlot | None = None,
         avoid: Set[int] = frozenset(),
         only: Set[int] | None = None,
+        ratio: float = math.inf,
     ) -> ServerSlot | None:
         """`prefer` if it has room, else the least-loaded server with room, untried ones first.
 
         `only` restricts the choice to those server indices (e.g. servers with token ids).
+        With a finite `ratio`, `prefer` is taken only while it is within that ratio of the
+        least-loaded server's load (`routing.within_ratio`, counting this request on both).
         """
-        if prefer is not None and prefer.has_room(split) and prefer.index not in avoid:
-            if only is None or prefer.index in only:
-                return prefer
+        if prefer is not None and (
+            not prefer.has_room(split)
+            or prefer.index in avoid
+            or (only is not None and prefer.index not in only)
+        ):
+            prefer = None
+        if prefer is not None and ratio == math.inf:
+            return prefer
         best: ServerSlot | None = None
         best_key: tuple[bool, float, int] = (True, math.inf, 0)
         for slot in self.slots:  # one pass: this runs for every request
@@ -185,7 +219,12 @@ class ServerPool:
             key = (slot.index in avoid, slot.load(split), sum(slot.in_flight.values()))
             if key < best_key:
                 best, best_key = slot, key
-        return best
+        if prefer is not None and best is not None and best is not prefer:
+            home = (prefer.in_flight[split] + 1) / prefer.capacity(split)
+            least = (best.in_flight[split] + 1) / best.capacity(split)
+            if within_ratio(home, least, ratio):
+                return prefer
+        return best if best is not None else prefer
 
     async def acquire(
         self,
@@ -195,15 +234,20 @@ class ServerPool:
         prefer: ServerSlot | None = None,
         avoid: Set[int] = frozenset(),
         only: Set[int] | None = None,
+        ratio: float = math.inf,
     ) -> ServerSlot:
         """Take one unit of `split` budget on a healthy server, waiting until `deadline`.
 
         `avoid` is read when a waiter wakes up, not copied: pass a set nobody changes meanwhile.
         """
-        slot = self.pick(split, prefer, avoid, only)
+        slot = self.pick(split, prefer, avoid, only, ratio)
         if slot is None:
-            slot = await self._wait(split, deadline, prefer, avoid, only)
-        slot.in_flight[split] += 1
+            slot = await self._wait(split, deadline, prefer, avoid, only, ratio)
+        count = slot.in_flight[split] + 1
+        slot.in_flight[split] = count
+        limit = slot.limit
+        if limit is not None and split == "train" and count > limit.peak:
+            limit.peak = count
         return slot
 
     async def _wait(
@@ -213,13 +257,14 @@ class ServerPool:
         prefer: ServerSlot | None,
         avoid: Set[int],
         only: Set[int] | None,
+        ratio: float,
     ) -> ServerSlot:
         loop = asyncio.get_running_loop()
         room = self._room[split]
         async with room:
             self._waiting[split] += 1
             try:
-                while (slot := self.pick(split, prefer, avoid, only)) is None:
+                while (slot := self.pick(split, prefer, avoid, only, ratio)) is None:
                     limit = deadline
                     outage = self.outage_since(only)
                     if outage is not None:  # every server it may use is down: an outage
