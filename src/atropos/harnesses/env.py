@@ -81,6 +81,7 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
     }  # fmt: skip
 
     def load(self) -> Iterable[Item]:
+        self.settings()  # where the tasks run: a provider without its image fails at once
         return load_tasks(self.config.tasks)
 
     async def setup(self) -> None:
@@ -88,7 +89,6 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
         self.installed: Installed = await asyncio.to_thread(self.harness.install)
         self._slots = asyncio.Semaphore(self.config.max_sandboxes)
         self.failures: Counter[str] = Counter()
-        self.settings()  # a provider without its image fails here, at once
         await super().setup()
 
     def settings(self) -> RolloutSettings:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -43,13 +42,13 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from atropos.environments.harbor.compose import main_service
-from atropos.environments.harbor.image import TaskImage, task_image, verifier_image
+from atropos.environments.harbor.image import ImageFailure, Images, TaskImages
 from atropos.environments.harbor.task import HarborTask, load_tasks
 from atropos.environments.harbor.trial import Agent, Limits, TrialResult, run_trial
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, rollout_group
 from atropos.envs.types import Item, Message, ScoredDataGroup
-from atropos.images import ImageError, ImageMissing
+from atropos.proxy.agent_env import AgentEnvConfig
 from atropos.sandbox import SandboxError
 
 __all__ = ["Harbor", "HarborConfig", "SHIPPED_TASKS", "bash_block"]
@@ -64,11 +63,17 @@ ANSWER_FORMAT = (
 _BLOCK = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
-class HarborConfig(BaseEnvConfig):
-    """`harbor`'s settings."""
+class HarborConfig(AgentEnvConfig):
+    """`harbor`'s settings (`max_agent_turns`, `max_agent_tokens`, `tool_parser` and
+    `failed_agent_score` apply with `--env.harness`)."""
 
     tasks: str | None = Field(
         default=None, description="a Harbor task folder or a folder of them (default: ours)"
+    )
+    harness: str | None = Field(
+        default=None,
+        description="the agent: claude-code, codex, mini-swe-agent, or a command, run in the"
+        " task's container through the rollout proxy (unset: the policy's bash block)",
     )
     oracle: bool = Field(default=False, description="run solution/solve.sh as the agent")
     oracle_min_reward: float = Field(
@@ -93,6 +98,21 @@ class Harbor(Env[HarborConfig]):
         "group_size": 4, "max_token_length": 2048, "use_wandb": False
     }  # fmt: skip
 
+    def __new__(cls, config: BaseEnvConfig, *args: Any, **kwargs: Any) -> Any:
+        """With `--env.harness` the environment is `HarborHarness` (an `AgentEnv` on the
+        rollout proxy, atropos.environments.harbor.harness); else this one."""
+        harness = getattr(config, "harness", None)
+        if cls is not Harbor or not harness:
+            return super().__new__(cls)
+        if getattr(config, "oracle", False) or getattr(config, "agent_command", None):
+            raise ValueError(
+                f"--env.harness {harness!r} is the agent: leave out --env.oracle and "
+                "--env.agent_command (or leave out --env.harness to use them)"
+            )
+        from atropos.environments.harbor.harness import HarborHarness
+
+        return HarborHarness(config, *args, **kwargs)
+
     def load(self) -> Iterable[Item]:
         tasks = load_tasks(self.config.tasks or SHIPPED_TASKS)
         for task in tasks:
@@ -100,8 +120,7 @@ class Harbor(Env[HarborConfig]):
         return tasks
 
     async def setup(self) -> None:
-        self._images: dict[str, tuple[TaskImage, TaskImage | None] | TrialResult] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._images = TaskImages()
         self._slots = asyncio.Semaphore(self.config.max_sandboxes)
         self.broken: dict[str, str] = {}
         await super().setup()
@@ -184,25 +203,13 @@ class Harbor(Env[HarborConfig]):
         async with self._slots:
             return await run_trial(task, images[0], agent, limits, images[1])
 
-    async def image(self, task: HarborTask) -> tuple[TaskImage, TaskImage | None] | TrialResult:
+    async def image(self, task: HarborTask) -> Images | TrialResult:
         """The task's image and its separate verifier's (if any), built once; a failure
         (kept, so it is not retried each rollout) as a failed `TrialResult`."""
-        lock = self._locks.setdefault(task.name, asyncio.Lock())
-        async with lock:
-            if task.name not in self._images:
-                self._images[task.name] = await asyncio.to_thread(_make_image, task)
-        return self._images[task.name]
-
-
-def _make_image(task: HarborTask) -> tuple[TaskImage, TaskImage | None] | TrialResult:
-    env = dict(os.environ)
-    try:
-        main = task_image(task, env)
-        return main, verifier_image(task, env) if task.verifier_mode == "separate" else None
-    except ImageMissing as error:
-        return TrialResult(failure="image_missing", detail=str(error))
-    except ImageError as error:
-        return TrialResult(failure="image_build", detail=str(error))
+        images = await self._images.of(task)
+        if isinstance(images, ImageFailure):
+            return TrialResult(failure=images.reason, detail=images.detail)
+        return images
 
 
 def bash_block(text: str) -> str | None:

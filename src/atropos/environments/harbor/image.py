@@ -24,11 +24,13 @@ under its name, or build a stand-in under that name).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 import re
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from atropos.environments.harbor.compose import MainService, main_service
 from atropos.environments.harbor.task import HarborTask
@@ -44,7 +46,7 @@ from atropos.images import (
     stand_in_command,
 )
 
-__all__ = ["TaskImage", "task_image", "verifier_image"]
+__all__ = ["ImageFailure", "TaskImage", "TaskImages", "task_image", "verifier_image"]
 
 _COPY_FROM = re.compile(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", re.IGNORECASE | re.M)
 _STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE | re.M)
@@ -59,6 +61,45 @@ class TaskImage:
     environment: Mapping[str, str]
     working_dir: str | None
     bundles_tests: bool = False  # a verifier image that holds /tests already
+
+
+@dataclass(frozen=True)
+class ImageFailure:
+    """A task whose image (or separate verifier's) could not be made: `image_missing` (a
+    base not on the engine) or `image_build`, with the message saying how to provide it."""
+
+    reason: str
+    detail: str
+
+
+Images = tuple[TaskImage, TaskImage | None]
+
+
+@dataclass
+class TaskImages:
+    """Each task's image and its separate verifier's, made once per run (at most one build
+    per task at a time; a failure is kept, so it is not retried every rollout)."""
+
+    made: dict[str, Images | ImageFailure] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def of(self, task: HarborTask) -> Images | ImageFailure:
+        """`task`'s images (the verifier's None unless it runs separate), or why not."""
+        async with self.locks.setdefault(task.name, asyncio.Lock()):
+            if task.name not in self.made:
+                self.made[task.name] = await asyncio.to_thread(_make, task)
+        return self.made[task.name]
+
+
+def _make(task: HarborTask) -> Images | ImageFailure:
+    env = dict(os.environ)
+    try:
+        main = task_image(task, env)
+        return main, verifier_image(task, env) if task.verifier_mode == "separate" else None
+    except ImageMissing as error:
+        return ImageFailure("image_missing", str(error))
+    except ImageError as error:
+        return ImageFailure("image_build", str(error))
 
 
 def task_image(task: HarborTask, env: Mapping[str, str] | None = None) -> TaskImage:

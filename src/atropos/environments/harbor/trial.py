@@ -18,10 +18,16 @@ verifier's sandbox before closing it, the same file.
 
 An agent is the oracle (`solution/solve.sh`, with `[solution] env` and
 `DEBIAN_FRONTEND=noninteractive`), a command (the instruction in `/logs/agent/instruction.md`
-and in `$HARBOR_INSTRUCTION`, its file's path in `$HARBOR_INSTRUCTION_FILE`), or a script
-(the policy's bash block). An agent that runs past its timeout is killed and the verifier
-still runs: the rollout is scored, as in Harbor (`AgentTimeoutError` is recorded, the
-verifier runs). What fails a trial instead of scoring it (`TrialResult.failure`, one word):
+and in `$HARBOR_INSTRUCTION`, its file's path in `$HARBOR_INSTRUCTION_FILE`), a script
+(the policy's bash block), or a harness (`HarnessAgent`: a registered agent program or a
+command harness, run by `atropos.harnesses.run.run_harness` on `instruction.md`, in the task's
+work dir, with HOME `/logs/agent/home`; the sandbox is then model-only to the rollout proxy
+and the harness's install is mounted read-only). An agent that runs past its timeout is
+killed and the verifier still runs: the rollout is scored, as in Harbor (`AgentTimeoutError`
+is recorded, the verifier runs). A harness is the exception: its failures (its exit not ok:
+`timeout`, `exit_nonzero`, `no_model_call`, ...) fail the trial with that reason and no
+verifier runs, as in the harness environment; a stop on a session limit (`limit`) is scored.
+What fails a trial instead of scoring it (`TrialResult.failure`, one word):
 the sandbox's `SandboxError` reason (`start_failed`, `start_timeout`, `dead`, `closed`,
 `expired`, `unsupported`, `unavailable`), `setup` (the log folders could not be made),
 `healthcheck`, `artifacts`, `verifier_timeout`, `no_reward` (neither file written) and
@@ -39,18 +45,21 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from atropos.environments.harbor.container import open_task_sandbox
 from atropos.environments.harbor.image import TaskImage
 from atropos.environments.harbor.task import HarborTask, VerifierEnvironment
+from atropos.harnesses.base import HarnessCall, HarnessExit
+from atropos.harnesses.run import HarnessRun, base_url, run_harness
 from atropos.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec
 
-__all__ = ["Agent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
+__all__ = ["Agent", "HarnessAgent", "TrialResult", "reward_of", "run_trial", "sandbox_spec"]
 
 SETUP_TIMEOUT = 60.0
 READ_TIMEOUT = 30.0
 INSTRUCTION_FILE = "/logs/agent/instruction.md"
+HARNESS_HOME = "/logs/agent/home"  # a harness's HOME: its config files, state and logs
 ARTIFACTS = "/logs/artifacts"  # Harbor's convention entry, always handed over
 ARTIFACT_BYTES = 64 << 20  # the most a separate verifier is handed, all artifacts together
 # what `docker run` gives a root process of a Debian or Ubuntu image (the provider's own PATH
@@ -59,15 +68,28 @@ CONTAINER_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
 }
-AgentKind = Literal["oracle", "command", "script"]
+AgentKind = Literal["oracle", "command", "script", "harness"]
+
+
+@dataclass(frozen=True)
+class HarnessAgent:
+    """A harness as the agent: `run` (the harness, its install, its proxy session), the
+    proxy's URL on the host, the model name, the turn limit it is told."""
+
+    run: HarnessRun
+    proxy_url: str
+    model: str
+    max_turns: int | None = None
 
 
 @dataclass(frozen=True)
 class Agent:
-    """What acts on the task: the oracle, a shell command, or a bash script (the policy's)."""
+    """What acts on the task: the oracle, a shell command, a bash script (the policy's), or
+    a harness (`harness` set)."""
 
     kind: AgentKind
     text: str = ""
+    harness: HarnessAgent | None = None
 
 
 @dataclass
@@ -81,6 +103,8 @@ class TrialResult:
     agent_exit: int | None = None
     agent_timed_out: bool = False
     agent_output: str = ""
+    harness_exit: HarnessExit | None = None  # a harness agent's exit
+    agent_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,11 +119,18 @@ class Limits:
     output_bytes: int = 1 << 20
 
 
-def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxSpec:
+def sandbox_spec(
+    task: HarborTask, image: TaskImage, limits: Limits, harness: HarnessAgent | None = None
+) -> SandboxSpec:
     """The sandbox of a task: its image, environment, work dir and resources; its time to
-    live covers the agent, the verifier and their setup."""
+    live covers the agent, the verifier and their setup. A harness adds the model-only
+    network to the proxy and its install, mounted read-only."""
     agent = task.agent_timeout or limits.agent_timeout
     separate = task.verifier_mode == "separate"
+    network: dict[str, Any] = {"network": "none"}
+    if harness is not None:
+        network = {"network": "model-only", "model_url": harness.proxy_url}
+        network["mounts"] = dict(harness.run.installed.mounts)
     return SandboxSpec(
         image=image.name,
         env={**CONTAINER_ENV, **image.environment, **task.env},
@@ -108,9 +139,9 @@ def sandbox_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxS
         memory_bytes=task.memory_bytes or limits.memory_bytes,
         disk_bytes=task.disk_bytes,
         pids=limits.pids,
-        network="none",
         ttl_seconds=agent + task.verifier_timeout + 4 * SETUP_TIMEOUT,
         output_bytes=max(limits.output_bytes, ARTIFACT_BYTES if separate else 0),
+        **network,
     )
 
 
@@ -145,11 +176,12 @@ async def run_trial(
     one of `verifier`'s image, else `image`'s, when separate), read the reward, close them."""
     result = TrialResult()
     try:
-        spec = sandbox_spec(task, image, limits)
+        spec = sandbox_spec(task, image, limits, agent.harness)
         async with await open_task_sandbox(spec, limits.provider, limits.start_timeout) as box:
             if not await _prepare(box, task, result):
                 return result
-            await _act(box, task, agent, limits, result)
+            if not await _act(box, task, agent, limits, result):
+                return result
             if task.verifier_mode != "separate":
                 await _verify(box, task, result, copy_tests=True)
                 return result
@@ -214,9 +246,12 @@ async def _healthy(box: Sandbox, check: Mapping[str, object]) -> bool:
 
 async def _act(
     box: Sandbox, task: HarborTask, agent: Agent, limits: Limits, result: TrialResult
-) -> None:
+) -> bool:
+    """Run the agent; False when the trial failed (a harness's failure: nothing to verify)."""
     timeout = task.agent_timeout or limits.agent_timeout
     env: dict[str, str] = {}
+    if agent.harness is not None:
+        return await _harness(box, task, agent.harness, timeout, result)
     if agent.kind == "oracle":
         await put_tree(box, task.solution_dir, "/solution")
         command = "chmod +x /solution/solve.sh && /solution/solve.sh > /logs/agent/oracle.txt 2>&1"
@@ -231,6 +266,45 @@ async def _act(
     done = await box.exec(as_user(command, task.agent_user), timeout=timeout, env=env)
     result.agent_exit, result.agent_timed_out = done.exit_code, done.timed_out
     result.agent_output = (done.stdout + done.stderr).decode(errors="replace")[-4000:]
+    return True
+
+
+async def _harness(
+    box: Sandbox, task: HarborTask, agent: HarnessAgent, timeout: float, result: TrialResult
+) -> bool:
+    """The harness headless on `instruction.md` in the task's work dir (`run_harness`);
+    False, with its reason as the trial's failure, when its exit is not ok."""
+    inside = getattr(box, "model_url", None)
+    assert inside is not None  # the spec is model-only
+    session = agent.run.session
+    call = HarnessCall(
+        instruction=task.instruction,
+        base_url=base_url(inside, session, agent.run.harness.dialect),
+        api_key=session.key,
+        model=agent.model,
+        workdir=box.spec.workdir,
+        home=HARNESS_HOME,
+        max_turns=agent.max_turns,
+        timeout=timeout,
+    )
+    home = ["mkdir", "-p", HARNESS_HOME]
+    if task.agent_user not in (None, "root", "0"):
+        home = ["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0"', HARNESS_HOME, task.agent_user]
+    made = await box.exec(home, timeout=SETUP_TIMEOUT)
+    if not made.ok:
+        return _failed(result, "setup", f"{HARNESS_HOME}: {_said(made)}")
+
+    async def put(path: str, data: bytes) -> None:
+        await put_files(box, {path: data})
+
+    path = box.spec.env.get("PATH", CONTAINER_ENV["PATH"])
+    exit, seconds = await run_harness(box, agent.run, call, put, path, task.agent_user)
+    result.harness_exit, result.agent_seconds = exit, seconds
+    result.agent_timed_out = exit.reason == "timeout"
+    result.agent_output = (exit.output or exit.detail)[-4000:]
+    if not exit.ok:
+        return _failed(result, exit.reason, exit.detail)
+    return True
 
 
 async def _verify(box: Sandbox, task: HarborTask, result: TrialResult, copy_tests: bool) -> None:
