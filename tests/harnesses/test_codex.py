@@ -144,6 +144,8 @@ def test_outcome_reads_the_json_events() -> None:
         "limit",
         "session s reached max_turns=3",
     )
+    cut = "Incomplete response returned, reason: max_output_tokens"
+    assert outcome([{"type": "turn.failed", "error": {"message": cut}}], 1).reason == "limit"
     broken = outcome([{"type": "turn.failed", "error": {"message": "stream closed"}}], 1)
     assert (broken.ok, broken.reason) == (False, "model_error")
     assert outcome([], exit_code=1, calls=0).reason == "no_model_call"

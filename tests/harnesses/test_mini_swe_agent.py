@@ -1,9 +1,9 @@
 """mini-SWE-agent 2.4.6 (the real one, from its cached venv) in bubblewrap sandboxes against
 the proxy: its bash tool calls edit the file, the task's test scores the group, the trained
 tokens are the server's, a wrong edit scores lower, the turn limit ends a run that is still
-scored, and a run that never reaches the model is a failed rollout.
+scored, and a run that never reaches the model or hangs is a failed rollout.
 
-Cost: 3 tests, one group of two rollouts each; mini-SWE-agent imports litellm (about 3 s of
+Cost: 4 tests, one group of two rollouts each; mini-SWE-agent imports litellm (about 3 s of
 CPU per run), so about 10-20 s a test on this machine. The venv is made once (about 40 s,
 `make harnesses`)."""
 
@@ -42,3 +42,12 @@ def test_a_run_that_never_reaches_the_model_is_failed(script_server, calc_tasks)
     group, exits = collect(env)
     assert group is None and set(exits) <= {"exit_nonzero", "no_model_call"}
     assert sum(env.failures.values()) == 2
+
+
+def test_a_hanging_command_is_a_failed_rollout_not_a_score(script_server, calc_tasks):
+    hang = tool_call("bash", command="sleep 300")  # past the rollout's wall time
+    server = script_server(Script([hang]))
+    env = make_env(server, calc_tasks, harness="mini-swe-agent", agent_timeout=20.0)
+    group, exits = collect(env)
+    assert group is None and exits == ["timeout", "timeout"]  # never scored 0
+    assert env.failures == {"timeout": 2}

@@ -16,8 +16,10 @@ provider pointed at the rollout proxy's session over the Responses API.
   Codex that no longer knows one of these keys fail at start, not silently ignore it.
 - **Exit**: `--json` prints one event per line; the last `agent_message` is the output, a
   `turn.failed` or `error` event says why a turn ended. Reasons: `timeout` (the exec's
-  deadline), `limit` (the proxy refused a call past the session's turns, tokens or seconds:
-  not a failure, the work is scored as it stands),
+  deadline), `limit` (the proxy refused a call past the session's turns, tokens or seconds, or
+  cut an answer at the tokens the session had left, which Codex reports as an incomplete
+  response: not a failure, the work is scored as it stands; Codex sends no token limit of its
+  own),
   `model_error` (another refused or broken model call), `approval` (a command was declined for
   want of approval), `exit_nonzero`, `crashed` (killed by a signal), `no_model_call`.
 
@@ -50,7 +52,12 @@ _PLATFORM_PACKAGES = {
     "x86_64-unknown-linux-musl": "codex-linux-x64",
     "aarch64-unknown-linux-musl": "codex-linux-arm64",
 }
-_LIMIT_WORDS = ("reached max_turns", "reached max_tokens", "reached max_seconds")
+_LIMIT_WORDS = (
+    "reached max_turns",
+    "reached max_tokens",
+    "reached max_seconds",
+    "reason: max_output_tokens",  # its answer cut at the tokens the session had left
+)
 
 
 class Codex(Harness):
