@@ -75,12 +75,15 @@ class Rate:
         """Reserve `cost` units; the time the call may start (>= `now`), or None (nothing
         reserved) when that would be after `not_after`. A cost above the burst waits for a
         full bucket and leaves it in debt."""
-        room = max(0.0, self.burst - cost) / self.per_second
-        start = max(now, self.full_at - room)
+        start = self.ready_at(cost, now)
         if not_after is not None and start > not_after:
             return None
         self.full_at = max(self.full_at, start) + cost / self.per_second
         return start
+
+    def ready_at(self, cost: float, now: float) -> float:
+        """The earliest time (>= `now`) `cost` units could start, reserving nothing."""
+        return max(now, self.full_at - max(0.0, self.burst - cost) / self.per_second)
 
     def adjust(self, delta: float) -> None:
         """Charge `delta` more units (a refund when negative) to the last reservations."""

@@ -65,7 +65,7 @@ from atropos.envs.budget import (
 )
 from atropos.envs.config import Namespace
 from atropos.envs.types import Message
-from atropos.inference.base import within
+from atropos.inference.base import gather_or_cancel, within
 from atropos.inference.config import APIServerConfig, ServerType
 from atropos.inference.errors import FatalError, InferenceError
 from atropos.inference.retry import RetryPolicy
@@ -158,7 +158,7 @@ class JudgeFailed(Exception):
     cannot be read)."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"judge {reason}: {message}")
+        super().__init__(message)
         self.reason = reason
         self.failure_kind = f"judge_{reason}"
 
@@ -228,6 +228,7 @@ class Judge:
         provider = self.provider
         tokens = estimate_tokens(messages, c.max_tokens * n)
         attempts = 1 + (c.retries if self.separate else 0)
+        who = f"judge {provider.name}"
         for attempt in range(1, attempts + 1):
             try:
                 async with provider.attempt(tokens, deadline) as sent:
@@ -235,7 +236,9 @@ class Judge:
                         reply = await within(deadline, self._ask(messages, n))
                     except asyncio.TimeoutError as err:  # the deadline; InferenceTimeout too
                         sent.failed(loop.time())
-                        raise JudgeFailed("timeout", f"no answer within {c.timeout:g} s") from err
+                        raise JudgeFailed(
+                            "timeout", f"{who}: no answer in {c.timeout:g} s"
+                        ) from err
                     except InferenceError as err:
                         error = self._settle(err, sent, loop.time())
                     else:
@@ -247,12 +250,12 @@ class Judge:
                 raise JudgeFailed(reason, str(refused)) from None
             if attempt == attempts:
                 raise JudgeFailed(
-                    "retries_exhausted", f"{attempts} attempts, the last: {error}"
+                    "retries_exhausted", f"{who}: {attempts} attempts, the last: {error}"
                 ) from error
             wait = max(BACKOFF.delay(attempt), error.retry_after or 0.0)
             if loop.time() + wait >= deadline:
                 raise JudgeFailed(
-                    "timeout", f"no answer within {c.timeout:g} s (the last: {error})"
+                    "timeout", f"{who}: no answer in {c.timeout:g} s (the last: {error})"
                 ) from error
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -278,14 +281,14 @@ class Judge:
             return err
         if err.kind == "timeout":
             sent.failed(now)
-            raise JudgeFailed("timeout", str(err)) from err
+            raise JudgeFailed("timeout", f"judge: {err}") from err
         if err.retryable:  # connection, 5xx, no server available
             sent.failed(now)
             return err
         if err.kind == "http_4xx":
-            raise JudgeFailed("rejected", str(err)) from err
+            raise JudgeFailed("rejected", f"judge: {err}") from err
         sent.failed(now)  # an answer that cannot be read, or a call the server cannot take
-        raise JudgeFailed("malformed", str(err)) from err
+        raise JudgeFailed("malformed", f"judge: {err}") from err
 
     async def aclose(self) -> None:
         """Close the judge's own server manager (the policy's is the env's to close)."""
@@ -372,8 +375,8 @@ async def compare(
         parse: an answer's verdict, "A", "B" or None (unparsed).
     """
     n = votes or judge.config.votes
-    forward, swapped = await asyncio.gather(
-        judge.complete(render(a, b), n), judge.complete(render(b, a), n)
+    forward, swapped = await gather_or_cancel(  # one order failing cancels the other
+        [judge.complete(render(a, b), n), judge.complete(render(b, a), n)]
     )
     verdict = PairVerdict(answers=[*forward, *swapped])
     for text, flipped in [(t, False) for t in forward] + [(t, True) for t in swapped]:
