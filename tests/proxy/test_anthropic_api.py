@@ -654,3 +654,82 @@ def test_an_echo_with_defaults_filled_in_extends_the_sequence(
             trajectory = httpx.get(path, headers=headers).json()
     assert len(trajectory["sequences"]) == sequences
     assert trajectory["breaks"]["clean"] == (1 if sequences == 1 else 0)
+
+
+# Tool search: a tool_result that references a deferred tool
+
+
+def test_a_tool_reference_is_the_referenced_tools_line_in_the_result() -> None:
+    found = {**RESULT, "content": [{"type": "text", "text": "Found:"}, REFERENCE]}
+    deferred = {**WEATHER, "defer_loading": True}
+    turn = to_turn(body(messages=assistant(USE) + user(found), tools=[SEARCH, deferred]))
+    line = json.dumps({"type": "function", "function": {**WEATHER_FUNCTION}})
+    assert turn.messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "Found:\n" + line,
+    }
+    assert [t["function"]["name"] for t in turn.tools or []] == ["ToolSearch"]  # still deferred
+    unknown = {**RESULT, "content": [{"type": "tool_reference", "tool_name": "nope"}]}
+    with pytest.raises(ProxyError, match=r"tool_name: 'nope' is not among the request's tools"):
+        to_turn(body(messages=assistant(USE) + user(unknown), tools=[SEARCH, deferred]))
+    image = {**RESULT, "content": [IMAGE]}
+    with pytest.raises(ProxyError, match="send text or tool_reference blocks"):
+        to_turn(body(messages=assistant(USE) + user(image), tools=[SEARCH]))
+
+
+SEARCH = {"name": "ToolSearch", "input_schema": {"type": "object"}}
+REFERENCE = {"type": "tool_reference", "tool_name": "get_weather"}
+WEATHER_FUNCTION = {
+    "name": "get_weather",
+    "description": WEATHER["description"],
+    "parameters": WEATHER["input_schema"],
+}
+
+
+def search_responder(prompt: str) -> str:
+    if "<|im_start|>tool" in prompt:
+        return "Found it."
+    return '<tool_call>{"name": "ToolSearch", "arguments": {"query": "weather"}}</tool_call>'
+
+
+def test_a_tool_search_extends_the_sequence_with_the_templates_line_of_the_tool() -> None:
+    """Claude Code's tool search through the proxy: the result referencing a deferred tool is
+    that tool's line as the policy's template writes its tools (one sequence, a clean
+    extension), where Anthropic's API expands the definition into the context."""
+    import httpx
+
+    from atropos.inference.tokenizer import load_tokenizer
+    from atropos.proxy.app import build_app
+    from atropos.testing import FakeInferenceServer, serve_in_thread
+
+    from .helpers import make_proxy
+
+    tools = [SEARCH, {**WEATHER, "defer_loading": True}]
+    with FakeInferenceServer(responder=search_responder) as fake:
+        with serve_in_thread(build_app(make_proxy(fake.base_url))) as url:
+            session = httpx.post(f"{url}/sessions", json={}).json()
+            headers = {"x-api-key": session["api_key"]}
+            ask = {"model": "m", "max_tokens": 200, "tools": tools}
+            ask["messages"] = [{"role": "user", "content": "What is the weather in Paris?"}]
+            endpoint = f"{session['anthropic_base_url']}/v1/messages"
+            use = httpx.post(endpoint, json=ask, headers=headers).json()["content"][-1]
+            assert use["name"] == "ToolSearch"
+            found = {"type": "tool_result", "tool_use_id": use["id"], "content": [REFERENCE]}
+            ask["messages"] += [
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [found]},
+            ]
+            second = httpx.post(endpoint, json=ask, headers=headers)
+            assert second.status_code == 200, second.text
+            path = f"{url}/sessions/{session['id']}/trajectory"
+            trajectory = httpx.get(path, headers=headers).json()
+    assert len(trajectory["sequences"]) == 1 and trajectory["breaks"]["clean"] == 1
+    tokenizer = load_tokenizer("tiny")
+    weather = {"type": "function", "function": WEATHER_FUNCTION}
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tools=[weather], tokenize=False
+    )
+    line = next(row for row in rendered.splitlines() if '"get_weather"' in row)
+    text = tokenizer.decode(trajectory["sequences"][0]["tokens"])
+    assert f"<|im_start|>tool\n{line}<|im_end|>" in text  # the template's own line for it

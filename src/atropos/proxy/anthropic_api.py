@@ -11,6 +11,13 @@ How the Anthropic shapes map onto OpenAI chat messages (`atropos.proxy.turns`):
   in its place (`cache_control` on any block is ignored: the server caches prefixes itself);
 - a tool with `defer_loading: true` is left out of the prompt: the model does not see it until
   the agent loads it (Claude Code's tool search), so it must not see it here either;
+- a `tool_reference` block in a `tool_result` (what a tool search answers: `{type:
+  "tool_reference", tool_name}`) is where Anthropic's API expands the named tool's definition
+  into the context; here it is that tool's line as chat templates write each tool (its OpenAI
+  function JSON, `{"type": "function", "function": {...}}`, as `tojson` spells it), in the
+  result's text, so the prompt still extends the held sequence (adding the tool to the rendered
+  tools would re-render the system turn: a new sequence every search). The named tool must be
+  among `tools` (deferred or not); another name is a 400;
 - a user message's text blocks become one user message (texts joined by a newline, as vLLM joins
   text parts), each `tool_result` block a `{"role": "tool", "tool_call_id", "content"}` message,
   in the order written; a result with `is_error` reads `Error: <content>`;
@@ -80,9 +87,9 @@ def to_turn(body: Any) -> TurnRequest:
             "output_config.format: structured outputs are not supported by this proxy; "
             "leave it out and ask for the format in the prompt"
         )
-    tools = _tools(body.get("tools"))
+    tools, every = _tools(body.get("tools"))
     return TurnRequest(
-        messages=_system(body.get("system")) + _messages(body.get("messages")),
+        messages=_system(body.get("system")) + _messages(body.get("messages"), every),
         tools=tools or None,
         tool_choice=_tool_choice(body.get("tool_choice"), tools),
         max_tokens=max_tokens,
@@ -212,7 +219,7 @@ def _system(system: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def _messages(messages: Any, tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: required, a non-empty list of {role, content} objects")
     out: list[dict[str, Any]] = []
@@ -224,7 +231,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(content, (str, list)):
             raise _bad(f"{where}.content: required, a string or a list of content blocks")
         if role == "user":
-            out += _user(content, f"{where}.content")
+            out += _user(content, f"{where}.content", tools)
         elif role == "assistant":
             out.append(_assistant(content, f"{where}.content"))
         elif role == "system":  # a mid-conversation system turn (Claude Code sends them)
@@ -237,8 +244,11 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _user(content: str | list[Any], where: str) -> list[dict[str, Any]]:
-    """User content as OpenAI messages: runs of text as user messages, results as tool ones."""
+def _user(
+    content: str | list[Any], where: str, tools: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """User content as OpenAI messages: runs of text as user messages, results as tool ones
+    (`tools`: every tool of the request by name, for the references a result holds)."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not content:
@@ -253,7 +263,7 @@ def _user(content: str | list[Any], where: str) -> list[dict[str, Any]]:
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
-            out.append(_tool_result(block, f"{where}[{j}]"))
+            out.append(_tool_result(block, f"{where}[{j}]", tools))
         elif kind == "tool_use":
             raise _bad(f"{where}[{j}]: tool_use blocks belong in assistant messages")
         else:
@@ -263,18 +273,43 @@ def _user(content: str | list[Any], where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(
+    block: dict[str, Any], where: str, tools: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.tool_use_id: required, the id of the tool_use block it answers")
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
         raise _bad(f"{where}.is_error: must be true or false")
-    content = block.get("content", "")
-    text = _text_of(content, f"{where}.content")
+    text = _result_text(block.get("content", ""), f"{where}.content", tools)
     if is_error:
         text = f"Error: {text}" if text else "Error"
     return {"role": "tool", "tool_call_id": _our_id(call_id), "content": text}
+
+
+def _result_text(content: Any, where: str, tools: dict[str, dict[str, Any]]) -> str:
+    """A tool result's text: a string, or text and `tool_reference` blocks (joined by a
+    newline), a reference written as its tool's line in the template's tools section."""
+    if not isinstance(content, list):
+        return _text_of(content, where)
+    texts = []
+    for j, block in enumerate(content):
+        kind = _block_type(block, f"{where}[{j}]")
+        if kind == "text":
+            texts.append(_text(block, f"{where}[{j}]"))
+        elif kind == "tool_reference":
+            name = block.get("tool_name")
+            if not isinstance(name, str) or name not in tools:
+                raise _bad(
+                    f"{where}[{j}].tool_name: {shown(name)} is not among the request's tools;"
+                    " send the tool it names in tools (with defer_loading: true until it is"
+                    " found)"
+                )
+            texts.append(json.dumps(tools[name], ensure_ascii=False))
+        else:
+            raise _unsupported(kind, f"{where}[{j}]", "text or tool_reference")
+    return "\n".join(texts)
 
 
 def _assistant(content: str | list[Any], where: str) -> dict[str, Any]:
@@ -311,12 +346,14 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": _our_id(block["id"]), "type": "function", "function": function}
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+def _tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The tools the prompt shows (deferred ones left out), and every tool by name."""
     if tools is None:
-        return []
+        return [], {}
     if not isinstance(tools, list):
         raise _bad("tools: must be a list of {name, description, input_schema} objects")
     out: list[dict[str, Any]] = []
+    every: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -329,7 +366,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise _bad(f"{where}.name: required, a non-empty string")
-        if any(seen["function"]["name"] == name for seen in out):
+        if name in every:
             raise _bad(f"{where}.name: {name!r} is used by an earlier tool; names must be unique")
         if "description" in tool and not isinstance(tool["description"], str):
             raise _bad(f"{where}.description: must be a string")
@@ -342,10 +379,10 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         }
         if function["description"] is None:
             del function["description"]
-        if tool.get("defer_loading") is True:  # not in the model's context until searched for
-            continue
-        out.append({"type": "function", "function": function})
-    return out
+        every[name] = {"type": "function", "function": function}
+        if tool.get("defer_loading") is not True:  # deferred: not in the context until found
+            out.append(every[name])
+    return out, every
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
