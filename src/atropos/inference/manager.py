@@ -304,7 +304,7 @@ class ServerManager:
         only = self._eligible("tokens_and_logprobs_completion")
         slots = self._pool.slots
         key = session if session is not None else new_session_key()
-        home = self.homes.get(key) if session is not None else None
+        home = self.homes.get(key) if session is not None and self._sticky else None
         if base_url is not None:
             matches = [s for s in slots if s.config.base_url == base_url]
             if not matches or matches[0].index not in only:
@@ -318,9 +318,7 @@ class ServerManager:
             healthy = [s for s in slots if s.index in only and s.healthy]
             candidates = healthy or [s for s in slots if s.index in only]
             slot = min(candidates, key=lambda s: (s.load("train"), s.index))
-        pinned = PinnedServer(self, slot, session=key)
-        if self._sticky:
-            self.homes.set(key, slot.index)
+        pinned = PinnedServer(self, slot, session=key)  # its first call makes a home
         renders_with = tokenizer if tokenizer is not None else pinned.tokenizer
         if self.reasoning is not None and renders_with is not None and "reasoning" not in kwargs:
             kwargs["reasoning"] = self.template_plan(renders_with)
@@ -447,14 +445,10 @@ class ServerManager:
         result: Awaitable[Any] = getattr(slot.backend, method)(**kwargs)
         return result
 
-    def _home(self, key: str, pin: PinnedServer | None) -> ServerSlot | None:
-        """The session's home server, when sticky routing applies."""
-        if not self._sticky:
-            return None
-        index = self.homes.get(key)
-        if index is not None:
-            return self._pool.slots[index]
-        return pin.slot if pin is not None else None
+    def _home(self, key: str) -> ServerSlot | None:
+        """The session's home server (None: sticky routing is off, or its first call)."""
+        index = self.homes.get(key) if self._sticky else None
+        return None if index is None else self._pool.slots[index]
 
     async def _call(
         self,
@@ -478,7 +472,7 @@ class ServerManager:
             if pin is not None and pin.held is not None:
                 slot, owned = pin.slot, False  # a dedicated server: its unit is already held
             else:
-                home = self._home(key, pin) if key is not None else None
+                home = self._home(key) if key is not None else None
                 if home is not None and home.index in tried:
                     home = None
                 slot = await pool.acquire(
@@ -488,6 +482,7 @@ class ServerManager:
                     avoid=tried,
                     only=only,
                     ratio=self._ratio if home is not None else math.inf,
+                    spread=self.homes.per_server if key is not None and self._sticky else None,
                 )
                 owned = True
                 if pin is not None:

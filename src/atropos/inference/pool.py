@@ -26,7 +26,7 @@ import logging
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from typing import Any
 
 from atropos.inference.base import InferenceServer, Split, within
@@ -196,12 +196,15 @@ class ServerPool:
         avoid: Set[int] = frozenset(),
         only: Set[int] | None = None,
         ratio: float = math.inf,
+        spread: Mapping[int, int] | None = None,
     ) -> ServerSlot | None:
         """`prefer` if it has room, else the least-loaded server with room, untried ones first.
 
         `only` restricts the choice to those server indices (e.g. servers with token ids).
         With a finite `ratio`, `prefer` is taken only while it is within that ratio of the
         least-loaded server's load (`routing.within_ratio`, counting this request on both).
+        `spread` (sessions per server) breaks ties of load: a new session goes where fewer
+        sessions live.
         """
         if prefer is not None and (
             not prefer.has_room(split)
@@ -212,11 +215,16 @@ class ServerPool:
         if prefer is not None and ratio == math.inf:
             return prefer
         best: ServerSlot | None = None
-        best_key: tuple[bool, float, int] = (True, math.inf, 0)
+        best_key: tuple[bool, float, int, int] = (True, math.inf, 0, 0)
         for slot in self.slots:  # one pass: this runs for every request
             if (only is not None and slot.index not in only) or not slot.has_room(split):
                 continue
-            key = (slot.index in avoid, slot.load(split), sum(slot.in_flight.values()))
+            key = (
+                slot.index in avoid,
+                slot.load(split),
+                spread[slot.index] if spread is not None else 0,
+                sum(slot.in_flight.values()),
+            )
             if key < best_key:
                 best, best_key = slot, key
         if prefer is not None and best is not None and best is not prefer:
@@ -235,14 +243,15 @@ class ServerPool:
         avoid: Set[int] = frozenset(),
         only: Set[int] | None = None,
         ratio: float = math.inf,
+        spread: Mapping[int, int] | None = None,
     ) -> ServerSlot:
         """Take one unit of `split` budget on a healthy server, waiting until `deadline`.
 
         `avoid` is read when a waiter wakes up, not copied: pass a set nobody changes meanwhile.
         """
-        slot = self.pick(split, prefer, avoid, only, ratio)
+        slot = self.pick(split, prefer, avoid, only, ratio, spread)
         if slot is None:
-            slot = await self._wait(split, deadline, prefer, avoid, only, ratio)
+            slot = await self._wait(split, deadline, prefer, avoid, only, ratio, spread)
         count = slot.in_flight[split] + 1
         slot.in_flight[split] = count
         limit = slot.limit
@@ -258,13 +267,14 @@ class ServerPool:
         avoid: Set[int],
         only: Set[int] | None,
         ratio: float,
+        spread: Mapping[int, int] | None,
     ) -> ServerSlot:
         loop = asyncio.get_running_loop()
         room = self._room[split]
         async with room:
             self._waiting[split] += 1
             try:
-                while (slot := self.pick(split, prefer, avoid, only, ratio)) is None:
+                while (slot := self.pick(split, prefer, avoid, only, ratio, spread)) is None:
                     limit = deadline
                     outage = self.outage_since(only)
                     if outage is not None:  # every server it may use is down: an outage
