@@ -15,6 +15,10 @@ The agent (one per run):
   scores the untouched task);
 - `--env.agent_command "..."`: a scripted agent run in the sandbox, the instruction in
   `/logs/agent/instruction.md` and `$HARBOR_INSTRUCTION`;
+- `--env.harness NAME|COMMAND`: a harness (claude-code, codex, mini-swe-agent, or a command)
+  run headless in the task's container against the rollout proxy; the environment is then
+  `harness.HarborHarness` (an `AgentEnv` on HarnessEnv's plumbing: `Harbor(config)` returns
+  one), its groups the proxy's token-exact sequences, its failures failed rollouts;
 - `--env.oracle true`: the task's `solution/solve.sh`. Before any rollout every task's oracle
   is run once; a task whose oracle scores below `--env.oracle_min_reward` (default 1.0), or
   fails, is reported broken (logged with why, `harbor/broken_tasks`) and never sampled.
