@@ -18,7 +18,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from atropos.proxy.responses_api import (
+    COMPACT_PROMPT,
+    SUMMARY_PREFIX,
     ResponsesError,
+    compact_to_turn,
+    compacted,
     error_body,
     from_turn,
     stream_events,
@@ -508,3 +512,78 @@ def test_agents_sdk_runs_a_tool_then_answers(served: tuple[Stub, str]) -> None:
         assert messages[0] == {"role": "system", "content": "Add."}
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert used == [1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compaction: /v1/responses/compact through the proxy
+
+
+def summarizer(prompt: str) -> str:
+    if COMPACT_PROMPT in prompt:
+        return "The user wants 1 added; add was called and gave 2."
+    if "<|im_start|>tool" in prompt:
+        return "It is 2."
+    return '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+
+
+def test_compaction_summarizes_and_the_next_call_starts_a_new_sequence() -> None:
+    """The openai SDK's `responses.compact` over the proxy and the fake server: the summary is
+    the policy's own answer, carried in a compaction item (the user messages before it); sent
+    back as input it is read as the summary, and that call starts a new sequence (a break)."""
+    import httpx
+
+    from atropos.proxy.app import build_app
+    from atropos.testing import FakeInferenceServer
+
+    from .helpers import make_proxy
+
+    with FakeInferenceServer(responder=summarizer) as fake:
+        with serve_in_thread(build_app(make_proxy(fake.base_url))) as url:
+            session = httpx.post(f"{url}/sessions", json={}).json()
+            client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
+            first = client.responses.create(model="m", input="add 1", tools=[ADD])
+            [call] = [item for item in first.output if item.type == "function_call"]
+            output = {"type": "function_call_output", "call_id": call.call_id, "output": "2"}
+            second = client.responses.create(
+                model="m", previous_response_id=first.id, input=[output], tools=[ADD]
+            )
+            assert second.output_text == "It is 2."
+            compact = client.responses.compact(model="m", previous_response_id=second.id)
+            assert compact.object == "response.compaction"
+            user, kept = compact.output
+            assert user.type == "message" and user.role == "user"
+            assert kept.type == "compaction" and compact.usage.output_tokens > 0
+            items: Any = [i.model_dump(exclude_none=True, warnings=False) for i in compact.output]
+            items.append({"role": "user", "content": "And now?"})
+            third = client.responses.create(model="m", input=items, tools=[ADD])
+            assert third.output_text or third.output
+            headers = {"authorization": f"Bearer {session['api_key']}"}
+            path = f"{url}/sessions/{session['id']}/trajectory"
+            trajectory = httpx.get(path, headers=headers).json()
+            with pytest.raises(openai.BadRequestError, match="compaction item this proxy did not"):
+                forged = {"type": "compaction", "encrypted_content": "gAAAAB-not-ours"}
+                client.responses.create(model="m", input=[forged])
+    assert trajectory["turns"] == 4
+    # the conversation (2 calls), the summary, the compacted conversation: 3 sequences
+    assert len(trajectory["sequences"]) == 3
+    assert trajectory["breaks"]["fork"] + trajectory["breaks"]["new"] == 2
+    summary_row, compacted_row = trajectory["sequences"][1:]
+    assert summary_row["messages"][-2] == {"role": "user", "content": COMPACT_PROMPT}
+    said = compacted_row["messages"][1]["content"]
+    assert said == SUMMARY_PREFIX + "The user wants 1 added; add was called and gave 2."
+
+
+def test_compact_requests_are_read_as_the_conversation_and_the_summary_prompt() -> None:
+    request = compact_to_turn({"model": "m", "input": "add 1", "tools": [ADD]})
+    assert request.tools is None and request.messages[-1]["content"] == COMPACT_PROMPT
+    answer = compacted(result("a summary"), request)
+    assert [item["type"] for item in answer["output"]] == ["message", "compaction"]
+    back = turn({"input": answer["output"]}).messages
+    assert back == [
+        {"role": "user", "content": "add 1"},
+        {"role": "user", "content": SUMMARY_PREFIX + "a summary"},
+    ]
+    with pytest.raises(ResponsesError, match="compaction item this proxy did not make"):
+        turn({"input": [{"type": "compaction", "encrypted_content": "atropos-compaction-v1:%%"}]})
+    with pytest.raises(ResponsesError, match="`model` is required"):
+        compact_to_turn({"input": "x"})

@@ -54,6 +54,7 @@ class ProxyApp:
             "chat/completions": ("POST", r.guard(r.chat)),
             "completions": ("POST", r.guard(r.completions)),
             "responses": ("POST", r.guard(r.responses, responses_api.error_body)),
+            "responses/compact": ("POST", r.guard(r.compact, responses_api.error_body)),
             "messages": ("POST", r.guard(r.messages, anthropic_api.error_body)),
         }
         self._upstream: dict[tuple[str, str], Handler] = {  # /{uuid}[/what]

@@ -8,15 +8,30 @@ proxy's terms: pure translation between its JSON and `TurnRequest`/`TurnResult`.
 - `from_turn(result, body, request)` writes the `response` object and the conversation to keep.
 - `stream_events(response)` writes that response as the official event stream.
 - `error_body(err)` writes OpenAI's error JSON.
+- `compact_to_turn(body, history)` and `compacted(result, request)`: `POST
+  /v1/responses/compact` (context compaction), below.
 
 As in the official API, `instructions` are not carried over to a response that continues from
 `previous_response_id`: the kept conversation leaves them out. A completion cut at the token
 limit is `status: "incomplete"` (`incomplete_details.reason: "max_output_tokens"`) and its stream
 ends with `response.incomplete` instead of `response.completed`.
+
+Compaction (`/v1/responses/compact`: `model`, `input`, `instructions`, `previous_response_id`)
+is a model call in the session: the conversation, then a user turn asking for a summary
+(`COMPACT_PROMPT`; no tools, so the call's prompt extends no held sequence), and the policy's
+answer is the summary (its tokens trained like any other). The answer is OpenAI's
+`response.compaction` object: the conversation's user messages, then one `compaction` item whose
+`encrypted_content` carries the summary (`atropos-compaction-v1:` and its base64: opaque to the
+client, readable by this proxy only; OpenAI's encrypts it). A later `input` holding that item
+reads it as a user message, `SUMMARY_PREFIX` and the summary; a `compaction` item this proxy did
+not make is a 400. The conversation that follows a compaction is shorter than the one before:
+it starts a new sequence (a break, as any harness that compacts its context makes).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import json
 import secrets
@@ -27,13 +42,29 @@ from typing import Any
 from atropos.proxy import fields
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
-__all__ = ["ResponsesError", "error_body", "from_turn", "stream_events", "to_turn"]
+__all__ = [
+    "COMPACT_PROMPT",
+    "SUMMARY_PREFIX",
+    "ResponsesError",
+    "compact_to_turn",
+    "compacted",
+    "error_body",
+    "from_turn",
+    "stream_events",
+    "to_turn",
+]
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 _DELTAS = 3  # pieces a streamed text or arguments string is cut into
+COMPACT_PROMPT = (
+    "Summarize the conversation so far for whoever continues it: the task, what has been done,"
+    " what was found, and what is left to do. Answer with the summary only."
+)
+SUMMARY_PREFIX = "Summary of the conversation so far:\n"
+_COMPACTION = "atropos-compaction-v1:"  # how this proxy's compaction items start
 
 
 class ResponsesError(ProxyError):
@@ -176,13 +207,31 @@ def _input_messages(value: Any, before: list[dict[str, Any]]) -> list[dict[str, 
             _add_call(messages, _call(item, where))
         elif kind == "function_call_output":
             messages.append(_call_output(item, where, before + messages))
+        elif kind == "compaction":
+            messages.append({"role": "user", "content": SUMMARY_PREFIX + _summary(item, where)})
         elif kind != "reasoning":  # reasoning items are the model's own notes: not re-sent
             raise _bad(
                 f"{where} has type {kind!r}: the proxy reads only `message`, `function_call`,"
-                " `function_call_output` and `reasoning` items",
+                " `function_call_output`, `compaction` and `reasoning` items",
                 f"{where}.type",
             )
     return messages
+
+
+def _summary(item: Mapping[str, Any], where: str) -> str:
+    """The summary a compaction item of this proxy carries."""
+    content = item.get("encrypted_content")
+    if isinstance(content, str) and content.startswith(_COMPACTION):
+        try:
+            return base64.b64decode(content[len(_COMPACTION) :], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise _bad(
+        f"{where} is a compaction item this proxy did not make (its `encrypted_content` is not"
+        " one of ours): send the items `/v1/responses/compact` of this proxy answered, or the"
+        " conversation itself",
+        f"{where}.encrypted_content",
+    )
 
 
 def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -438,6 +487,60 @@ def _usage(result: TurnResult) -> dict[str, Any]:
         "output_tokens": result.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Compaction
+
+
+def compact_to_turn(
+    body: Mapping[str, Any], history: Mapping[str, list[dict[str, Any]]] | None = None
+) -> TurnRequest:
+    """A `/v1/responses/compact` body as the call that writes the summary: its conversation
+    (as `to_turn` reads it, with no tools) and `COMPACT_PROMPT` after it.
+
+    Raises:
+        ResponsesError: as `to_turn`.
+
+    >>> compact_to_turn({"model": "m", "input": "Fix a.py"}).messages[-1]["content"][:9]
+    'Summarize'
+    """
+    if isinstance(body, Mapping):
+        body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice", "stream")}
+    request = to_turn(body, history)
+    messages = [*request.messages, {"role": "user", "content": COMPACT_PROMPT}]
+    return TurnRequest(messages=messages, sampling=request.sampling)
+
+
+def compacted(result: TurnResult, request: TurnRequest) -> dict[str, Any]:
+    """The `response.compaction` object of a summary: the conversation's user messages, then
+    the `compaction` item carrying the summary (`result`'s first choice)."""
+    users = [m for m in request.messages[:-1] if m["role"] == "user"]
+    output: list[dict[str, Any]] = [
+        {
+            "id": f"msg_{secrets.token_hex(24)}",
+            "type": "message",
+            "status": "completed",
+            "role": "user",
+            "content": [{"type": "input_text", "text": message["content"]}],
+        }
+        for message in users
+    ]
+    summary = base64.b64encode(result.choices[0].content.encode()).decode()
+    output.append(
+        {
+            "id": f"cmp_{secrets.token_hex(24)}",
+            "type": "compaction",
+            "encrypted_content": _COMPACTION + summary,
+        }
+    )
+    return {
+        "id": f"resp_{secrets.token_hex(24)}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": _usage(result),
     }
 
 

@@ -274,6 +274,12 @@ class Routes:
             return _sse(responses_api.stream_events(response))
         return json_response(response)
 
+    async def compact(self, request: Request) -> Response:
+        session = self.session_for(request, request.path_params.get("sid"))
+        body = await _json_body(request, self.proxy.settings.max_body_bytes)
+        turn = responses_api.compact_to_turn(body, session.responses)
+        return json_response(responses_api.compacted(await session.complete(turn), turn))
+
     # --- Anthropic dialect ---
 
     async def messages(self, request: Request) -> Response:
