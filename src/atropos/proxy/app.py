@@ -19,7 +19,7 @@ Routes (`KEY` is the proxy's `--api-key` when it has one; a session's own key is
 Upstream's routes are `POST /{uuid}/v1/chat/completions`, `GET /{uuid}/nodes` and `DELETE
 /{uuid}`; `uuid` is what `POST /sessions/create` answered (below), not the session's id.
 
-Dialects: `chat/completions`, `completions`, `models` (`openai_api`), `responses`, `responses/compact`
+Dialects: `chat/completions`, `completions`, `models` (`openai_api`), `responses[/compact]`
 (`responses_api`), `messages` (`anthropic_api`). The key is read from `Authorization: Bearer`
 or Anthropic's `x-api-key`. A wrong key is 401, an unknown or expired session 404, a finished
 one 410, a body over `max_body_bytes` 413, a malformed request 400 (a body that is not UTF-8,
