@@ -4,7 +4,9 @@ Upstream's rules (atroposlib 0.4.0's `handle_send_to_api`), kept: a group of the
 dropped, as is one whose scores are all equal when `ensure_scores_are_not_same` is on, and one
 holding a sequence at least the trainer's `max_token_len` long. Each drop is counted by reason.
 New: every group gets a `group_id` (the API's idempotency key) and the `policy_version` it was
-generated under, and the JSONL file is flushed after every group (upstream never flushed it).
+generated under (the older of the env's own stamp and the runner's: a rollout whose calls span
+weight versions is as old as its oldest tokens), and the JSONL file is flushed after every
+group (upstream never flushed it).
 With a teacher (`--teacher.*`, `atropos.envs.teacher`), the groups that pass the checks get
 its logprobs next, so no teacher call is spent on a group that is dropped anyway (upstream
 asked the teacher first).
@@ -88,8 +90,11 @@ def prepare(
         out["messages"] = [[{"role": "user", "content": decode(seq)}] for seq in tokens]
     if "group_id" not in out:
         out["group_id"] = new_group_id()
-    if policy_version is not None:
-        out.setdefault("policy_version", policy_version)
+    if policy_version is not None:  # the oldest: the env's own stamp or the runner's
+        own = out.get("policy_version")
+        if isinstance(own, int) and not isinstance(own, bool):
+            policy_version = min(own, policy_version)
+        out["policy_version"] = policy_version
     if env_id is not None:
         out["env_id"] = env_id
     return out

@@ -143,6 +143,7 @@ class Sender:
         self.compress = not is_loopback_url(self.url) if compress is None else compress
         self.stats = SenderStats()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._filling: dict[int, list[dict[str, Any]]] = {}  # batches taking groups, by id
         self._session: HTTPClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._spool_lock = asyncio.Lock()
@@ -159,7 +160,9 @@ class Sender:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Groups submitted and not yet in a request: queued, or in a batch still filling
+        (pacing counts every group not yet at the API)."""
+        return self._queue.qsize() + sum(len(b) for b in self._filling.values())
 
     async def _fill(self, batch: list[dict[str, Any]]) -> None:
         """Wait for a group, then take up to `max_batch`: whatever is queued at once (no loop
@@ -199,7 +202,11 @@ class Sender:
         while True:
             batch: list[dict[str, Any]] = []
             try:
-                await self._fill(batch)
+                self._filling[id(batch)] = batch
+                try:
+                    await self._fill(batch)
+                finally:
+                    del self._filling[id(batch)]
                 self.in_flight += len(batch)
                 try:
                     await self._deliver(batch)
