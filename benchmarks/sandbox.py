@@ -1,5 +1,6 @@
 """What a sandbox costs to start, per provider: cold (`open_sandbox`, a probe exec included)
-and handed out from a warm `SandboxPool`; 64 at once; and N starts in a row with their
+and handed out from a warm `SandboxPool`; cold with network "model-only" (the relay to the
+rollout proxy started too); 64 at once; and N starts in a row with their
 failures and leftovers (sandbox folders, uid reservations, processes of their uids; for
 docker, the engine's containers and volumes labelled atropos.sandbox=1).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -46,11 +48,16 @@ def quantiles(times: list[float]) -> dict[str, float]:
     }
 
 
-async def cold(provider: str, rounds: int) -> dict[str, float]:
+async def cold(provider: str, rounds: int, model_only: bool = False) -> dict[str, float]:
+    """Cold starts; `model_only`: with network="model-only" (its relay started, which dials
+    the model URL only when a connection comes: nothing need listen there)."""
+    spec = spec_of(provider)
+    if model_only:
+        spec = dataclasses.replace(spec, network="model-only", model_url=MODEL_URL)
     times = []
     for _ in range(rounds):
         began = time.perf_counter()
-        box = await open_sandbox(spec_of(provider), provider)
+        box = await open_sandbox(spec, provider)
         times.append(time.perf_counter() - began)
         await box.close()
     return quantiles(times)
@@ -147,6 +154,7 @@ def docker_engine(image: str) -> Any:
 
 
 TEST_IMAGE = "atropos-test-sandbox:bookworm"
+MODEL_URL = "http://127.0.0.1:9/v1"  # never dialled: no exec connects during a start
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,6 +166,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     for provider in args.providers:
         results[provider] = {
             "cold": await cold(provider, args.rounds),
+            "cold_model_only": await cold(provider, args.rounds, model_only=True),
             "warm": await warm(provider, args.rounds),
             "concurrent_64": await concurrent(provider, 64),
             "in_a_row": await in_a_row(provider, args.starts),
@@ -168,14 +177,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: dict[str, Any], starts: int) -> str:
     lines = [
-        "| provider | cold p50 / p95 (ms) | warm pool p50 / p95 (ms) | 64 at once (s, failures,"
+        "| provider | cold p50 / p95 (ms) | cold, model-only p50 / p95 (ms) |"
+        " warm pool p50 / p95 (ms) | 64 at once (s, failures,"
         f" leftovers) | {starts} in a row (s, failures, leftovers) |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         c, w, k, n = r["cold"], r["warm"], r["concurrent_64"], r["in_a_row"]
+        m = r["cold_model_only"]
         lines.append(
-            f"| {name} | {c['p50_ms']:.1f} / {c['p95_ms']:.1f} | {w['p50_ms']:.2f} /"
+            f"| {name} | {c['p50_ms']:.1f} / {c['p95_ms']:.1f} |"
+            f" {m['p50_ms']:.1f} / {m['p95_ms']:.1f} | {w['p50_ms']:.2f} /"
             f" {w['p95_ms']:.2f} | {k['seconds']:.2f}, {k['failures']}, {k['leftovers']} |"
             f" {n['seconds']:.1f}, {n['failures']}, {n['leftovers']} |"
         )
