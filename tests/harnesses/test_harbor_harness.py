@@ -26,7 +26,7 @@ import pytest
 
 from atropos.environments.harbor import SHIPPED_TASKS, Harbor
 from atropos.environments.harbor.harness import HarborHarness
-from atropos.harnesses.env import HarnessEnv
+from atropos.harnesses.env import HarnessEnv, HarnessEnvConfig
 from atropos.inference.config import APIServerConfig
 from atropos.sandbox._host import owner_label
 from atropos.testing import FakeInferenceServer
@@ -181,7 +181,7 @@ def test_harness_env_on_docker_runs_the_task_in_the_image(fake, engine, sandbox_
     settings = {"harness": "codex", "tasks": str(tmp_path / "tasks.jsonl"), "group_size": 2,
                 "tokenizer_name": "tiny", "provider": "docker", "image": sandbox_image,
                 "agent_timeout": 120.0}  # fmt: skip
-    env = HarnessEnv(HarnessEnv.env_config_cls(**settings), servers(fake))
+    env = HarnessEnv(HarnessEnvConfig(**settings), servers(fake))
     group = collect(env)
     assert group is not None and sorted(group["scores"]) == [0.0, 1.0]
     assert env.exits == {"ok": 2}
@@ -189,7 +189,7 @@ def test_harness_env_on_docker_runs_the_task_in_the_image(fake, engine, sandbox_
 
 def test_docker_without_an_image_is_one_clear_error(fake, tmp_path):
     (tmp_path / "t.jsonl").write_text('{"instruction": "x", "test": "true"}\n')
-    config = HarnessEnv.env_config_cls(harness="codex", tasks=str(tmp_path / "t.jsonl"),
+    config = HarnessEnvConfig(harness="codex", tasks=str(tmp_path / "t.jsonl"),
                                        provider="docker")  # fmt: skip
     env = HarnessEnv(config, servers(fake))
     with pytest.raises(ValueError, match="--env.provider docker needs --env.image"):

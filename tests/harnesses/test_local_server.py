@@ -22,6 +22,7 @@ import pytest
 from atropos.harnesses.env import HarnessEnv
 from atropos.harnesses.run import RolloutResult
 from atropos.inference.config import APIServerConfig
+from atropos.testing.docker import MARKER
 from atropos.testing.proc import descendants, live_processes
 from atropos.testing.server_process import ServerProcess
 
@@ -104,5 +105,18 @@ def test_noise_from_the_tiny_policy_is_a_failed_or_zero_scored_rollout(
     # nothing left: no sandbox folder, no process of ours but the server
     assert not [p for p in sandbox_root.glob("owner-*/*")]
     mine = descendants({os.getpid()}, live_processes())
-    server = {p.pid for p in local_server.processes()}
+    server = {p.pid for p in local_server.processes()} | engine_daemons()
     assert [p.cmdline for p in mine if p.pid != os.getpid() and p.pid not in server] == []
+
+
+def engine_daemons() -> set[int]:
+    """The tests' Docker engine's processes (a session fixture another module may have
+    started): they carry its marker in their environment and outlive this test."""
+    found = set()
+    for process in live_processes():
+        try:
+            if f"{MARKER}=".encode() in Path(f"/proc/{process.pid}/environ").read_bytes():
+                found.add(process.pid)
+        except OSError:
+            continue
+    return found
