@@ -23,6 +23,9 @@ rollout's own version (the version the trainer last published, else the step) co
 
 Choices where the issue is silent:
 
+* A group sent but not yet acknowledged by the API counts as in flight, at its stamped version:
+  the sender's requests run side by side, so a group can reach the API after groups finished
+  later (`hold` when handed to the sender, `release` when the sender is done with it).
 * A rollout's version is the oldest it may carry: the version when it started, lowered to the
   lowest the inference servers reported for its calls so far (with `keep`-mode weight
   transfer a rollout spans versions, each response reports its first, and the group is stamped
@@ -97,12 +100,13 @@ def max_in_flight(inputs: PaceInputs, oldest: int, queued: int, group_size: int)
 
 
 class Pacer:
-    """The rollouts in flight by version, and how long admission was paced."""
+    """The rollouts in flight (and their groups not yet at the API) by version, and how long
+    admission was paced."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.clock = clock
         self.flights: set[Flight] = set()
-        self.versions: Counter[int] = Counter()  # flights by the version they count at
+        self.versions: Counter[int] = Counter()  # flights and held groups, by version
         self.paced_seconds = 0.0  # total, since the run started
         self.paced_count = 0  # stretches of pacing, since the run started
         self._paced_since: float | None = None
@@ -117,6 +121,14 @@ class Pacer:
     def finish(self, flight: Flight) -> None:
         self.flights.discard(flight)
         self._uncount(flight.version)
+
+    def hold(self, version: int) -> None:
+        """A group of `version` is handed to the sender: in flight until `release`."""
+        self.versions[version] += 1
+
+    def release(self, version: int) -> None:
+        """The sender is done with a group of `version` (acknowledged, spooled or refused)."""
+        self._uncount(version)
 
     def refresh(self) -> None:
         """Count each flight at the oldest version its servers reported, when older."""

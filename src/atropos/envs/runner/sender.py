@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,9 @@ class Sender:
         self._tasks: list[asyncio.Task[None]] = []
         self._spool_lock = asyncio.Lock()
         self.in_flight = 0  # groups in requests that have not been answered yet
+        # called with each batch once it is done with: acknowledged, spooled or refused
+        # (staleness pacing counts a group as in flight until then: groups overtake each other)
+        self.on_done: Callable[[list[dict[str, Any]]], None] | None = None
 
     async def start(self) -> None:
         self._session = HTTPClient(self.headers)
@@ -222,6 +226,8 @@ class Sender:
             finally:
                 for _ in batch:
                     self._queue.task_done()
+                if self.on_done is not None and batch:
+                    self.on_done(batch)
 
     async def _deliver(self, batch: list[dict[str, Any]]) -> None:
         try:

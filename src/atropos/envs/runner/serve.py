@@ -150,6 +150,7 @@ class ServeRunner:
             spool / f"{self._identity()}.jsonl",
             api_key=self.api_key,
         )
+        self.sender.on_done = self._delivered
         managing = getattr(env, "manager_config", None)
         if managing is not None and getattr(managing, "server_wait", 0) is None:
             managing.server_wait = self.server_wait
@@ -286,6 +287,13 @@ class ServeRunner:
         self.pacer.note(pace < cap and len(self.workers) >= pace)
         return min(cap, pace)
 
+    def _delivered(self, groups: list[dict[str, Any]]) -> None:
+        """The sender is done with `groups`: pacing no longer counts them in flight."""
+        for group in groups:
+            version = group.get("policy_version")
+            if isinstance(version, int):
+                self.pacer.release(version)
+
     def _pace_limit(self) -> int | None:
         """The most rollouts in flight that keep each within the API's `max_staleness`
         (`pacing`); None when the API announces no limit or `pace_staleness` is off."""
@@ -400,6 +408,9 @@ class ServeRunner:
             if len(self.lengths) < self.window_limit:
                 self.lengths.extend(trained_tokens(group["masks"]))
                 self.scores.extend(group["scores"])
+            version = group.get("policy_version")
+            if isinstance(version, int):
+                self.pacer.hold(version)  # in flight for pacing until the API has it
             self.sender.submit(group)
             self.submitted += 1
             env.items_sent_this_step += 1
@@ -421,6 +432,15 @@ class ServeRunner:
         self.stopping.set()
         self.wake.set()
 
+    def _server_report(self) -> list[dict[str, Any]] | None:
+        """The env's inference servers now, for the API's dashboard (None: no manager yet)."""
+        report = getattr(getattr(self.env, "_server", None), "server_report", None)
+        try:
+            return report() if callable(report) else None
+        except Exception:
+            log.exception("reading the inference servers' report failed")
+            return None
+
     async def _poll_status(self) -> None:
         env_id = self.env.env_id
         assert env_id is not None
@@ -431,7 +451,9 @@ class ServeRunner:
             asked_at, pending = self.submitted, self.sender.pending + self.sender.in_flight
             self.drop_report.check(self.drops, self.failures, self.submitted)
             try:
-                status = await self.api.status(env_id, self.drops, self.failures)
+                status = await self.api.status(
+                    env_id, self.drops, self.failures, self._server_report()
+                )
             except ApiError as err:
                 now = time.monotonic()
                 if answered and "HTTP 404" in str(err):
