@@ -104,20 +104,42 @@ ReportCount = Annotated[int, Meta(ge=0, le=REPORT_MAX_COUNT)]
 ReportCounts = Annotated[dict[ReportName, ReportCount], Meta(max_length=REPORT_MAX_NAMES)]
 
 
+REPORT_MAX_SERVERS = 64
+"""Inference servers one `/status-env` report may describe."""
+
+
+class ServerGauge(msgspec.Struct, omit_defaults=True):
+    """One of an env's inference servers as its `ServerManager` sees it now (extension): the
+    training requests in flight, the cap in force (`capacity`: the adaptive limit when adaptive
+    concurrency is on), the configured maximum, sessions homed there, and the server's own
+    queue and KV-cache gauges when read (`atropos.inference.concurrency`)."""
+
+    url: Annotated[str, Meta(max_length=300)]
+    healthy: bool
+    in_flight: Annotated[int, Meta(ge=0)]
+    capacity: Annotated[int, Meta(ge=0)]
+    max: Annotated[int, Meta(ge=0)]
+    sessions: Annotated[int, Meta(ge=0)] = 0
+    waiting: float | None = None
+    kv_usage: float | None = None
+
+
 class EnvStatusRequest(EnvIdentifier):
     """`GET` or `POST /status-env`: the env id and (extension) the env's own counts.
 
     `dropped` maps a reason to the groups the env dropped for it before sending (never seen by
     the API); `failed` maps a kind to the rollouts that failed with it. Both are cumulative since
     the env started: the API keeps the latest of each per env and shows it in `/stats`. Old
-    clients send neither and upstream's API ignores both.
+    clients send neither and upstream's API ignores both. `servers` (extension) describes the
+    env's inference servers now (`ServerGauge`); the API keeps the latest per env.
 
     >>> decode(b'{"env_id": 0, "dropped": {"identical_scores": 3}}', EnvStatusRequest)
-    EnvStatusRequest(env_id=0, dropped={'identical_scores': 3}, failed=None)
+    EnvStatusRequest(env_id=0, dropped={'identical_scores': 3}, failed=None, servers=None)
     """
 
     dropped: ReportCounts | None = None
     failed: ReportCounts | None = None
+    servers: Annotated[list[ServerGauge], Meta(max_length=REPORT_MAX_SERVERS)] | None = None
 
 
 class BatchAck(msgspec.Struct):

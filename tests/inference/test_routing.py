@@ -146,11 +146,13 @@ def test_a_server_killed_mid_conversation_rehomes_its_sessions_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("occupied", "ratio", "moves"), [(1, 2.0, False), (3, 2.0, True), (3, 8.0, False)]
+    ("occupied", "ratio", "moves"),
+    [(3, 2.0, False), (9, 2.0, True), (9, 8.0, True), (9, 16.0, False)],
 )
 def test_the_load_ratio_rehomes_a_session(occupied: int, ratio: float, moves: bool) -> None:
-    """Home s0 with `occupied` other requests in flight, s1 idle: the next turn moves when
-    (occupied + 1) / 16 is over `ratio` times (0 + 1) / 16."""
+    """Home s0 with `occupied` other requests in flight (cap 16), s1 idle: the next turn moves
+    when home would be at least half full and (occupied + 1) / 16 over `ratio` times 1 / 16:
+    3 others is under half; 9 (10 / 16 with the call) is over 2.0 and 8.0, not 16.0."""
     with fleet(2) as servers:
 
         async def main() -> tuple[int, int]:

@@ -286,6 +286,8 @@ class Api:
         answer = self.hub.status_env(env_id)
         if report is not None:
             self.hub.report(env_id, report.dropped, report.failed)
+            if report.servers is not None:
+                self.hub.report_servers(env_id, report.servers)
         return await self._json(request, answer)
 
     async def reset_data(self, request: Request) -> Response:

@@ -28,7 +28,7 @@ from typing import Any
 from atropos import wire
 from atropos.api.packer import Item, allocate_minimums, pick_batch
 from atropos.api.store import BatchRow, GroupRow, NewGroup, Store
-from atropos.wire import Group, ProtocolError, RegisterEnv, Registration
+from atropos.wire import Group, ProtocolError, RegisterEnv, Registration, ServerGauge
 
 
 class NotFound(ProtocolError):
@@ -120,6 +120,7 @@ class Hub:
         self.batch_latency: deque[float] = deque(maxlen=2048)
         self.counters: dict[int | None, EnvCounters] = {}
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
+        self.env_servers: dict[int, list[ServerGauge]] = {}  # its inference servers, latest
         # what earlier processes (or connections) of each env reported, kept for the run
         self.env_banked: dict[int, EnvReport] = {}
         # registrations of each env since this process started (a launcher's readiness gate
@@ -440,6 +441,10 @@ class Hub:
             self.clock(),
         )
 
+    def report_servers(self, env_id: int, servers: list[ServerGauge]) -> None:
+        """Keep an env's latest view of its inference servers (`wire.ServerGauge`)."""
+        self.env_servers[env_id] = list(servers)
+
     # ----- data ------------------------------------------------------------------------------
 
     def ingest(self, groups: list[Group]) -> list[str]:
@@ -627,6 +632,7 @@ class Hub:
         self.counters.clear()
         self.env_reports.clear()
         self.env_banked.clear()
+        self.env_servers.clear()
         self.recent.clear()
         self.recent_bytes = 0
         self._load()

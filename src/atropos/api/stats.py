@@ -19,6 +19,8 @@ import time
 from collections import Counter, deque
 from typing import Any
 
+import msgspec
+
 from atropos.api.hub import EnvCounters, Hub
 
 
@@ -72,6 +74,10 @@ def stats(hub: Hub) -> dict[str, Any]:
             "env_dropped": dict(report.dropped) if report else {},
             "env_failed": dict(report.failed) if report else {},
             "env_reported_at": report.at if report else None,
+            "servers": [
+                msgspec.structs.asdict(s)
+                for s in hub.env_servers.get(env_id, [])  # type: ignore[arg-type]
+            ],
         }
         if env_id is not None and env_id < len(hub.envs):
             record = hub.envs[env_id]
@@ -183,6 +189,7 @@ def prometheus(hub: Hub) -> str:
         at = entry["env_reported_at"]
         if at is not None:
             lines.append(f'atropos_env_report_timestamp_seconds{{env="{env}"}} {at:.3f}')
+    lines += _server_lines(doc)
     lat = doc["batch_latency_seconds"]
     lines.append("# TYPE atropos_batch_latency_seconds summary")
     for q in ("p50", "p99"):
@@ -190,6 +197,32 @@ def prometheus(hub: Hub) -> str:
             lines.append(f'atropos_batch_latency_seconds{{quantile="0.{q[1:]}"}} {lat[q]:.6f}')
     lines.append(f"atropos_batch_latency_seconds_count {lat['count']}")
     return "\n".join(lines) + "\n"
+
+
+SERVER_GAUGES = (
+    ("in_flight", "Training requests the env has in flight on the inference server."),
+    ("capacity", "The env's in-flight cap on the server now (adaptive when on)."),
+    ("max", "The env's configured in-flight maximum on the server."),
+    ("sessions", "Conversations of the env homed on the server."),
+    ("waiting", "Requests waiting in the server's queue, as it last reported."),
+    ("kv_usage", "The server's KV-cache usage (0-1), as it last reported."),
+)
+
+
+def _server_lines(doc: dict[str, Any]) -> list[str]:
+    """`atropos_env_server_*{env, server}` gauges from each env's latest server report."""
+    lines: list[str] = []
+    for name, about in SERVER_GAUGES:
+        metric = f"atropos_env_server_{name}"
+        rows = [
+            f'{metric}{{env="{env}",server="{_label(s["url"])}"}} {float(s[name]):g}'
+            for env, entry in doc["envs"].items()
+            for s in entry["servers"]
+            if s.get(name) is not None
+        ]
+        if rows:
+            lines += [f"# HELP {metric} {about}", f"# TYPE {metric} gauge", *rows]
+    return lines
 
 
 class History:

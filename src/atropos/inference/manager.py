@@ -384,6 +384,28 @@ class ServerManager:
         out["server/sessions_rehomed"] = float(self.homes.rehomed)
         return out
 
+    def server_report(self) -> list[dict[str, Any]]:
+        """Each server now, as the env sends it to the API (`wire.ServerGauge`): URL, health,
+        training requests in flight, the cap in force, the configured maximum, sessions homed
+        there, and its queue and KV-cache gauges when adaptive concurrency read them."""
+        out: list[dict[str, Any]] = []
+        for slot in self._pool.slots:
+            row: dict[str, Any] = {
+                "url": slot.config.base_url[:300],
+                "healthy": slot.healthy,
+                "in_flight": slot.in_flight["train"],
+                "capacity": slot.capacity("train"),
+                "max": slot.base_capacity("train"),
+                "sessions": max(0, self.homes.per_server[slot.index]),
+            }
+            limit = slot.limit
+            if limit is not None and limit.waiting >= 0:
+                row["waiting"] = limit.waiting
+            if limit is not None and limit.kv_usage >= 0:
+                row["kv_usage"] = limit.kv_usage
+            out.append(row)
+        return out[:64]
+
     # -- routing -----------------------------------------------------------------------------
 
     def _check_open(self, split: str) -> Split:

@@ -113,13 +113,17 @@ class ControlClient:
         env_id: int,
         dropped: Mapping[str, int] | None = None,
         failed: Mapping[str, int] | None = None,
+        servers: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """`/status-env`, sending the env's cumulative drop and failure counts (when any)."""
+        """`/status-env`, sending the env's cumulative drop and failure counts (when any) and
+        its inference servers now (`ServerManager.server_report`, when it has any)."""
         body: dict[str, Any] = {"env_id": env_id}
         if dropped:
             body["dropped"] = _report_counts(dropped)
         if failed:
             body["failed"] = _report_counts(failed)
+        if servers:
+            body["servers"] = servers
         reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 
