@@ -40,14 +40,13 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from atropos.environments.harbor.compose import main_service
 from atropos.environments.harbor.image import ImageFailure, Images, TaskImages
-from atropos.environments.harbor.task import HarborTask, load_tasks
+from atropos.environments.harbor.task import SHIPPED_TASKS, HarborTask, load_tasks
 from atropos.environments.harbor.trial import Agent, Limits, TrialResult, run_trial
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, rollout_group
@@ -58,7 +57,6 @@ from atropos.sandbox import SandboxError
 __all__ = ["Harbor", "HarborConfig", "SHIPPED_TASKS", "bash_block"]
 
 log = logging.getLogger("atropos.env.harbor")
-SHIPPED_TASKS = Path(__file__).resolve().parents[1] / "data" / "harbor"
 ANSWER_FORMAT = (
     "You work in a Linux sandbox without network access, in the task's working directory."
     " Answer with exactly one ```bash code block: it runs once, as a script, and then the"

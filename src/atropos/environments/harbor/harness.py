@@ -24,7 +24,7 @@ from pydantic import Field
 
 from atropos.environments.harbor.compose import main_service
 from atropos.environments.harbor.image import ImageFailure, TaskImages
-from atropos.environments.harbor.task import HarborTask, load_tasks
+from atropos.environments.harbor.task import SHIPPED_TASKS, HarborTask, load_tasks
 from atropos.environments.harbor.trial import (
     Agent,
     HarnessAgent,
@@ -64,8 +64,6 @@ class HarborHarness(HarnessEnv):
     }  # fmt: skip
 
     def load(self) -> Iterable[Item]:
-        from atropos.environments.harbor import SHIPPED_TASKS
-
         tasks = load_tasks(self.config.tasks or SHIPPED_TASKS)
         for task in tasks:
             main_service(task, "check")  # a compose file we cannot run fails here, at once

@@ -25,7 +25,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["Artifact", "HarborTask", "TaskError", "VerifierEnvironment", "load_tasks", "read_task"]
+__all__ = [
+    "SHIPPED_TASKS",
+    "Artifact",
+    "HarborTask",
+    "TaskError",
+    "VerifierEnvironment",
+    "load_tasks",
+    "read_task",
+]
+
+SHIPPED_TASKS = Path(__file__).resolve().parents[1] / "data" / "harbor"  # our three tasks
 
 DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's [verifier] timeout_sec default
 DEFAULT_BUILD_TIMEOUT = 600.0  # Harbor's [environment] build_timeout_sec default
