@@ -22,7 +22,6 @@ import pytest
 from atropos.harnesses.env import HarnessEnv
 from atropos.harnesses.run import RolloutResult
 from atropos.inference.config import APIServerConfig
-from atropos.testing.docker import MARKER
 from atropos.testing.proc import descendants, live_processes
 from atropos.testing.server_process import ServerProcess
 
@@ -93,6 +92,7 @@ def rollout(server: LocalServe, tasks: Path, harness: str) -> tuple[Any, Harness
 def test_noise_from_the_tiny_policy_is_a_failed_or_zero_scored_rollout(
     local_server, calc_tasks, sandbox_root, harness
 ):
+    before = {p.pid for p in descendants({os.getpid()}, live_processes())}  # server, fixtures
     run, env, seconds = rollout(local_server, calc_tasks, harness)
     result: RolloutResult = run.output
     assert seconds < DEADLINE + 60, f"{harness} took {seconds:.0f} s"
@@ -102,21 +102,8 @@ def test_noise_from_the_tiny_policy_is_a_failed_or_zero_scored_rollout(
         assert result.score == 0.0 and result.exit.reason in ("ok", "limit", "format_errors")
     assert result.harness_seconds <= DEADLINE + 5
     assert run.trajectory.turns <= 2 and run.trajectory.completion_tokens <= 64
-    # nothing left: no sandbox folder, no process of ours but the server
+    # nothing left: no sandbox folder, no process the rollout started (the server and any
+    # session fixture's daemons, such as the tests' Docker engine, were there before)
     assert not [p for p in sandbox_root.glob("owner-*/*")]
-    mine = descendants({os.getpid()}, live_processes())
-    server = {p.pid for p in local_server.processes()} | engine_daemons()
-    assert [p.cmdline for p in mine if p.pid != os.getpid() and p.pid not in server] == []
-
-
-def engine_daemons() -> set[int]:
-    """The tests' Docker engine's processes (a session fixture another module may have
-    started): they carry its marker in their environment and outlive this test."""
-    found = set()
-    for process in live_processes():
-        try:
-            if f"{MARKER}=".encode() in Path(f"/proc/{process.pid}/environ").read_bytes():
-                found.add(process.pid)
-        except OSError:
-            continue
-    return found
+    after = descendants({os.getpid()}, live_processes())
+    assert [p.cmdline for p in after if p.pid not in before] == []
