@@ -51,6 +51,7 @@ ADDITIONS = {
     "register_timeout": 600,
     "eval_temperature": 0.0,  # the default `Env.evaluate`'s sampling temperature
     "teacher": TeacherConfig(),  # --teacher.*: off without a base_url
+    "pace_staleness": True,  # with an API run with --max-staleness (envs/runner/pacing.py)
 }
 
 

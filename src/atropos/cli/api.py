@@ -48,7 +48,8 @@ def add_serve_arguments(p: argparse.ArgumentParser, default_host: str = "127.0.0
         "--max-staleness",
         type=non_negative_int,
         default=None,
-        help="drop groups whose policy_version is more than N steps old at batch time",
+        help="bound staleness to N steps: envs pace their rollouts to stay within it; groups"
+        " still older at batch time are dropped and counted",
     )
     p.add_argument("--max-body-mb", type=float, default=256.0, help="largest body as sent")
     p.add_argument("--max-inflated-mb", type=float, default=256.0, help="largest gunzipped body")

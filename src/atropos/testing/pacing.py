@@ -69,6 +69,7 @@ class Outcome:
     paced_seconds: float
     paced_count: int
     seconds: float
+    batch_times: list[float]  # when each trained batch came (time.monotonic())
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # group_id: first, last
 
     @property
@@ -78,6 +79,12 @@ class Outcome:
     @property
     def long_share(self) -> float:
         return self.long_trained / len(self.groups) if self.groups else 0.0
+
+    @property
+    def batches_per_second(self) -> float:
+        """Trained batches per second, from the first batch to the last."""
+        times = self.batch_times
+        return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
     @property
     def staleness(self) -> list[int]:
@@ -139,6 +146,7 @@ class ScriptedTrainer(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.batch_size, self.train_seconds = url, batch_size, train_seconds
         self.batches: list[list[dict[str, Any]]] = []
+        self.times: list[float] = []  # when each batch came (time.monotonic())
         self.published = 0
         self.stop = threading.Event()
 
@@ -162,6 +170,7 @@ class ScriptedTrainer(threading.Thread):
                     time.sleep(0.005)
                     continue
                 self.batches.append(batch)
+                self.times.append(time.monotonic())
                 time.sleep(self.train_seconds)
                 self.published = len(self.batches)  # the servers first, then the API
                 c.post("/policy_version", json={"version": self.published}).raise_for_status()
@@ -216,6 +225,7 @@ def run(scenario: Scenario, pace: bool, run_dir: Path) -> Outcome:
         runner.pacer.paced_total(),
         runner.pacer.paced_count,
         seconds,
+        trainer.times[: scenario.batches],
         dict(env.spans),
     )
 

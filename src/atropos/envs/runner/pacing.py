@@ -151,6 +151,8 @@ class Pacer:
 
     def note(self, paced: bool) -> None:
         """Whether admission is held by pacing now (called at every admission decision)."""
+        if paced == (self._paced_since is not None):
+            return  # no change (the common case: no clock read)
         now = self.clock()
         if paced and self._paced_since is None:
             self._paced_since = now
