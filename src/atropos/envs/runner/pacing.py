@@ -99,6 +99,27 @@ def max_in_flight(inputs: PaceInputs, oldest: int, queued: int, group_size: int)
     return max(0, ((reach + 1) * inputs.batch_size - queued) // max(1, group_size))
 
 
+def stalled(inputs: PaceInputs, version_now: int) -> str | None:
+    """Why no rollout can start even with none in flight (None: one can): the version a new
+    rollout would get is already more than `max_staleness` behind the step, so its group
+    could never be trained; the trainer must publish newer weights first.
+
+    >>> stalled(PaceInputs(2, 9, 8, 0), 5)[:65]
+    'the version a rollout would start at (5) is 4 behind the step (9)'
+    >>> stalled(PaceInputs(2, 9, 8, 0), 7) is None
+    True
+    """
+    behind = inputs.step - version_now
+    if behind <= inputs.max_staleness:
+        return None
+    n = inputs.max_staleness
+    return (
+        f"the version a rollout would start at ({version_now}) is {behind} behind the step"
+        f" ({inputs.step}), more than --max-staleness {n}: nothing can start until the trainer"
+        f" publishes newer weights (it must sync at least every {max(1, n)} steps)"
+    )
+
+
 class Pacer:
     """The rollouts in flight (and their groups not yet at the API) by version, and how long
     admission was paced."""

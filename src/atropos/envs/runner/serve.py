@@ -59,7 +59,7 @@ from atropos.envs.config import ResolvedConfig
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
-from atropos.envs.runner.pacing import Flight, PaceInputs, Pacer
+from atropos.envs.runner.pacing import Flight, PaceInputs, Pacer, stalled
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog, drop_hint
@@ -143,6 +143,8 @@ class ServeRunner:
         self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
         self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
         self.logged_paced = (0.0, 0)  # paced seconds and stretches at the last metrics record
+        self.stalled_since: float | None = None  # since when pacing lets nothing start
+        self.stall_noted = 0.0  # when that was last logged (time.monotonic())
         self.teacher: Teacher | None = None  # --teacher.*: started after the env's setup
         spool = Path(self.config.spool_dir or run_dir / "spool")
         self.sender = Sender(
@@ -286,6 +288,23 @@ class ServeRunner:
             return cap
         self.pacer.note(pace < cap and len(self.workers) >= pace)
         return min(cap, pace)
+
+    def _note_stall(self) -> None:
+        """Say, every `note_every` s, when pacing has let nothing start for that long (a
+        moment of it is normal: with a limit of 0, between a batch and its weights)."""
+        inputs = self.pace_inputs
+        reason = None
+        if inputs is not None and self.config.pace_staleness:
+            reason = stalled(inputs, self.version_now())
+        now = time.monotonic()
+        if reason is None:
+            self.stalled_since = None
+            return
+        if self.stalled_since is None:
+            self.stalled_since = now
+        elif min(now - self.stalled_since, now - self.stall_noted) >= self.note_every:
+            self.stall_noted = now
+            log.warning("staleness pacing: %s", reason)
 
     def _delivered(self, groups: list[dict[str, Any]]) -> None:
         """The sender is done with `groups`: pacing no longer counts them in flight."""
@@ -508,6 +527,7 @@ class ServeRunner:
         self._note_published(status)
         self.pace_inputs = PaceInputs.of(status)
         self.pacer.refresh()
+        self._note_stall()
         old, new = env.curr_step, int(status.get("current_step", env.curr_step))
         weight = status.get("env_weight")
         if weight is not None and env._server is not None:  # the share of inference capacity
