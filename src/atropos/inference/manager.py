@@ -472,6 +472,39 @@ class ServerManager:
         index = self.homes.get(key) if self._sticky else None
         return None if index is None else self._pool.slots[index]
 
+    async def _take(
+        self,
+        split: Split,
+        deadline: float,
+        pin: PinnedServer | None,
+        key: str | None,
+        tried: set[int],
+        only: frozenset[int],
+    ) -> tuple[ServerSlot, bool]:
+        """The server of one attempt, and whether a unit of budget was taken on it: a dedicated
+        pin's own server (its unit is already held), else the session's home (`routing`) or
+        the least-loaded server, which becomes the session's home."""
+        if pin is not None and pin.held is not None:
+            return pin.slot, False
+        home = self._home(key) if key is not None else None
+        if home is not None and home.index in tried:
+            home = None
+        sticky = key is not None and self._sticky
+        slot = await self._pool.acquire(
+            split,
+            deadline,
+            prefer=home,
+            avoid=tried,
+            only=only,
+            ratio=self._ratio if home is not None else math.inf,
+            spread=self.homes.per_server if sticky else None,
+        )
+        if pin is not None:
+            pin.slot = slot
+        if key is not None and sticky:
+            self.homes.set(key, slot.index)
+        return slot, True
+
     async def _call(
         self,
         method: str,
@@ -491,32 +524,11 @@ class ServerManager:
         while True:
             attempt += 1
             wait = 0.0
-            if pin is not None and pin.held is not None:
-                slot, owned = pin.slot, False  # a dedicated server: its unit is already held
-            else:
-                home = self._home(key) if key is not None else None
-                if home is not None and home.index in tried:
-                    home = None
-                slot = await pool.acquire(
-                    split,
-                    deadline,
-                    prefer=home,
-                    avoid=tried,
-                    only=only,
-                    ratio=self._ratio if home is not None else math.inf,
-                    spread=self.homes.per_server if key is not None and self._sticky else None,
-                )
-                owned = True
-                if pin is not None:
-                    pin.slot = slot
-                if key is not None and self._sticky:
-                    self.homes.set(key, slot.index)
+            slot, owned = await self._take(split, deadline, pin, key, tried, only)
             tried.add(slot.index)
             started = loop.time()
-            hint = None
-            if key is not None:
-                headers = hint_headers(slot.config.server_type, key)
-                hint = SESSION_HINT.set(headers) if headers else None
+            headers = hint_headers(slot.config.server_type, key) if key is not None else None
+            hint = SESSION_HINT.set(headers) if headers else None
             try:
                 call = self._invoke(slot, method, kwargs)
                 result = await within(deadline, call)
