@@ -5,7 +5,10 @@ evaluation requests (`num_requests_for_eval`), both scaled by the manager's weig
 takes one unit of its split's budget on the least-loaded healthy server (in-flight / capacity);
 when none has room it waits on that split's `asyncio.Condition` until a release or a health or
 weight change wakes it (no polling). Health is probed with the backend's cheap GET
-(`check_health`), by one task per server started lazily and cancelled by `aclose()`.
+(`check_health`), by one task per server started lazily and cancelled by `aclose()`. A session's
+call prefers its home server within a load ratio (`pick(prefer=, ratio=)`, `routing`); with
+adaptive concurrency the training budget is also capped by the server's `AdaptiveLimit`, moved
+by one more task per server (`concurrency.Pacer`).
 
 While no server a call may use is healthy, the call waits for one until those servers have all
 been unreachable for `server_wait` seconds in a row (an outage: counted from when the last of
