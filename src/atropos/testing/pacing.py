@@ -176,8 +176,10 @@ class ScriptedTrainer(threading.Thread):
                 c.post("/policy_version", json={"version": self.published}).raise_for_status()
 
 
-def run(scenario: Scenario, pace: bool, run_dir: Path) -> Outcome:
-    """One run of `scenario`, pacing on or off; see the module docstring."""
+def run(scenario: Scenario, pace: bool, run_dir: Path, server: str | None = None) -> Outcome:
+    """One run of `scenario`, pacing on or off; see the module docstring. `server`: the base
+    URL of a real vLLM-shaped server of the tiny policy ("atropos-tiny") to use instead of the
+    fake one (it reports no versions: groups are stamped with the published version)."""
     from atropos.testing.fake_server import FakeInferenceServer
 
     trainer: ScriptedTrainer | None = None
@@ -185,7 +187,7 @@ def run(scenario: Scenario, pace: bool, run_dir: Path) -> Outcome:
     with fake, serve_in_thread(create_app(ApiConfig(max_staleness=scenario.max_staleness))) as url:
         trainer = ScriptedTrainer(url, scenario.batch_size, scenario.train_seconds)
         trainer.start()
-        env, resolved = _env(scenario, pace, fake.base_url, url)
+        env, resolved = _env(scenario, pace, server or fake.base_url, url)
         runner = ServeRunner(env, resolved, run_dir)
         runner.status_interval = 0.05
         runner.drain_timeout = 5.0

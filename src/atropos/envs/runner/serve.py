@@ -5,8 +5,8 @@ deadline); read `/info`; load the newest checkpoint; then admit work. Admission 
 `cap` rollouts in flight, where `cap` follows the rules of atroposlib 0.4.0 (upstream):
 `max_num_workers`, less while an evaluation runs (`eval_handling`), and no more than the
 off-policy budget `max_batches_offpolicy * batch_size / group_size - queued groups` (raised to
-an env's `min_batch_allocation` floor), and, when the API runs with `--max-staleness N`, no
-more than keep every rollout in flight within N versions of the step that will train it
+an env's `min_batch_allocation` floor), and, when the API runs with `--max-staleness N`, only
+as many as keep every rollout in flight within N versions of the step that will train it
 (`pacing`: long rollouts are waited for, not discarded). When the cap drops, admission pauses;
 rollouts already running finish and are sent (upstream cancelled them and threw the work away).
 
