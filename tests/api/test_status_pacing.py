@@ -2,7 +2,7 @@
 
 Over real HTTP: without the flag the answer is upstream's shape (atroposlib 0.4.0 clients read
 the same keys as before); with it the answer adds `max_staleness`, `batch_size`,
-`queued_sequences` (waiting to be batched, every env's) and, once the API dropped some of the
+`waiting_sequences` (waiting to be batched, every env's) and, once the API dropped some of the
 env's groups, `api_dropped` by reason, which `/stats` and `/metrics` count too.
 """
 
@@ -26,7 +26,7 @@ UPSTREAM_KEYS = {
     "max_group_size",
     "env_weight",
 }
-PACING_KEYS = {"max_staleness", "batch_size", "queued_sequences"}
+PACING_KEYS = {"max_staleness", "batch_size", "waiting_sequences"}
 
 
 @contextmanager
@@ -65,15 +65,15 @@ def test_with_max_staleness_the_answer_says_what_pacing_needs():
         a, b = start(c, batch_size=4)
         got = status(c, a)
         assert set(got) == UPSTREAM_KEYS | PACING_KEYS
-        assert (got["max_staleness"], got["batch_size"], got["queued_sequences"]) == (2, 4, 0)
+        assert (got["max_staleness"], got["batch_size"], got["waiting_sequences"]) == (2, 4, 0)
         for env_id in (a, b, b):
             c.post("/scored_data", json=group_json(2, env_id=env_id, policy_version=0))
-        assert status(c, a)["queued_sequences"] == 6  # every env's waiting sequences
+        assert status(c, a)["waiting_sequences"] == 6  # every env's waiting sequences
         leased = c.get("/batch", params={"lease": 60}).json()
         assert len(leased["batch"]) == 2
         got = status(c, a)
         # a leased batch is counted in the step, not in the queue
-        assert (got["current_step"], got["queued_sequences"]) == (1, 2)
+        assert (got["current_step"], got["waiting_sequences"]) == (1, 2)
         assert got["queue_size"] == 1 and got["self_queue_size"] == 0  # upstream's, unchanged
 
 

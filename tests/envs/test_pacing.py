@@ -75,7 +75,7 @@ def test_the_pacer_counts_a_rollout_at_the_oldest_version_reported():
     assert pacer.oldest() == 4
     pacer.refresh()  # at the next status poll
     assert pacer.oldest() == 3
-    inputs = PaceInputs(max_staleness=0, step=4, batch_size=8, queued_sequences=0)
+    inputs = PaceInputs(max_staleness=0, step=4, batch_size=8, waiting_sequences=0)
     assert pacer.limit(inputs, 4, 0, 4) == 0  # v3 at step 4 is already 1 behind: no room
     pacer.finish(flight)
     assert pacer.oldest() is None and pacer.limit(inputs, 4, 0, 4) == 2  # a batch of room
@@ -84,7 +84,7 @@ def test_the_pacer_counts_a_rollout_at_the_oldest_version_reported():
 def test_pacing_reads_only_an_api_that_announces_a_limit():
     upstream = {"current_step": 3, "queue_size": 0, "max_group_size": 2, "env_weight": 1.0}
     assert PaceInputs.of(upstream) is None
-    ours = {**upstream, "max_staleness": 2, "batch_size": 8, "queued_sequences": 6}
+    ours = {**upstream, "max_staleness": 2, "batch_size": 8, "waiting_sequences": 6}
     assert PaceInputs.of(ours) == PaceInputs(2, 3, 8, 6)
     assert PaceInputs.of({**ours, "max_staleness": True}) is None
 

@@ -604,7 +604,7 @@ class Hub:
         extra: dict[str, Any] = {
             "max_staleness": limit,
             "batch_size": self.batch_size,
-            "queued_sequences": sum(n for n in waiting.values() if n > 0),
+            "waiting_sequences": sum(n for n in waiting.values() if n > 0),
         }
         counters = self.counters.get(env_id)
         if counters is not None and counters.drops:

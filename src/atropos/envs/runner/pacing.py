@@ -5,7 +5,7 @@ version is more than N behind the step (`Hub._drop_stale`): the discard rule. Di
 hardest on long rollouts: short ones started later finish first, fill the queue, the trainer
 steps past, and the long one arrives too old, so the hard tasks are the ones never trained.
 Pacing keeps them: the API's `/status-env` answer carries `max_staleness`, `batch_size` and
-`queued_sequences` (with `--max-staleness` only), and the runner admits a new rollout only
+`waiting_sequences` (with `--max-staleness` only), and the runner admits a new rollout only
 while every rollout in flight stays within N.
 
 The bound. The step S counts batches handed out and a batch takes the oldest waiting groups,
@@ -69,12 +69,12 @@ class PaceInputs:
     max_staleness: int
     step: int
     batch_size: int
-    queued_sequences: int
+    waiting_sequences: int
 
     @classmethod
     def of(cls, status: Mapping[str, Any]) -> PaceInputs | None:
         """The figures in `status`, or None when the API announces no staleness limit."""
-        names = ("max_staleness", "current_step", "batch_size", "queued_sequences")
+        names = ("max_staleness", "current_step", "batch_size", "waiting_sequences")
         values = [status.get(name) for name in names]
         numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
         if len(numbers) != len(names):
@@ -87,7 +87,7 @@ def max_in_flight(inputs: PaceInputs, oldest: int, queued: int, group_size: int)
     """How many rollouts (of `group_size` sequences) may be in flight so that the one at
     version `oldest` is batched within `max_staleness` of it, behind `queued` sequences.
 
-    >>> at = PaceInputs(max_staleness=0, step=5, batch_size=8, queued_sequences=0)
+    >>> at = PaceInputs(max_staleness=0, step=5, batch_size=8, waiting_sequences=0)
     >>> max_in_flight(at, 5, 0, 4), max_in_flight(at, 5, 4, 4), max_in_flight(at, 4, 0, 4)
     (2, 1, 0)
     >>> max_in_flight(PaceInputs(2, 5, 8, 0), 4, 4, 4)  # two batches of room, one group ahead

@@ -321,7 +321,7 @@ class ServeRunner:
             return None
         g = self.config.group_size
         unseen = self.submitted - self.submitted_at_poll + self.pending_at_poll
-        queued = inputs.queued_sequences + unseen * g
+        queued = inputs.waiting_sequences + unseen * g
         return self.pacer.limit(inputs, self.version_now(), queued, g)
 
     def _capacity(self) -> int:
