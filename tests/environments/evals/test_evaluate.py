@@ -325,3 +325,35 @@ def test_evaluate_can_be_called_without_setup(tmp_path):
         env.server_configs[0].base_url = fake.base_url
         metrics = evaluate(env)
     assert (metrics["eval/num_problems"], metrics["eval/accuracy"]) == (2, 0.0)
+
+
+def _judge_fails(problem_id: str) -> bool:
+    return int(problem_id.rsplit("-", 1)[-1]) % 3 == 0  # gsm8k-0, gsm8k-3, ...
+
+
+class _FlakyJudgeGSM8K(GSM8KEval):
+    """GSM8K graded as if by a judge that cannot answer for every third problem."""
+
+    async def grade_samples(self, problem: Any, samples: list[Any]) -> list[Any]:
+        from atropos.envs.judge import JudgeFailed
+
+        if _judge_fails(problem.id):
+            raise JudgeFailed("timeout", "judge: no answer within 5 s")
+        return await super().grade_samples(problem, samples)
+
+
+def test_a_judge_that_cannot_answer_leaves_the_problem_out_counted(tmp_path):
+    found = problems(GSM8KEval)
+    find = finder(found)
+    failing = {p.id for p in found if _judge_fails(p.id)}
+    assert 0 < len(failing) < len(found)
+
+    def responder(text: str) -> str:
+        return THINK + f"The answer is \\boxed{{{find(text)[1].gold}}}."
+
+    metrics, samples, _ = run_eval(_FlakyJudgeGSM8K, responder, tmp_path)
+    assert metrics["eval/num_failed"] == len(failing)
+    assert metrics["eval/failed/judge_timeout"] == len(failing)
+    assert metrics["eval/num_problems"] == len(found) - len(failing)
+    assert metrics["eval/accuracy"] == 1.0  # the ungraded ones are not counted wrong
+    assert not {s["id"] for s in samples} & failing

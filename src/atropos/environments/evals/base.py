@@ -37,7 +37,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from pydantic import Field, field_validator, model_validator
 from typing_extensions import TypeVar
@@ -46,6 +46,7 @@ from atropos.environments.common.completions import boxed_contents
 from atropos.environments.common.data_loading import data_path, load_hub, read_jsonl
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.judge import JudgeFailed
 from atropos.envs.types import Item, Message
 from atropos.inference.config import APIServerConfig, local_server_config
 from atropos.rewards.math import after_think
@@ -334,10 +335,15 @@ class EvalEnv(BaseEnv[EvalConfigT]):
 
     async def _run(
         self, problem: Problem, gate: asyncio.Semaphore
-    ) -> tuple[list[Sample], list[Graded]]:
+    ) -> tuple[list[Sample], list[Graded] | JudgeFailed]:
+        """A problem's samples and grades; a judge that cannot answer leaves the problem
+        ungraded (its `JudgeFailed`), never graded wrong."""
         async with gate:  # at most max_eval_workers problems asking a server at once
             samples = await self.sample(problem)
-            return samples, await self.grade_samples(problem, samples)
+            try:
+                return samples, await self.grade_samples(problem, samples)
+            except JudgeFailed as failed:
+                return samples, failed
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Sample, grade and log every problem; returns the metrics.
@@ -349,9 +355,22 @@ class EvalEnv(BaseEnv[EvalConfigT]):
         start = time.time()
         gate = asyncio.Semaphore(s.max_eval_workers)
         runs = await asyncio.gather(*(self._run(p, gate) for p in problems))
-        replies = [samples for samples, _ in runs]
-        graded = [row for _, row in runs]
+        failed = [row for _, row in runs if isinstance(row, JudgeFailed)]
+        if failed and len(failed) == len(runs):
+            raise failed[-1]  # no problem could be graded: the judge is down, say so once
+        kept = [
+            (p, run)
+            for p, run in zip(problems, runs, strict=True)
+            if not isinstance(run[1], JudgeFailed)
+        ]
+        problems = [p for p, _ in kept]
+        replies = [samples for _, (samples, _) in kept]
+        graded = [cast(list[Graded], row) for _, (_, row) in kept]
         metrics = self.eval_metrics(problems, replies, graded)
+        if failed:  # counted where they happened, so the exact metrics of a clean run stay
+            metrics["eval/num_failed"] = len(failed)
+        for reason in sorted({f.reason for f in failed}):
+            metrics[f"eval/failed/judge_{reason}"] = sum(f.reason == reason for f in failed)
         params = {
             "temperature": s.eval_temperature,
             "max_new_tokens": s.eval_max_tokens or s.max_token_length,
