@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atropos.envs.budget import Rate
+from atropos.http import Rules, server_app
 from atropos.testing.serve import serve_in_thread
 
 MODES = ("ok", "500", "429", "400", "hang", "malformed")
@@ -56,13 +56,12 @@ class FakeJudge:
         self._stopping = False
         self._stack = ExitStack()
         self.base_url = ""
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/health", self._health),
-                Route("/v1/models", self._models),
-            ]
-        )
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/health", self._health),
+            Route("/v1/models", self._models),
+        ]
+        self.app = server_app(routes, Rules.loopback(open_paths=("/health",)))
 
     @property
     def mode(self) -> str:
