@@ -1,6 +1,7 @@
 """Helpers of the harness tests: a scripted policy (`Script`: the fake inference server answers
 step by step in the tiny template's tool-call format, which the proxy turns into each harness's
-dialect), `make_env` and `collect` (one group of a `HarnessEnv`), `trained_tokens`."""
+dialect), `make_env` and `collect` (one group of a `HarnessEnv`), `trained_tokens`; the
+greet.py task (`greet_task`) and `collect_harness` that the real harnesses' tests share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos.harnesses.env import HarnessEnv
+from atropos.harnesses.tasks import load_tasks
 from atropos.inference.config import APIServerConfig
 from atropos.testing import FakeInferenceServer
 
@@ -72,3 +74,45 @@ def collect(env: HarnessEnv) -> tuple[Any, list[Any]]:
 def trained_tokens(group: dict[str, Any]) -> int:
     """Tokens the group trains on (unmasked), over all its rows."""
     return sum(1 for masks in group["masks"] for m in masks if m != -100)
+
+
+def greet_task(tmp_path: Path, marker: str) -> str:
+    """A JSONL of one task: make greet.py print goodbye (the test checks it); `marker` in the
+    instruction lets a scripted policy tell tasks apart."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "greet.py").write_text("print('hello')\n")
+    task = {
+        "id": marker,
+        "instruction": f"Make greet.py print goodbye instead of hello. {marker}",
+        "snapshot": "repo",
+        "test": 'test "$(python3 greet.py)" = goodbye',
+    }
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(task) + "\n")
+    return str(path)
+
+
+def collect_harness(harness: str, url: str, source: str, **config: Any) -> tuple[Any, HarnessEnv]:
+    """One group of `harness` on the only task of `source` against the server at `url`:
+    ((group, backlog), the env)."""
+    settings = {
+        "harness": harness,
+        "tasks": source,
+        "group_size": 2,
+        "tokenizer_name": "tiny",
+        "agent_timeout": 60.0,
+        **config,
+    }
+    server = APIServerConfig(base_url=url, server_type="vllm", model_name="atropos-tiny")
+    env = HarnessEnv(HarnessEnv.env_config_cls(**settings), [server])
+
+    async def main() -> Any:
+        await env.setup()
+        try:
+            [task] = load_tasks(source)
+            return await env.collect_trajectories(task)
+        finally:
+            await env.aclose()
+
+    return asyncio.run(main()), env

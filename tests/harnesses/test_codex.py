@@ -7,7 +7,6 @@ returned; a hanging command is a failed rollout (timeout), not a score."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import re
@@ -20,10 +19,10 @@ import pytest
 from atropos.harnesses.base import HarnessCall
 from atropos.harnesses.codex import Codex, config_toml, read_events
 from atropos.harnesses.env import HarnessEnv
-from atropos.harnesses.tasks import load_tasks
-from atropos.inference.config import APIServerConfig
 from atropos.sandbox import ExecResult
 from atropos.testing import FakeInferenceServer
+
+from .helpers import collect_harness, greet_task
 
 PATCH = (
     "*** Begin Patch\n*** Update File: greet.py\n-print('hello')\n+print('{word}')\n*** End Patch"
@@ -62,41 +61,11 @@ def nothing_left(sandbox_root: Path) -> Iterator[None]:
 
 
 def tasks(tmp_path: Path, marker: str) -> str:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "greet.py").write_text("print('hello')\n")
-    task = {
-        "id": marker,
-        "instruction": f"Make greet.py print goodbye instead of hello. {marker}",
-        "snapshot": "repo",
-        "test": 'test "$(python3 greet.py)" = goodbye',
-    }
-    path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps(task) + "\n")
-    return str(path)
+    return greet_task(tmp_path, marker)
 
 
 def collect(url: str, source: str, **config: Any) -> tuple[Any, HarnessEnv]:
-    settings = {
-        "harness": "codex",
-        "tasks": source,
-        "group_size": 2,
-        "tokenizer_name": "tiny",
-        "agent_timeout": 60.0,
-        **config,
-    }
-    server = APIServerConfig(base_url=url, server_type="vllm", model_name="atropos-tiny")
-    env = HarnessEnv(HarnessEnv.env_config_cls(**settings), [server])
-
-    async def main() -> Any:
-        await env.setup()
-        try:
-            [task] = load_tasks(source)
-            return await env.collect_trajectories(task)
-        finally:
-            await env.aclose()
-
-    return asyncio.run(main()), env
+    return collect_harness("codex", url, source, **config)
 
 
 def test_codex_patches_the_file_and_the_test_scores_it(fake: Any, tmp_path: Path) -> None:
