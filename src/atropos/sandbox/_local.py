@@ -15,11 +15,11 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from atropos.sandbox import _host
 from atropos.sandbox.relay import Relay
 from atropos.sandbox.spec import (
+    ClosesOnExit,
     ExecResult,
     SandboxError,
     SandboxSpec,
@@ -32,7 +32,7 @@ _ids = itertools.count()
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 
 
-class LocalSandbox:
+class LocalSandbox(ClosesOnExit):
     """A sandbox of a local provider; `start()` makes it, `close()` undoes everything."""
 
     provider = "local"
@@ -212,17 +212,6 @@ class LocalSandbox:
         if self.relay is not None:
             self.relay.close()
         _host.release(self.root, self.uid, self.folder)
-
-    async def __aenter__(self) -> LocalSandbox:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.folder.name} uid={self.uid} {self.work}>"

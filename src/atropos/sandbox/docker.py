@@ -52,7 +52,6 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from atropos.images import ImageMissing
@@ -61,6 +60,7 @@ from atropos.sandbox._engine import Engine, EngineError, Output, demux, engine_s
 from atropos.sandbox._local import BASE_ENV
 from atropos.sandbox.relay import Relay
 from atropos.sandbox.spec import (
+    ClosesOnExit,
     ExecResult,
     SandboxError,
     SandboxSpec,
@@ -77,7 +77,7 @@ _ids = itertools.count()
 _swept: set[str] = set()
 
 
-class DockerSandbox:
+class DockerSandbox(ClosesOnExit):
     """A sandbox in a container of its own; `start()` makes it, `close()` removes it."""
 
     provider = "docker"
@@ -417,17 +417,6 @@ class DockerSandbox:
                 {"force": "true", "v": "true"},
                 ok=(204, 404),
             )
-
-    async def __aenter__(self) -> DockerSandbox:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"<DockerSandbox {self.name} {self.spec.image}>"

@@ -11,6 +11,8 @@ from types import TracebackType
 from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from typing_extensions import Self
+
 NetworkPolicy = Literal["none", "model-only"]
 Profile = Literal["locked", "task"]
 
@@ -223,3 +225,22 @@ class Sandbox(Protocol):
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class ClosesOnExit:
+    """`async with` for a provider's sandbox: entering gives the sandbox, leaving closes it
+    (one definition for every provider; the class implements `close()`)."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
