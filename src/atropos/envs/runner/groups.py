@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from atropos import wire
+from atropos.envs.outcome import count_groups, has_failed_row
 from atropos.envs.types import DROP_REASONS
 
 if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
@@ -78,6 +79,9 @@ def prepare(
     if len(tokens) != expected:
         drops["wrong_group_size"] += 1
         return None
+    if has_failed_row(group):  # a failed rollout never reaches the trainer (envs.outcome)
+        drops["failed_rollout"] += 1
+        return None
     scores = group.get("scores") or []
     if ensure_scores_differ and len(scores) > 1 and all(s == scores[0] for s in scores):
         drops["identical_scores"] += 1
@@ -110,16 +114,21 @@ async def ready_groups(
     policy_version: int | None,
     env_id: int | None,
     teacher: Teacher | None = None,
+    outcomes: Counter[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The groups of one item's `result`, checked and stamped by `prepare` under the env's
     config, then given the teacher's logprobs (with a `teacher`): every group a runner sends or
     writes comes out of here.
 
     Every drop is counted in `drops`: the env's own (`dropped`), the checks' and the teacher's.
-    A teacher failure that will repeat for every group raises (`teacher.TeacherError`).
+    Every row the env returned is counted in `outcomes` by how it ended (`envs.outcome`), a
+    group with a `failed/...` row is dropped as `failed_rollout`. A teacher failure that will
+    repeat for every group raises (`teacher.TeacherError`).
     """
     cfg = env.config
     groups = as_groups(result)
+    if outcomes is not None:
+        count_groups(outcomes, groups)
     dropped.count(drops, groups)
     decode = (lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None
     ready = [

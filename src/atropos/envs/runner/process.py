@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atropos.envs.config import ResolvedConfig
+from atropos.envs.outcome import outcome_metrics
 from atropos.envs.runner.config_file import save_config
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
@@ -75,7 +76,8 @@ class ProcessRunner:
         self.target = cfg.total_steps
         self.drops: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
-        self.errors = FailureLog(self.failures)
+        self.outcomes: Counter[str] = Counter()  # rollouts by how they ended (envs.outcome)
+        self.errors = FailureLog(self.failures, outcomes=self.outcomes, rollouts=cfg.group_size)
         self.drop_report = DropReport()
         self.stopper = Stopper()
         self.scores: list[float] = []
@@ -272,6 +274,7 @@ class ProcessRunner:
                 policy_version=seen.lowest,
                 env_id=None,
                 teacher=self.teacher,
+                outcomes=self.outcomes,
             )
         except Exception as err:  # one bad item never ends the run, unless all will fail alike
             if self.errors.record(err):
@@ -294,6 +297,7 @@ class ProcessRunner:
             totals[f"train/dropped/{reason}"] = float(n)
         for kind, n in self.failures.items():
             totals[f"train/failed/{kind}"] = float(n)
+        totals.update(outcome_metrics(self.outcomes))
         if self.scores:
             totals["train/score_mean"] = statistics.fmean(self.scores)
         totals.update(completion_stats(self.lengths, self.env.config.max_token_length))
@@ -307,6 +311,7 @@ class ProcessRunner:
             "target": self.target,
             "dropped": dict(self.drops),
             "failed": dict(self.failures),
+            "outcomes": dict(self.outcomes),
             "seconds": time.time() - started,
             "score_mean": statistics.fmean(scores) if scores else None,
             "score_std": statistics.pstdev(scores) if len(scores) > 1 else None,

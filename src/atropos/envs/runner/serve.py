@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from atropos.envs.config import ResolvedConfig
+from atropos.envs.outcome import outcome_metrics
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
@@ -115,7 +116,8 @@ class ServeRunner:
         self.backlog: deque[Any] = deque()  # items to retry first, oldest first
         self.drops: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
-        self.errors = FailureLog(self.failures, "rollout")
+        self.outcomes: Counter[str] = Counter()  # rollouts by how they ended (envs.outcome)
+        self.errors = FailureLog(self.failures, "rollout", self.outcomes, self.config.group_size)
         self.drop_report = DropReport()
         self.stopping = asyncio.Event()
         self.stopper = Stopper(self.stopping)
@@ -409,9 +411,11 @@ class ServeRunner:
                 policy_version=flight.version if seen.lowest is None else seen.lowest,
                 env_id=env.env_id,
                 teacher=self.teacher,
+                outcomes=self.outcomes,
             )
         except asyncio.TimeoutError:
             self.failures["timeout"] += 1
+            self.outcomes["failed/timeout"] += cfg.group_size
             self.durations["failed"].append(time.monotonic() - started)
             log.warning("rollout timed out after %.0f s; dropped", cfg.worker_timeout)
             return
@@ -586,6 +590,7 @@ class ServeRunner:
             metrics[f"train/dropped/{reason}"] = float(dropped[reason])
         for kind in self.failures:
             metrics[f"train/failed/{kind}"] = float(failed[kind])
+        metrics.update(outcome_metrics(self.outcomes))  # totals since the env started
         metrics.update(self._pacing_metrics())
         if self.scores:
             metrics["train/score_mean"] = sum(self.scores) / len(self.scores)

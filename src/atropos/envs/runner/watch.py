@@ -1,6 +1,7 @@
 """What a runner says about failed and dropped items while it runs, without flooding its log.
 
-`FailureLog.record(err)` counts a failed item by exception type and tells a fatal error (one
+`FailureLog.record(err)` counts a failed item by exception type (and, given an outcome
+counter, its rollouts as `failed/<reason>`, `atropos.envs.outcome`) and tells a fatal error (one
 that will repeat for every item: `atropos.inference.errors.fatal_reason`) from a per-item one.
 A per-item error is logged once per distinct message, with its traceback the first time its
 type is seen; the same failure again is only counted (the counts are in the summary, in the
@@ -21,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from atropos.envs.outcome import count_failure
 from atropos.inference.errors import fatal_reason
 
 log = logging.getLogger("atropos.env")
@@ -31,9 +33,18 @@ class FailureLog:
 
     max_messages = 50  # distinct messages logged per run; later new ones are only counted
 
-    def __init__(self, counts: Counter[str], what: str = "item") -> None:
+    def __init__(
+        self,
+        counts: Counter[str],
+        what: str = "item",
+        outcomes: Counter[str] | None = None,
+        rollouts: int = 1,
+    ) -> None:
         self.counts = counts
         self.what = what
+        # with `outcomes`: each failed item's `rollouts` counted as `failed/<reason>`
+        self.outcomes = outcomes
+        self.rollouts = rollouts
         self.fatal: str | None = None  # the first fatal error's message
         self._types: set[str] = set()
         self._messages: set[str] = set()
@@ -43,6 +54,8 @@ class FailureLog:
         `judge_timeout`, else its type's name); True when it is fatal."""
         kind = kind or getattr(err, "failure_kind", None) or type(err).__name__
         self.counts[kind] += 1
+        if self.outcomes is not None:
+            count_failure(self.outcomes, err, self.rollouts)
         reason = fatal_reason(err)
         if reason is not None:
             if self.fatal is None:
