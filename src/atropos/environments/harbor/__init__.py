@@ -44,9 +44,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos.environments.harbor.compose import main_service
+from atropos.environments.harbor.compose import runnable_tasks
 from atropos.environments.harbor.image import ImageFailure, Images, TaskImages
-from atropos.environments.harbor.task import SHIPPED_TASKS, HarborTask, load_tasks
+from atropos.environments.harbor.task import SHIPPED_TASKS, HarborTask
 from atropos.environments.harbor.trial import Agent, Limits, TrialResult, run_trial
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.simple import Env, rollout_group
@@ -116,10 +116,7 @@ class Harbor(Env[HarborConfig]):
         return HarborHarness(config, *args, **kwargs)
 
     def load(self) -> Iterable[Item]:
-        tasks = load_tasks(self.config.tasks or SHIPPED_TASKS)
-        for task in tasks:
-            main_service(task, "check")  # a compose file we cannot run fails here, at once
-        return tasks
+        return runnable_tasks(self.config.tasks or SHIPPED_TASKS)
 
     async def setup(self) -> None:
         self._images = TaskImages()

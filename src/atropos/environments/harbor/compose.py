@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from atropos.environments.harbor.task import HarborTask, TaskError, expand
+from atropos.environments.harbor.task import HarborTask, TaskError, expand, load_tasks
 
 __all__ = ["MainService", "main_service"]
 
@@ -130,3 +130,12 @@ def _environment(value: Any, where: Path) -> dict[str, str]:
         pairs = [str(entry).partition("=") for entry in value]
         return {k: v for k, _, v in pairs}
     raise TaskError(f"{where}: services.main.environment must be a list or a mapping")
+
+
+def runnable_tasks(path: Path | str) -> list[HarborTask]:
+    """The tasks at `path` (`load_tasks`), each compose file checked: one we cannot run fails
+    here, at once, not at its first trial."""
+    tasks = load_tasks(path)
+    for task in tasks:
+        main_service(task, "check")
+    return tasks

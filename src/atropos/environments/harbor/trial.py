@@ -131,14 +131,10 @@ def sandbox_spec(
     if harness is not None:
         network = {"network": "model-only", "model_url": harness.proxy_url}
         network["mounts"] = dict(harness.run.installed.mounts)
-    return SandboxSpec(
-        image=image.name,
-        env={**CONTAINER_ENV, **image.environment, **task.env},
-        workdir=task.workdir or image.working_dir or "/",
-        cpus=task.cpus,
-        memory_bytes=task.memory_bytes or limits.memory_bytes,
-        disk_bytes=task.disk_bytes,
-        pids=limits.pids,
+    return _container_spec(
+        image,
+        _task_environment(task),
+        limits,
         ttl_seconds=agent + task.verifier_timeout + 4 * SETUP_TIMEOUT,
         output_bytes=max(limits.output_bytes, ARTIFACT_BYTES if separate else 0),
         **network,
@@ -148,9 +144,29 @@ def sandbox_spec(
 def verifier_spec(task: HarborTask, image: TaskImage, limits: Limits) -> SandboxSpec:
     """A separate verifier's sandbox: its image, and `[verifier.environment]`'s settings,
     else a copy of the task's `[environment]` (Harbor's default)."""
-    own = task.verifier_environment or VerifierEnvironment(
+    own = task.verifier_environment or _task_environment(task)
+    return _container_spec(
+        image,
+        own,
+        limits,
+        ttl_seconds=task.verifier_timeout + 4 * SETUP_TIMEOUT,
+        output_bytes=limits.output_bytes,
+        network="none",
+    )
+
+
+def _task_environment(task: HarborTask) -> VerifierEnvironment:
+    """The task's `[environment]` settings, in the shape a verifier's own take."""
+    return VerifierEnvironment(
         None, task.workdir, task.cpus, task.memory_bytes, task.disk_bytes, task.env
     )
+
+
+def _container_spec(
+    image: TaskImage, own: VerifierEnvironment, limits: Limits, **rest: Any
+) -> SandboxSpec:
+    """The sandbox of one container of a trial: `image` with the settings in `own` (the
+    task's `[environment]` or a verifier's own), the trial's `limits`, and `rest`."""
     return SandboxSpec(
         image=image.name,
         env={**CONTAINER_ENV, **image.environment, **own.env},
@@ -159,9 +175,7 @@ def verifier_spec(task: HarborTask, image: TaskImage, limits: Limits) -> Sandbox
         memory_bytes=own.memory_bytes or limits.memory_bytes,
         disk_bytes=own.disk_bytes,
         pids=limits.pids,
-        network="none",
-        ttl_seconds=task.verifier_timeout + 4 * SETUP_TIMEOUT,
-        output_bytes=limits.output_bytes,
+        **rest,
     )
 
 
