@@ -34,9 +34,11 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from atropos.inference.errors import InferenceError
+
+G = TypeVar("G", bound=Any)
 
 
 class Outcome(str, Enum):
@@ -225,3 +227,21 @@ def outcome_metrics(
 ) -> dict[str, float]:
     """`outcomes` as metrics (`train/outcomes/scored`, `train/outcomes/failed/judge_timeout`)."""
     return {f"{prefix}{key}": float(n) for key, n in outcomes.items()}
+
+
+def with_outcomes(group: G, entries: list[dict[str, Any]]) -> G:
+    """`group` with each row's outcome entry (`truncated(...)`, `invalid(...)`, `{}` for a
+    scored row) merged into its `overrides`; left as it is when every row is scored.
+
+    >>> g = with_outcomes({"tokens": [[1], [2]]}, [{}, truncated("turns", "mask")])
+    >>> g["overrides"]
+    [{}, {'outcome': 'truncated/turns', 'set_advantage_to_zero': True}]
+    """
+    if not any(entries):
+        return group
+    rows = len(group.get("tokens") or [])  # a dict or a `ScoredDataGroup`
+    if len(entries) != rows:
+        raise ValueError(f"{len(entries)} outcome entries for a group of {rows} rows")
+    old = group.get("overrides") or [{} for _ in range(rows)]
+    group["overrides"] = [{**(o or {}), **e} for o, e in zip(old, entries, strict=True)]
+    return group

@@ -38,7 +38,10 @@ WEB_APIS: dict[str, str] = {  # api -> its default search URL
 
 
 class WebSearchError(RuntimeError):
-    """The search API could not answer (after retries where retrying made sense)."""
+    """The search API could not answer (after retries where retrying made sense): the
+    rollout is `failed/web_search` (`atropos.envs.outcome`)."""
+
+    failure_kind = "web_search"
 
 
 def web_document(result: dict[str, Any]) -> tuple[Document, str] | None:

@@ -7,7 +7,11 @@ last reply are run against the MCP servers (`ToolServers`), their results append
 turns (prompt tokens: masked, logprob 1.0) and the next reply sampled and trained with the
 server's logprobs. An episode ends at a reply without calls (its final answer), after
 `max_turns` replies, at a reply cut by the token limit, or when the next turn would not fit
-in `max_token_length`.
+in `max_token_length`; or at a limit of its `RolloutLimits` (`max_turns`, `max_tool_calls`,
+`max_seconds`). How each ended is its outcome (`atropos.envs.outcome`): a limit, a reply cut
+by its token limit or a full budget make it `truncated/<limit>` (scored as it stands, or masked
+under `--env.truncated mask`); a tool server that stops answering fails the group
+(`failed/tool_server`), never scores it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,6 +42,7 @@ from atropos.environments.mcp_tools.tasks import (
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
 from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.outcome import RolloutLimits, truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import DriftKind, SequenceNode
@@ -70,8 +76,10 @@ class Episode:
             an unreadable block, a call past `max_calls_per_turn`).
         turns: replies given.
         forks: later turns whose prompt did not extend the held tokens (`DriftKind.FORK`).
-        ended: "answer", "max_turns", "length" (a reply cut by its token limit) or "budget"
-            (the next turn would not fit); None while it runs.
+        ended: "answer", "max_turns", "max_tool_calls", "max_seconds", "length" (a reply
+            cut by its token limit) or "budget" (the next turn would not fit); None while it
+            runs.
+        started: when it started (`time.monotonic()`), for `max_seconds`.
     """
 
     messages: list[dict[str, Any]]
@@ -82,11 +90,26 @@ class Episode:
     turns: int = 1
     forks: int = 0
     ended: str | None = None
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def final(self) -> str | None:
         """The final answer's reply (None unless the episode ended with one)."""
         return str(self.messages[-1]["content"]) if self.ended == "answer" else None
+
+    @property
+    def limit(self) -> str | None:
+        """The limit that cut the episode (`outcome.LIMITS`), None when it answered."""
+        return _LIMIT_OF.get(self.ended or "")
+
+
+_LIMIT_OF = {
+    "max_turns": "turns",
+    "max_tool_calls": "tool_calls",
+    "max_seconds": "seconds",
+    "length": "tokens",
+    "budget": "tokens",
+}
 
 
 class MCPTools(BaseEnv[MCPToolsConfig]):
@@ -177,6 +200,14 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 
     # ----- rollouts -----------------------------------------------------------------------------
 
+    @property
+    def limits(self) -> RolloutLimits:
+        """An episode's bounds from the config (the token bound is `max_token_length`)."""
+        s = self.config
+        return RolloutLimits(
+            max_turns=s.max_turns, max_tool_calls=s.max_tool_calls, max_seconds=s.max_seconds
+        )
+
     def _room(self, tokenizer: Any, messages: list[dict[str, Any]]) -> int:
         """Tokens left for the next reply after `messages` (rendered with the tools)."""
         return reply_room(tokenizer, messages, self.config.max_token_length, tools=self.tools)
@@ -222,15 +253,17 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
 
     async def _go_on(self, session: Any, ep: Episode, sampling: dict[str, Any]) -> None:
         """Run the calls of each reply and sample the next, until the episode ends."""
-        s = self.config
+        s, limits = self.config, self.limits
         while ep.ended is None:
             parsed = parse_text(str(ep.messages[-1]["content"]))
+            used = {"turns": ep.turns, "tool_calls": len(ep.calls)}
+            limit = limits.exceeded(**used, seconds=time.monotonic() - ep.started)
             if ep.finish == "length":
                 ep.ended = "length"
             elif not parsed.calls and not parsed.malformed:
                 ep.ended = "answer"
-            elif ep.turns >= s.max_turns:
-                ep.ended = "max_turns"
+            elif limit is not None:
+                ep.ended = f"max_{limit}"
             else:
                 messages = [*ep.messages, *await self._tool_turns(parsed, ep)]
                 room = self._room(session.tokenizer, messages)
@@ -308,7 +341,9 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
             return None, []
         scores = [self.score(task, ep) for ep in episodes]
         self._record(task, episodes, scores)  # all-equal groups: the runner's rule drops them
-        return _group(episodes, scores), []
+        rule = self.config.truncated
+        entries = [truncated(ep.limit, rule) if ep.limit else {} for ep in episodes]
+        return with_outcomes(_group(episodes, scores), entries), []
 
     # ----- evaluation ---------------------------------------------------------------------------
 

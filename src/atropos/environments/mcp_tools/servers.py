@@ -70,7 +70,10 @@ _HTTP_HINTS = {  # what to check after an HTTP error status at the handshake
 
 
 class ToolServerError(RuntimeError):
-    """An MCP server stopped answering: an infrastructure failure, not the policy's."""
+    """An MCP server stopped answering: an infrastructure failure, not the policy's (the
+    rollout is `failed/tool_server`, `atropos.envs.outcome`)."""
+
+    failure_kind = "tool_server"
 
 
 @dataclass(frozen=True)
