@@ -124,6 +124,22 @@ class ServerGauge(msgspec.Struct, omit_defaults=True):
     kv_usage: float | None = None
 
 
+class LatencySummary(msgspec.Struct, omit_defaults=True):
+    """One latency stage of an env (extension; `atropos.inference.latency`): `count` and `sum`
+    (seconds) since the env started, the quantiles and the max over its recent window (None:
+    nothing in the window)."""
+
+    count: Annotated[int, Meta(ge=0)]
+    sum: Annotated[float, Meta(ge=0)]
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+LatencyName = Annotated[str, Meta(min_length=1, max_length=32)]
+
+
 class EnvStatusRequest(EnvIdentifier):
     """`GET` or `POST /status-env`: the env id and (extension) the env's own counts.
 
@@ -131,15 +147,21 @@ class EnvStatusRequest(EnvIdentifier):
     the API); `failed` maps a kind to the rollouts that failed with it. Both are cumulative since
     the env started: the API keeps the latest of each per env and shows it in `/stats`. Old
     clients send neither and upstream's API ignores both. `servers` (extension) describes the
-    env's inference servers now (`ServerGauge`); the API keeps the latest per env.
+    env's inference servers now (`ServerGauge`); the API keeps the latest per env. `latency`
+    (extension) summarises the env's stages (`LatencySummary`: rollout, server, queue_wait,
+    scoring, ttft) and `paced_seconds` counts the seconds its admission was paced, since it
+    started; the API keeps the latest of each per env.
 
-    >>> decode(b'{"env_id": 0, "dropped": {"identical_scores": 3}}', EnvStatusRequest)
-    EnvStatusRequest(env_id=0, dropped={'identical_scores': 3}, failed=None, servers=None)
+    >>> got = decode(b'{"env_id": 0, "dropped": {"identical_scores": 3}}', EnvStatusRequest)
+    >>> got.dropped, got.failed, got.servers, got.latency, got.paced_seconds
+    ({'identical_scores': 3}, None, None, None, None)
     """
 
     dropped: ReportCounts | None = None
     failed: ReportCounts | None = None
     servers: Annotated[list[ServerGauge], Meta(max_length=REPORT_MAX_SERVERS)] | None = None
+    latency: Annotated[dict[LatencyName, LatencySummary], Meta(max_length=16)] | None = None
+    paced_seconds: Annotated[float, Meta(ge=0)] | None = None
 
 
 class BatchAck(msgspec.Struct):

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from atropos import wire
 from atropos.api import dashboard, stats
-from atropos.api.hub import Hub, HubConfig
+from atropos.api.hub import EnvLatency, Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
 from atropos.http import Rules, Site, api_error, body, decode, server_app
@@ -288,6 +288,10 @@ class Api:
             self.hub.report(env_id, report.dropped, report.failed)
             if report.servers is not None:
                 self.hub.report_servers(env_id, report.servers)
+            if report.latency is not None or report.paced_seconds is not None:
+                self.hub.report_latency(
+                    env_id, EnvLatency(report.latency or {}, report.paced_seconds)
+                )
         return await self._json(request, answer)
 
     async def reset_data(self, request: Request) -> Response:

@@ -78,6 +78,15 @@ class EnvReport:
 
 
 @dataclass
+class EnvLatency:
+    """An env's latest latency report: its stages (`wire.LatencySummary` by stage name) and
+    the seconds its admission was paced, since it started (None: not sent)."""
+
+    stages: dict[str, wire.LatencySummary]
+    paced_seconds: float | None
+
+
+@dataclass
 class Served:
     """A batch ready to send."""
 
@@ -121,6 +130,7 @@ class Hub:
         self.counters: dict[int | None, EnvCounters] = {}
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
         self.env_servers: dict[int, list[ServerGauge]] = {}  # its inference servers, latest
+        self.env_latency: dict[int, EnvLatency] = {}  # its latency stages, latest
         # what earlier processes (or connections) of each env reported, kept for the run
         self.env_banked: dict[int, EnvReport] = {}
         # registrations of each env since this process started (a launcher's readiness gate
@@ -445,6 +455,10 @@ class Hub:
         """Keep an env's latest view of its inference servers (`wire.ServerGauge`)."""
         self.env_servers[env_id] = list(servers)
 
+    def report_latency(self, env_id: int, report: EnvLatency) -> None:
+        """Keep an env's latest latency summaries and paced seconds (`wire.LatencySummary`)."""
+        self.env_latency[env_id] = report
+
     # ----- data ------------------------------------------------------------------------------
 
     def ingest(self, groups: list[Group]) -> list[str]:
@@ -633,6 +647,7 @@ class Hub:
         self.env_reports.clear()
         self.env_banked.clear()
         self.env_servers.clear()
+        self.env_latency.clear()
         self.recent.clear()
         self.recent_bytes = 0
         self._load()

@@ -78,6 +78,7 @@ def stats(hub: Hub) -> dict[str, Any]:
                 msgspec.structs.asdict(s)
                 for s in hub.env_servers.get(env_id, [])  # type: ignore[arg-type]
             ],
+            **_latency(hub, env_id),
         }
         if env_id is not None and env_id < len(hub.envs):
             record = hub.envs[env_id]
@@ -121,6 +122,16 @@ def stats(hub: Hub) -> dict[str, Any]:
         },
         "envs": envs,
     }
+
+
+def _latency(hub: Hub, env_id: int | None) -> dict[str, Any]:
+    """An env's `latency` (seconds, by stage: count and sum since it started, p50/p95/p99 and
+    max over its recent window) and `paced_seconds`, from its last report."""
+    report = hub.env_latency.get(env_id) if env_id is not None else None
+    if report is None:
+        return {"latency": {}, "paced_seconds": None}
+    stages = {name: msgspec.structs.asdict(s) for name, s in report.stages.items()}
+    return {"latency": stages, "paced_seconds": report.paced_seconds}
 
 
 def _label(value: str) -> str:
@@ -190,6 +201,7 @@ def prometheus(hub: Hub) -> str:
         if at is not None:
             lines.append(f'atropos_env_report_timestamp_seconds{{env="{env}"}} {at:.3f}')
     lines += _server_lines(doc)
+    lines += _latency_lines(doc)
     lat = doc["batch_latency_seconds"]
     lines.append("# TYPE atropos_batch_latency_seconds summary")
     for q in ("p50", "p99"):
@@ -222,6 +234,35 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
         ]
         if rows:
             lines += [f"# HELP {metric} {about}", f"# TYPE {metric} gauge", *rows]
+    return lines
+
+
+def _latency_lines(doc: dict[str, Any]) -> list[str]:
+    """`atropos_env_latency_seconds{env, stage}`: a summary per env and stage (quantiles over
+    the env's recent window, `_sum` and `_count` since it started), and the paced seconds."""
+    lines = [
+        "# HELP atropos_env_latency_seconds Env latency by stage (rollout, ttft, server,"
+        " queue_wait, scoring), as the env last reported.",
+        "# TYPE atropos_env_latency_seconds summary",
+    ]
+    for env, entry in doc["envs"].items():
+        for stage, s in entry["latency"].items():
+            labels = f'env="{env}",stage="{_label(stage)}"'
+            for name, q in (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99")):
+                if s.get(name) is not None:
+                    lines.append(
+                        f'atropos_env_latency_seconds{{{labels},quantile="{q}"}} {s[name]:.6g}'
+                    )
+            lines.append(f"atropos_env_latency_seconds_sum{{{labels}}} {s['sum']:.6f}")
+            lines.append(f"atropos_env_latency_seconds_count{{{labels}}} {s['count']}")
+    metric = "atropos_env_paced_seconds_total"
+    lines += [
+        f"# HELP {metric} Seconds the env's admission was paced (--max-staleness), as reported.",
+        f"# TYPE {metric} counter",
+    ]
+    for env, entry in doc["envs"].items():
+        if entry["paced_seconds"] is not None:
+            lines.append(f'{metric}{{env="{env}"}} {entry["paced_seconds"]:.3f}')
     return lines
 
 

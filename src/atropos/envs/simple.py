@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import time
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.evaluation import evaluate_each, report_rows
 from atropos.envs.types import Item, Message, ScoredDataGroup
+from atropos.inference.latency import note
 from atropos.rewards.group import all_equal
 
 T = TypeVar("T")
@@ -208,6 +210,7 @@ class Env(BaseEnv[ConfigT]):
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         messages = self.prompt(item)
         rollouts = await self.generate(messages, n=self.config.group_size)
+        scoring = time.perf_counter()
         if self.score_concurrently:
             scores = list(await asyncio.gather(*(self._score(item, r.text) for r in rollouts)))
         else:
@@ -216,6 +219,7 @@ class Env(BaseEnv[ConfigT]):
                 value = self.score(item, r.text)
                 scores.append(value if type(value) is float else await self._resolve(value))
         adjusted = self.score_group(item, rollouts, scores)
+        note("scoring", time.perf_counter() - scoring)  # the runner's latency stages
         if adjusted is None:
             return None, []
         scores = [float(s) for s in adjusted]

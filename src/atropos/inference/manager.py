@@ -40,6 +40,7 @@ from atropos.inference.base import (
 )
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
+from atropos.inference.latency import note_call
 from atropos.inference.openai import merge_completions
 from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
 from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnOnce
@@ -523,7 +524,7 @@ class ServerManager:
         key = pin.session if pin is not None else session
         while True:
             attempt += 1
-            wait = 0.0
+            wait, asked = 0.0, loop.time()
             slot, owned = await self._take(split, deadline, pin, key, tried, only)
             tried.add(slot.index)
             started = loop.time()
@@ -551,7 +552,9 @@ class ServerManager:
                     server=slot.config.base_url,
                 ) from None
             else:
-                slot.stats.record(split, loop.time() - started, attempt)
+                served = loop.time() - started
+                slot.stats.record(split, served, attempt)
+                note_call(split, started - asked, served)  # the env's latency stages
                 slot.answered = True
                 return result
             finally:

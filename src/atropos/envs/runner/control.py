@@ -4,7 +4,8 @@ One aiohttp session for the whole run (upstream opened a new one per status poll
 is sent as a GET with a JSON body, as upstream clients do, so our envs also work against
 upstream's `run-api`. Its body also carries the env's cumulative drop and failure counts,
 `{"env_id": N, "dropped": {"<reason>": n}, "failed": {"<kind>": n}}` (each left out when
-empty), for the API's dashboard; upstream's API ignores the extra fields.
+empty), with its servers, latency stages and paced seconds, for the API's dashboard; upstream's
+API ignores the extra fields.
 """
 
 from __future__ import annotations
@@ -114,9 +115,12 @@ class ControlClient:
         dropped: Mapping[str, int] | None = None,
         failed: Mapping[str, int] | None = None,
         servers: list[dict[str, Any]] | None = None,
+        latency: dict[str, dict[str, Any]] | None = None,
+        paced_seconds: float | None = None,
     ) -> dict[str, Any]:
-        """`/status-env`, sending the env's cumulative drop and failure counts (when any) and
-        its inference servers now (`ServerManager.server_report`, when it has any)."""
+        """`/status-env`, sending the env's cumulative drop and failure counts (when any), its
+        inference servers now (`ServerManager.server_report`, when it has any), its latency
+        stages (`Latencies.summaries`) and the seconds it was paced (when known)."""
         body: dict[str, Any] = {"env_id": env_id}
         if dropped:
             body["dropped"] = _report_counts(dropped)
@@ -124,6 +128,10 @@ class ControlClient:
             body["failed"] = _report_counts(failed)
         if servers:
             body["servers"] = servers
+        if latency:
+            body["latency"] = latency
+        if paced_seconds is not None:
+            body["paced_seconds"] = paced_seconds
         reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 

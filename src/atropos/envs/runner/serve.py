@@ -68,6 +68,7 @@ from atropos.envs.teacher import Teacher
 from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
+from atropos.inference.latency import Latencies
 from atropos.metrics import MetricsError, MetricsSink, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
 
@@ -143,6 +144,7 @@ class ServeRunner:
         self.durations: dict[str, list[float]] = {"succeeded": [], "failed": []}
         self.heap = FrozenHeap()
         self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
+        self.latency = Latencies()  # p50/p95/p99 by stage, sent with each status poll
         self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
         self.logged_paced = (0.0, 0)  # paced seconds and stretches at the last metrics record
         self.stalled_since: float | None = None  # since when pacing lets nothing start
@@ -208,7 +210,7 @@ class ServeRunner:
             await self.sender.start()
             poller = asyncio.create_task(self._poll_status())
             try:
-                with self.heap:
+                with self.heap, self.latency.bind():  # rollouts' tasks note their stages
                     await self._admit()
             finally:
                 poller.cancel()
@@ -425,6 +427,7 @@ class ServeRunner:
                 self._stop()
             return
         self.durations["succeeded"].append(time.monotonic() - started)
+        self.latency.record("rollout", self.durations["succeeded"][-1])
         for group in ready:
             if self.sink is not None:
                 self.sink.write(group)
@@ -475,8 +478,9 @@ class ServeRunner:
             self.drop_report.check(self.drops, self.failures, self.submitted)
             try:
                 status = await self.api.status(
-                    env_id, self.drops, self.failures, self._server_report()
-                )
+                    env_id, self.drops, self.failures, self._server_report(),
+                    self.latency.summaries(), self.pacer.paced_total()
+                )  # fmt: skip
             except ApiError as err:
                 now = time.monotonic()
                 if answered and "HTTP 404" in str(err):
