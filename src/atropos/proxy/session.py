@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from atropos.envs.outcome import RolloutLimits
 from atropos.inference.errors import InferenceError
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
@@ -53,8 +54,9 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Limits:
-    """What one session may use; a call past any of them is refused (400)."""
+class Limits(RolloutLimits):
+    """What one session may use (`atropos.envs.outcome.RolloutLimits`, with a session's
+    defaults); a call past any of them is refused (400)."""
 
     max_turns: int = 256  # model calls
     max_tokens: int = 262_144  # completion tokens, all calls together (a call that names its
@@ -267,14 +269,12 @@ class Session:
         """The `max_tokens` this call may have, or ProxyError naming the limit it would pass."""
         if self.finished:
             raise ProxyError(410, f"session {self.id} is finished: create a new one", "gone")
-        limits = self.limits
-        if self.turns >= limits.max_turns:
-            raise ProxyError(400, f"session {self.id} reached max_turns={limits.max_turns}")
-        if time.monotonic() - self.created > limits.max_seconds:
-            raise ProxyError(400, f"session {self.id} reached max_seconds={limits.max_seconds:g}")
+        limits, seconds = self.limits, time.monotonic() - self.created
+        hit = limits.exceeded(turns=self.turns, tokens=self.completion_tokens, seconds=seconds)
+        if hit is not None:
+            bound = getattr(limits, f"max_{hit}")
+            raise ProxyError(400, f"session {self.id} reached max_{hit}={bound:g}")
         left = self.tokens_left()
-        if left <= 0:
-            raise ProxyError(400, f"session {self.id} reached max_tokens={limits.max_tokens}")
         if request.max_tokens is None:  # the rest of the context: `_RestOfContext`
             return None
         return min(request.max_tokens, left)
