@@ -8,7 +8,7 @@ DEV := $(VENV)/.installed-dev
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
 .PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker \
-	bubblewrap harnesses
+	bubblewrap harnesses interop
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -125,7 +125,25 @@ endif
 harnesses: $(DEV)
 	$(PY) -m atropos.harnesses
 
-test: $(DEV) chromium slurm docker bubblewrap harnesses
+# The official packages of the environment protocols we run and publish (tests/interop,
+# benchmarks/interop_overhead.py): openreward and openenv-core in a venv of their own on this
+# machine's python3.11 (openreward pins sse-starlette 2.3.6, which ours does not share). mcp is
+# pinned below 2: openenv-core's fastmcp would take mcp 2.3+, whose sse-starlette >= 3 that pin
+# refuses. The stamp holds the package list, so a changed list makes the venv again; a no-op
+# when there.
+INTEROP_PYTHON ?= python3.11
+INTEROP_VENV := .cache/interop-venv
+INTEROP_PACKAGES := openreward==0.1.167 openenv-core==0.3.0 mcp==1.30.0
+
+interop:
+	@if [ "$$(cat $(INTEROP_VENV)/.installed 2>/dev/null)" != "$(INTEROP_PACKAGES)" ]; then \
+		echo "creating $(INTEROP_VENV) with $(INTEROP_PACKAGES) ..." && \
+		$(INTEROP_PYTHON) -m venv --clear $(INTEROP_VENV) && \
+		$(INTEROP_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+			$(INTEROP_PACKAGES) && \
+		echo "$(INTEROP_PACKAGES)" > $(INTEROP_VENV)/.installed; fi
+
+test: $(DEV) chromium slurm docker bubblewrap harnesses interop
 	$(PY) scripts/check
 
 # The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that

@@ -78,6 +78,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "trainer": frozenset({"client", "inference", "local", "metrics", "rewards", "tiny"}),
     # third-party trainers on Atropos batches (TRL first): the client, and nothing else of ours
     "integrations": frozenset({"client", "rewards"}),
+    # other frameworks' environment protocols (ORS, OpenEnv), both ways: over the runtime
+    "interop": frozenset(
+        {"envs", "environments", "inference", "http", "rewards", "metrics", "proxy"}
+    ),
     # the tiny policy's builder and warm start (trained on an environment's items)
     "tiny": frozenset({"inference", "environments"}),
     # fakes shipped for tests
@@ -99,6 +103,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "export",
             "http",
             "inference",
+            "interop",
             "launch",
             "local",
             "metrics",

@@ -36,13 +36,13 @@ def install_plugin(site: Path, name: str, version: str, entry_points: str) -> No
 def table(out: str) -> dict[str, tuple[str, str]]:
     """`env list`'s rows: name -> (origin, description), read by the header's columns."""
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "ORIGIN", "DESCRIPTION"]
+    assert header.split() == ["NAME", "SOURCE", "ORIGIN", "DESCRIPTION"]
     origin_at, text_at = header.index("ORIGIN"), header.index("DESCRIPTION")
     found = {}
     for row in rows:
         if row.startswith("(not listed: "):
             continue
-        name, origin, text = row[:origin_at], row[origin_at:text_at], row[text_at:]
+        name, origin, text = row[: header.index("SOURCE")], row[origin_at:text_at], row[text_at:]
         found[name.strip()] = (origin.strip(), text)
     return found
 

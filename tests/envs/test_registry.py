@@ -156,9 +156,9 @@ def test_atropos_env_list(tmp_path, monkeypatch, capsys):
     registry.register("a-v1", BaseEnvConfig, description="the first one")
     assert atropos_main(["env", "list"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "NAME         ORIGIN       DESCRIPTION",
-        "a-v1         built in     the first one",  # registered, but an atropos class
-        "words-ep-v1  entry point  Counts words, for tests.",  # no distribution behind it
+        "NAME         SOURCE   ORIGIN       DESCRIPTION",
+        "a-v1         builtin  built in     the first one",  # registered, but an atropos class
+        "words-ep-v1  plugin   entry point  Counts words, for tests.",  # no distribution behind it
     ]
 
 

@@ -123,6 +123,7 @@ def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
         " its error.",
     )
     list_p.set_defaults(run=_env_list)
+    _add_publish(env_verbs)
     new_p = env_verbs.add_parser(
         "new",
         help="write an installable package for a new environment",
@@ -139,6 +140,34 @@ def _add_env_noun(nouns: argparse._SubParsersAction[Parser]) -> None:
         "--force", action="store_true", help="overwrite the package's files in an existing folder"
     )
     new_p.set_defaults(run=_env_new)
+
+
+def _add_publish(env_verbs: argparse._SubParsersAction[Parser]) -> None:
+    pub_p = env_verbs.add_parser(
+        "publish",
+        help="serve an environment in another framework's protocol (ORS, OpenEnv)",
+        description="Serve the environment NAME over the Open Reward Standard (--as ors) or"
+        " OpenEnv (--as openenv) until Ctrl-C, configured by its usual flags (--env.*,"
+        " ...). Beyond loopback it needs --api-key (or $ATROPOS_API_KEY). Details:"
+        " docs/ecosystem.md.",
+    )
+    pub_p.add_argument("name", help="an id from `atropos env list`, or package.module:Class")
+    pub_p.add_argument("--as", dest="protocol", required=True, choices=("ors", "openenv"))
+    pub_p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    pub_p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
+    pub_p.add_argument("flags", nargs=argparse.REMAINDER, help="--env.* (NAME --help)")
+    pub_p.set_defaults(run=_env_publish)
+
+
+def _env_publish(args: argparse.Namespace) -> int:
+    from atropos import interop
+
+    try:
+        interop.publish(args.protocol, args.name, list(args.flags), args.host, args.port)
+    except (LookupError, ValueError, ImportError) as e:
+        print(f"atropos env publish {args.name}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _env_run(args: argparse.Namespace) -> int:
@@ -199,12 +228,14 @@ def _env_list(args: argparse.Namespace) -> int:
             " register one with atropos.envs.registry.register or an entry point in group"
             f" {registry.ENTRY_POINT_GROUP!r})"
         )
-    rows = [("NAME", "ORIGIN", "DESCRIPTION")] if known else []
-    rows += [(n, known[n].origin, registry.describe(n, known[n])) for n in sorted(known)]
-    name_width = max((len(r[0]) for r in rows), default=0)
-    origin_width = max((len(r[1]) for r in rows), default=0)
-    for name, origin, text in rows:
-        print(f"{name:<{name_width}}  {origin:<{origin_width}}  {text}".rstrip())
+    rows = [("NAME", "SOURCE", "ORIGIN", "DESCRIPTION")] if known else []
+    rows += [
+        (n, known[n].source, known[n].origin, registry.describe(n, known[n])) for n in sorted(known)
+    ]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+    for row in rows:
+        cells = [f"{cell:<{width}}" for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[3]]).rstrip())
     for line in registry.unreadable_plugins():
         print(f"(not listed: {line})")
     return 0

@@ -9,7 +9,8 @@ whose entry points cannot be read at all is skipped and named by `unreadable_plu
 
 `get` also takes what a user points at directly: `package.module:Class` (found from the current
 directory too), `path/to/env.py:Class`, or `path/to/env.py` alone when the file defines one
-environment class.
+environment class; and a remote environment's spec, `ors:URL#ENV` or `openenv:URL`
+(`atropos.interop`, imported by name only then: it sits above this layer).
 
 An environment declares the optional modules it cannot run without, each with the extra of
 `atropos-rl` that installs it: `requires = {"math_verify": "envs"}` on the class or a base.
@@ -70,7 +71,17 @@ class EnvSpec:
     name: str
     target: str | type  # "module:Class", or the class itself
     description: str | None = None
-    origin: str = "registered"  # or BUILT_IN, "DIST VERSION", "entry point" (no distribution)
+    origin: str = "registered"  # or BUILT_IN, "DIST VERSION", "entry point", a remote's URL
+
+    @property
+    def source(self) -> str:
+        """`builtin`, `plugin` (an installed package's entry point), `registered`, or the
+        protocol of a remote environment (`ors`, `openenv`)."""
+        if isinstance(self.target, str) and _remote(self.target):
+            return self.target.partition(":")[0]
+        if self.origin == BUILT_IN:
+            return "builtin"
+        return "registered" if self.origin == "registered" else "plugin"
 
 
 _registered: dict[str, EnvSpec] = {}
@@ -96,7 +107,8 @@ def register(name: str, entry_point: str | type, *, description: str | None = No
     """
     if not _NAME.fullmatch(name):
         raise ValueError(f"environment names are letters, digits, '.', '_', '-'; got {name!r}")
-    if isinstance(entry_point, str) and not _TARGET.fullmatch(entry_point):
+    remote = isinstance(entry_point, str) and _remote(entry_point)
+    if isinstance(entry_point, str) and not remote and not _TARGET.fullmatch(entry_point):
         raise ValueError(f"expected an entry point 'package.module:Class', got {entry_point!r}")
     spec = EnvSpec(name, entry_point, description, _registered_origin(entry_point))
     old = _registered.get(name)
@@ -174,7 +186,10 @@ def _entry_point_origin(ep: importlib.metadata.EntryPoint) -> str:
 
 
 def _registered_origin(target: str | type) -> str:
-    """`built in` for a target in atropos' own package, else `registered`."""
+    """`built in` for a target in atropos' own package, a remote spec's URL, else
+    `registered`."""
+    if isinstance(target, str) and _remote(target):
+        return target.partition(":")[2].partition("#")[0]
     module = target.partition(":")[0] if isinstance(target, str) else target.__module__
     return BUILT_IN if module.split(".")[0] == "atropos" else "registered"
 
@@ -196,6 +211,8 @@ def get(name: str) -> type:
         ImportError: the target's module or attribute cannot be imported.
         TypeError: the target is not a class.
     """
+    if _remote(name):
+        return _remote_class(name)
     path, attr = _file_target(name)
     if path is not None:
         return _load_file(name, path, attr)
@@ -210,7 +227,28 @@ def get(name: str) -> type:
         raise EnvNotFound(_not_found(name, sorted(known)))
     if isinstance(spec.target, type):
         return spec.target
+    if _remote(spec.target):
+        return _remote_class(spec.target)
     return _load(name, spec.target)
+
+
+_REMOTE = "atropos.interop"  # imported by name, when asked: it sits above this layer
+
+
+def _remote(name: str) -> bool:
+    """Whether `name` is a remote environment's spec (`ors:URL#ENV`, `openenv:...`)."""
+    return name.partition(":")[0] in ("ors", "openenv")
+
+
+def _remote_class(spec: str) -> type:
+    """The environment class that drives the remote environment `spec` (`atropos.interop`);
+    a malformed spec is EnvNotFound, with the forms it takes."""
+    interop = importlib.import_module(_REMOTE)
+    try:
+        made: type = interop.env_class(spec)
+    except ValueError as e:
+        raise EnvNotFound(str(e)) from None
+    return made
 
 
 def _member(family: str, cls: type, member: str) -> type:
@@ -233,6 +271,8 @@ def describe(name: str, spec: EnvSpec | None = None) -> str:
     spec = spec or specs().get(name)
     if spec is not None and spec.description:
         return spec.description
+    if spec is not None and isinstance(spec.target, str) and _remote(spec.target):
+        return f"remote environment {spec.target}"  # described without asking the server
     try:
         if spec is None:
             cls = get(name)

@@ -1,0 +1,23 @@
+"""Fixtures of the interop tests: the python of `.cache/interop-venv` (`make interop`), which
+holds the official packages of the protocols (openreward, openenv-core)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INTEROP_VENV = ROOT / ".cache" / "interop-venv"
+
+
+@pytest.fixture(scope="session")
+def interop_python() -> Path:
+    """The interop venv's python; the tests fail, naming `make interop`, when it is absent."""
+    python = INTEROP_VENV / "bin" / "python"
+    if not (INTEROP_VENV / ".installed").is_file() or not python.exists():
+        pytest.fail(
+            f"{INTEROP_VENV} is missing: `make interop` makes it (openreward and openenv-core,"
+            " the protocols' official packages, on python3.11)"
+        )
+    return python
