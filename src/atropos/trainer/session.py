@@ -387,9 +387,11 @@ class Session:
             self.sink.log({k: v for k, v in last.items() if k != "step"}, step=self.step)
         if self.ranks.main:
             log.info(
-                "step %d/%d loss %.4f reward %.3f ratio %.4f clip %.3f mismatch %s grad %.3f",
+                "step %d/%d loss %.4f reward %.3f ratio %.4f clip %.3f mismatch %s grad %.3f"
+                " batch wait %.2fs",
                 self.step, self.cfg.steps, last["loss"], last["reward_mean"], last["mean_ratio"],
                 last["clip_fraction"], _fmt(last["logprob_mismatch"]), last["grad_norm"],
+                last["data_wait_s"],
             )  # fmt: skip
 
 
