@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from atropos.envs.outcome import RolloutLimits
 from atropos.harnesses.base import Harness, HarnessCall, HarnessExit, Installed, tail
 from atropos.harnesses.tasks import HarnessTask
 from atropos.proxy.session import Session
@@ -95,6 +96,12 @@ class RolloutSettings:
                 f"--env.image {self.image!r} is for --env.provider docker (the provider is "
                 f"{self.provider!r}): set both or neither"
             )
+
+    @property
+    def limits(self) -> RolloutLimits:
+        """The rollout's bounds as a `RolloutLimits`: `max_turns`, and `timeout` seconds (the
+        session's own limits bound its calls and tokens)."""
+        return RolloutLimits(max_turns=self.max_turns, max_seconds=self.timeout)
 
 
 @dataclass
@@ -251,8 +258,8 @@ async def _verify(
 
 def _limited(exit: HarnessExit, session: Session) -> HarnessExit:
     """A harness that stopped on a limit (the proxy refused its next call) has not failed."""
-    limits = session.limits
-    reached = session.turns >= limits.max_turns or session.tokens_left() <= 0
+    used = {"turns": session.turns, "tokens": session.completion_tokens}
+    reached = session.limits.exceeded(**used) is not None  # a RolloutLimits
     if not exit.ok and exit.reason == "exit_nonzero" and reached:
         return HarnessExit(True, "limit", exit.detail, exit.output)
     return exit
