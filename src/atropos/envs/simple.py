@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.evaluation import evaluate_each, report_rows
+from atropos.envs.outcome import truncated, with_outcomes
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.inference.latency import note
 from atropos.rewards.group import all_equal
@@ -147,6 +148,9 @@ class Env(BaseEnv[ConfigT]):
     max_tokens: ClassVar[int | None] = None  # default: the env's max_token_length
     seed: ClassVar[int] = 0
     score_concurrently: ClassVar[bool] = False  # await an async `score` for a group at once
+    # a completion cut by its token limit is `truncated/tokens` (`envs.outcome`): "score" it
+    # as it stands, or "mask" it (its advantage zeroed)
+    truncated: ClassVar[str] = "score"
 
     @abstractmethod
     def load(self) -> Iterable[Item]:
@@ -234,7 +238,10 @@ class Env(BaseEnv[ConfigT]):
                 f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
                 f" for {len(rollouts)} rollouts"
             )
-        return rollout_group(rollouts, [messages] * len(rollouts), scores, overrides), []
+        group = rollout_group(rollouts, [messages] * len(rollouts), scores, overrides)
+        cut = [truncated("tokens", self.truncated) if r.finish_reason == "length" else {}
+               for r in rollouts]  # fmt: skip
+        return with_outcomes(group, cut), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One completion per `load_eval()` item with `eval_params()`, at most
