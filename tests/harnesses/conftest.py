@@ -50,11 +50,14 @@ def calc_tasks(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def sandbox_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A run root of the test's own for sandboxes (other test runs sweep the shared one);
-    under /tmp, which the sandboxes' uids may traverse (pytest's tmp_path is 0700)."""
+    under /tmp, which the sandboxes' uids may traverse (pytest's tmp_path is 0700). Nothing
+    may be left in it after a test."""
     if shutil.which("bwrap") is None:
         pytest.fail("bwrap is missing: make bubblewrap (apt-get install -y bubblewrap)")
-    root = Path(tempfile.mkdtemp(prefix="atropos-harness-tests-"))
+    root = Path(tempfile.mkdtemp(prefix="atropos-harness-tests-", dir="/tmp"))
     root.chmod(0o711)
     monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(root))
     yield root
+    left = [str(p) for p in root.glob("owner-*/*")] + [str(p) for p in root.glob("uids/*")]
     shutil.rmtree(root, ignore_errors=True)
+    assert left == []  # every sandbox closed, every uid freed

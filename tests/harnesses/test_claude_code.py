@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +49,6 @@ def fake() -> Any:
     # Claude Code's prompt is ~25k tiny-tokenizer tokens and it asks for 32,000 more
     with FakeInferenceServer(responder=policy, max_model_len=131072) as server:
         yield server
-
-
-@pytest.fixture(autouse=True)
-def sandbox_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private sandbox run root (under /tmp: the sandboxes' uids must reach their work
-    dirs, which pytest's 0700 temporary root hides); nothing may be left in it after a run."""
-    root = Path(tempfile.mkdtemp(prefix="atropos-claude-test-", dir="/tmp"))
-    root.chmod(0o711)
-    monkeypatch.setenv("ATROPOS_SANDBOX_ROOT", str(root))
-    yield root
-    left = [str(p) for p in root.glob("owner-*/*")] + [str(p) for p in root.glob("uids/*")]
-    shutil.rmtree(root, ignore_errors=True)
-    assert left == []  # every sandbox closed, every uid freed
 
 
 def tasks(tmp_path: Path, marker: str) -> str:
