@@ -170,6 +170,18 @@ class BatchAck(msgspec.Struct):
     batch_id: Name
 
 
+class EvalResult(msgspec.Struct):
+    """`POST /eval_results` (extension): an evaluation an env ran of one policy version
+    (`atropos env serve --env.eval_every N`): its metrics, how long it took, and how many
+    versions the env skipped so far because an evaluation was still running."""
+
+    env_id: EnvId
+    policy_version: Step
+    metrics: Annotated[dict[ReportName, float], Meta(max_length=REPORT_MAX_NAMES)]
+    seconds: Annotated[float, Meta(ge=0)] = 0.0
+    skipped: Annotated[int, Meta(ge=0)] = 0
+
+
 class PolicyPublished(msgspec.Struct):
     """`POST /policy_version` (extension): the inference servers now serve the weights of
     trainer step `version`; environments stamp the groups they start from now on with it."""
@@ -532,6 +544,7 @@ CONTRACT_TYPES: tuple[type[msgspec.Struct], ...] = (
     RegisterEnv,
     EnvIdentifier,
     EnvStatusRequest,
+    EvalResult,
 )
 """The bodies the contract's JSON Schema covers (`docs/trainer-contract.schema.json`)."""
 SCHEMA_PATH = "docs/trainer-contract.schema.json"

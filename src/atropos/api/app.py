@@ -237,6 +237,10 @@ class Api:
         )
         return await self._json(request, self.hub.publish(said.version))
 
+    async def eval_results(self, request: Request) -> Response:
+        said = wire.decode(await self._body(request), wire.EvalResult, body.is_msgpack(request))
+        return await self._json(request, self.hub.report_eval(said))
+
     async def latest_example(self, request: Request) -> Response:
         return await body.respond(request, self.hub.latest or _EMPTY_EXAMPLE)
 
@@ -349,6 +353,7 @@ class Api:
             ("/batch", self.batch, ["GET"]),
             ("/batch/ack", self.batch_ack, ["POST"]),
             ("/policy_version", self.policy_version, ["POST"]),
+            ("/eval_results", self.eval_results, ["POST"]),
             ("/latest_example", self.latest_example, ["GET"]),
             ("/scored_data", self.scored_data, ["POST"]),
             ("/scored_data_list", self.scored_data_list, ["POST"]),

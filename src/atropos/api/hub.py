@@ -131,6 +131,7 @@ class Hub:
         self.env_reports: dict[int, EnvReport] = {}  # the latest `/status-env` report per env
         self.env_servers: dict[int, list[ServerGauge]] = {}  # its inference servers, latest
         self.env_latency: dict[int, EnvLatency] = {}  # its latency stages, latest
+        self.env_evals: dict[int, deque[dict[str, Any]]] = {}  # its evaluations, newest last
         # what earlier processes (or connections) of each env reported, kept for the run
         self.env_banked: dict[int, EnvReport] = {}
         # registrations of each env since this process started (a launcher's readiness gate
@@ -459,6 +460,22 @@ class Hub:
         """Keep an env's latest latency summaries and paced seconds (`wire.LatencySummary`)."""
         self.env_latency[env_id] = report
 
+    def report_eval(self, result: wire.EvalResult) -> dict[str, Any]:
+        """`POST /eval_results`: keep an env's evaluation of one policy version (the last 100
+        per env, in memory)."""
+        self.env(result.env_id)
+        kept = self.env_evals.setdefault(result.env_id, deque(maxlen=100))
+        kept.append(
+            {
+                "policy_version": result.policy_version,
+                "metrics": dict(result.metrics),
+                "seconds": result.seconds,
+                "skipped": result.skipped,
+                "at": self.clock(),
+            }
+        )
+        return {"status": "received"}
+
     # ----- data ------------------------------------------------------------------------------
 
     def ingest(self, groups: list[Group]) -> list[str]:
@@ -648,6 +665,7 @@ class Hub:
         self.env_banked.clear()
         self.env_servers.clear()
         self.env_latency.clear()
+        self.env_evals.clear()
         self.recent.clear()
         self.recent_bytes = 0
         self._load()

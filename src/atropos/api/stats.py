@@ -126,12 +126,14 @@ def stats(hub: Hub) -> dict[str, Any]:
 
 def _latency(hub: Hub, env_id: int | None) -> dict[str, Any]:
     """An env's `latency` (seconds, by stage: count and sum since it started, p50/p95/p99 and
-    max over its recent window) and `paced_seconds`, from its last report."""
+    max over its recent window) and `paced_seconds`, from its last report, and its `evals`
+    (`--env.eval_every`: one row per policy version evaluated, oldest first)."""
     report = hub.env_latency.get(env_id) if env_id is not None else None
+    evals = list(hub.env_evals.get(env_id, ())) if env_id is not None else []
     if report is None:
-        return {"latency": {}, "paced_seconds": None}
+        return {"latency": {}, "paced_seconds": None, "evals": evals}
     stages = {name: msgspec.structs.asdict(s) for name, s in report.stages.items()}
-    return {"latency": stages, "paced_seconds": report.paced_seconds}
+    return {"latency": stages, "paced_seconds": report.paced_seconds, "evals": evals}
 
 
 def _label(value: str) -> str:
@@ -202,6 +204,7 @@ def prometheus(hub: Hub) -> str:
             lines.append(f'atropos_env_report_timestamp_seconds{{env="{env}"}} {at:.3f}')
     lines += _server_lines(doc)
     lines += _latency_lines(doc)
+    lines += _eval_lines(doc)
     lat = doc["batch_latency_seconds"]
     lines.append("# TYPE atropos_batch_latency_seconds summary")
     for q in ("p50", "p99"):
@@ -263,6 +266,32 @@ def _latency_lines(doc: dict[str, Any]) -> list[str]:
     for env, entry in doc["envs"].items():
         if entry["paced_seconds"] is not None:
             lines.append(f'{metric}{{env="{env}"}} {entry["paced_seconds"]:.3f}')
+    return lines
+
+
+def _eval_lines(doc: dict[str, Any]) -> list[str]:
+    """The latest evaluation per env (`--env.eval_every`): its policy version, each metric,
+    and the versions skipped because an evaluation was still running."""
+    latest = {env: e["evals"][-1] for env, e in doc["envs"].items() if e["evals"]}
+    if not latest:
+        return []
+    lines = [
+        "# HELP atropos_env_eval_policy_version The policy version of the env's latest evaluation.",
+        "# TYPE atropos_env_eval_policy_version gauge",
+        *(f'atropos_env_eval_policy_version{{env="{env}"}} {r["policy_version"]}'
+          for env, r in latest.items()),
+        "# HELP atropos_env_eval The env's latest evaluation, by metric.",
+        "# TYPE atropos_env_eval gauge",
+    ]  # fmt: skip
+    for env, r in latest.items():
+        for name, value in r["metrics"].items():
+            lines.append(f'atropos_env_eval{{env="{env}",metric="{_label(name)}"}} {value:g}')
+    lines += [
+        "# HELP atropos_env_evals_skipped_total Versions not evaluated: one was still running.",
+        "# TYPE atropos_env_evals_skipped_total counter",
+        *(f'atropos_env_evals_skipped_total{{env="{env}"}} {r["skipped"]}'
+          for env, r in latest.items()),
+    ]  # fmt: skip
     return lines
 
 

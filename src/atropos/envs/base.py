@@ -85,6 +85,7 @@ class BaseEnv(ABC, Generic[ConfigT]):
     config: ConfigT
     metrics_sink: MetricsSink | None = None  # set by the runner for the length of a run
     evaluations_shown = 0  # metrics lines `evaluate_log` printed (the evaluate runner's summary)
+    last_eval_metrics: dict[str, Any] | None = None  # what `evaluate_log` got last
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -308,6 +309,7 @@ class BaseEnv(ABC, Generic[ConfigT]):
         if model_name is None and isinstance(self.server_configs, list) and self.server_configs:
             model_name = self.server_configs[0].model_name
         params = {"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})}
+        self.last_eval_metrics = dict(metrics)  # serve's --env.eval_every sends it to the API
         elapsed = (end_time or time.time()) - (start_time or time.time())
         doc = {
             "config_general": {

@@ -148,6 +148,12 @@ class BaseEnvConfig(BaseModel):
     steps_per_eval: int = Field(
         default=100, description="evaluate every N trainer steps (<= 0: never)"
     )
+    eval_every: int = Field(
+        default=0,
+        ge=0,
+        description="serve: evaluate each policy version the trainer publishes that is a multiple"
+        " of N, on the servers' eval budget while rollouts go on; replaces steps_per_eval (0: off)",
+    )
     max_token_length: int = Field(
         default=2048, ge=1, description="longest sequence this env produces (sent at registration)"
     )

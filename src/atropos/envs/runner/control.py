@@ -135,6 +135,19 @@ class ControlClient:
         reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 
+    async def post_eval(
+        self, env_id: int, version: int, metrics: Mapping[str, float], seconds: float, skipped: int
+    ) -> None:
+        """`POST /eval_results`: an evaluation of policy `version` (`--env.eval_every`)."""
+        body = {
+            "env_id": env_id,
+            "policy_version": version,
+            "metrics": dict(metrics),
+            "seconds": seconds,
+            "skipped": skipped,
+        }
+        await self.call("POST", "/eval_results", body)
+
     async def disconnect(self, env_id: int) -> None:
         await self.call("POST", "/disconnect-env", {"env_id": env_id})
 

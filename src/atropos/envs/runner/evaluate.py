@@ -1,4 +1,5 @@
-"""`evaluate`: run the env's evaluation once, into `{folder}/metrics.jsonl` (and W&B when on).
+"""`evaluate`: run the env's evaluation once, into `{folder}/metrics.jsonl` (and W&B when on);
+and `VersionEvals`, serve's evaluation of each N-th policy version during training.
 
 The folder is `data_dir_to_save_evals`, or `runs/<name>`. An error that will repeat for every
 item (a missing package, a model the server does not serve, an inference server never reached
@@ -13,7 +14,10 @@ after a second signal), closes the metrics, prints the summary and exits 130 (SI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from atropos.envs.runner.config_file import save_config
 from atropos.envs.runner.stop import Stopper
 from atropos.inference.errors import fatal_reason
 from atropos.metrics.envs import open_env_sink
+from atropos.wire import REPORT_MAX_NAME_LENGTH, REPORT_MAX_NAMES
 
 log = logging.getLogger("atropos.env")
 
@@ -101,3 +106,94 @@ class EvaluateRunner:
         if self.stopper.signum is not None:
             return self.stopper.exit_code
         return 0
+
+
+class VersionEvals:
+    """`atropos env serve --env.eval_every N`: evaluate the policy version the trainer has just
+    published, while rollouts go on, and send the results to the API stamped with it.
+
+    The runner calls `seen(version)` at every status poll with the version rollouts start at
+    now (the trainer's last `POST /policy_version`, else the step). When it crosses a multiple
+    of N (a jump over several multiples evaluates once, the version now served), one
+    evaluation (`env.evaluate()`) starts in its own task. Its calls go to the servers' eval
+    budget (`split="eval"`: `ServerManager`'s own per-server concurrency for evaluation,
+    `APIServerConfig.num_requests_for_eval`), so training rollouts keep their slots, and
+    `eval_handling` does not apply: rollouts are never paused for it. One evaluation at a
+    time: a version that comes due while one runs is skipped and counted (`skipped`).
+
+    The result is `POST /eval_results` with the policy version: the lowest version the servers
+    reported for the evaluation's calls, else the version it started at (with `keep`-mode
+    weight transfer the weights can change during an evaluation; the oldest is the honest
+    stamp). The metrics are what `evaluate()` returned, else what it gave `evaluate_log`.
+    A failed evaluation is logged and sends nothing; the next multiple tries again.
+    """
+
+    def __init__(self, env: Any, api: Any, every: int) -> None:
+        self.env = env
+        self.api = api
+        self.every = every
+        self.last: int | None = None  # the version seen at the last poll
+        self.task: asyncio.Task[None] | None = None
+        self.skipped = 0
+        self.done: list[int] = []  # versions evaluated and sent
+
+    def seen(self, version: int) -> None:
+        """A status poll says rollouts now start at `version`."""
+        last, self.last = self.last, version
+        if last is None or version // self.every <= last // self.every:
+            return
+        if self.task is not None and not self.task.done():
+            self.skipped += 1
+            log.warning(
+                "policy version %d: evaluation of the previous one still running; skipped"
+                " (%d so far)",
+                version,
+                self.skipped,
+            )
+            return
+        self.task = asyncio.create_task(self._evaluate(version))
+
+    async def _evaluate(self, version: int) -> None:
+        from atropos.inference.base import PolicyVersions
+
+        env = self.env
+        env.last_eval_metrics = None
+        start = time.monotonic()
+        try:
+            with PolicyVersions() as reported:
+                result = await env.evaluate()
+        except Exception as err:
+            log.error("evaluation of policy version %d failed: %s", version, err, exc_info=err)
+            return
+        metrics = _numbers(result if isinstance(result, dict) else env.last_eval_metrics or {})
+        stamp = version if reported.lowest is None else reported.lowest
+        try:
+            await self.api.post_eval(
+                env.env_id, stamp, metrics, time.monotonic() - start, self.skipped
+            )
+        except Exception as err:  # the API's trouble must not stop the env
+            log.warning("could not send the evaluation of version %d: %s", stamp, err)
+            return
+        self.done.append(stamp)
+
+    async def close(self) -> None:
+        """Cancel an evaluation still running (serve is ending)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric entries of `metrics`, names cut to the API's limit, 64 at most.
+
+    >>> _numbers({"acc": 0.5, "n": 3, "note": "x", "bad": float("nan"), "flag": True})
+    {'acc': 0.5, 'n': 3.0}
+    """
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value) and len(out) < REPORT_MAX_NAMES:
+            out[str(name)[:REPORT_MAX_NAME_LENGTH] or "unnamed"] = float(value)
+    return out

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.outcome import outcome_metrics
 from atropos.envs.runner.control import ApiError, ControlClient
+from atropos.envs.runner.evaluate import VersionEvals
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.pacing import Flight, PaceInputs, Pacer, stalled
@@ -129,6 +130,7 @@ class ServeRunner:
         self.wake = asyncio.Event()
         self.eval_task: asyncio.Task[Any] | None = None
         self.eval_pending = False
+        self.version_evals: VersionEvals | None = None  # --env.eval_every: made at the 1st poll
         self.last_status = 0.0
         self.submitted = 0  # groups handed to the sender
         self.submitted_at_poll = 0
@@ -546,7 +548,8 @@ class ServeRunner:
             return
         if new != old:
             env.curr_step = new
-            if cfg.steps_per_eval > 0 and new // cfg.steps_per_eval > old // cfg.steps_per_eval:
+            period = cfg.steps_per_eval if cfg.eval_every <= 0 else 0  # eval_every replaces it
+            if period > 0 and new // period > old // period:
                 self._start_eval()
             period = env.checkpoint_interval
             if period > 0 and new // period > old // period:
@@ -557,6 +560,10 @@ class ServeRunner:
                 env.items_sent_this_step = 0
         if self.eval_pending and (self.eval_task is None or self.eval_task.done()):
             self._start_eval()
+        if cfg.eval_every > 0:  # each N-th policy version, beside the rollouts (VersionEvals)
+            if self.version_evals is None:
+                self.version_evals = VersionEvals(env, self.api, cfg.eval_every)
+            self.version_evals.seen(self.version_now())
         b, total = cfg.batch_size, cfg.total_steps
         if last > 0:
             total = min(total, last)
@@ -664,6 +671,8 @@ class ServeRunner:
             self.eval_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.eval_task
+        if self.version_evals is not None:
+            await self.version_evals.close()
         await self.sender.close()
         if self.sink is not None:
             self.sink.close()
