@@ -161,7 +161,7 @@ async def _session(ws: WebSocket, sessions: Sessions, rules: Rules, key: str) ->
 async def _quietly_close(ws: WebSocket) -> None:
     try:
         await ws.close()
-    except RuntimeError:  # already closed
+    except (RuntimeError, WebSocketDisconnect):  # already closed, or the client is gone
         pass
 
 
