@@ -34,7 +34,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from atropos import wire
-from atropos.api import dashboard, stats
+from atropos.api import dashboard, ingest, stats
 from atropos.api.hub import EnvLatency, Hub, HubConfig
 from atropos.api.openapi import openapi_document
 from atropos.api.store import Store, open_store
@@ -224,7 +224,7 @@ class Api:
                 served.lease_expires,
                 served.step,
             )
-        payload = b'{"batch":[' + b",".join(served.bodies) + b"]" + tail + b"}"
+        payload = b"".join((b'{"batch":[', b",".join(served.bodies), b"]", tail, b"}"))
         return await body.respond(request, payload)
 
     async def batch_ack(self, request: Request) -> Response:
@@ -246,8 +246,8 @@ class Api:
 
     async def scored_data(self, request: Request) -> Response:
         raw = await self._body(request)
-        group = wire.decode_group(raw, body.is_msgpack(request))
-        [outcome] = self.hub.ingest([group])
+        group, stored = ingest.decode_group(raw, body.is_msgpack(request))
+        [outcome] = self.hub.ingest([group], [stored])
         doc: dict[str, object] = {"status": "received"}
         if outcome == "duplicate":
             doc["duplicate"] = True
@@ -255,8 +255,9 @@ class Api:
 
     async def scored_data_list(self, request: Request) -> Response:
         raw = await self._body(request)
-        groups = wire.decode_group_list(raw, body.is_msgpack(request))
-        outcomes = self.hub.ingest(groups)
+        decoded = ingest.decode_group_list(raw, body.is_msgpack(request))
+        groups = [g for g, _ in decoded]
+        outcomes = self.hub.ingest(groups, [stored for _, stored in decoded])
         doc: dict[str, object] = {"status": "received", "groups_processed": len(groups)}
         duplicates = outcomes.count("duplicate")
         if duplicates:

@@ -16,12 +16,13 @@ Semantics that differ from atroposlib 0.4.0 on purpose (old clients cannot tell)
 
 from __future__ import annotations
 
+import heapq
 import math
 import secrets
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -158,8 +159,11 @@ class Hub:
         self.last_seen: dict[int, float] = {e.env_id: now for e in self.envs}  # restart = grace
         self.queue: dict[int, GroupRow] = {}  # unleased groups, in age order
         self.leased: dict[int, GroupRow] = {}
+        self._versions: list[tuple[int, int]] = []  # (policy_version, seq): `_drop_stale`
         for row in snap.groups:
             (self.leased if row.batch_id else self.queue)[row.seq] = row
+            if not row.batch_id:
+                self._track_version(row)
         self.batches: dict[str, BatchRow] = {b.batch_id: b for b in snap.batches}
         self.sizes: Counter[int] = Counter()
         self.env_seqs: Counter[int | None] = Counter()
@@ -308,17 +312,27 @@ class Hub:
         return None
 
     def _drop_stale(self) -> None:
+        """Drop queued groups older than `max_staleness` steps: O(stale) per batch, not
+        O(queue), by popping `_versions` (a heap of every queued group's policy version, whose
+        entries for groups already gone are skipped as they surface)."""
         limit = self.config.max_staleness
         if limit is None:
             return
         oldest_ok = self.step - limit
-        stale = [
-            r
-            for r in self.queue.values()
-            if r.policy_version is not None and r.policy_version < oldest_ok
-        ]
+        heap = self._versions
+        stale = []
+        while heap and heap[0][0] < oldest_ok:
+            row = self.queue.get(heapq.heappop(heap)[1])
+            if row is not None:
+                stale.append(row)
         if stale:
+            stale.sort(key=lambda r: r.seq)  # queue order
             self._drop(stale, "stale")
+
+    def _track_version(self, row: GroupRow) -> None:
+        """Note a queued group's policy version for `_drop_stale` (kept only when it is used)."""
+        if self.config.max_staleness is not None and row.policy_version is not None:
+            heapq.heappush(self._versions, (row.policy_version, row.seq))
 
     def ack(self, batch_id: str) -> dict[str, Any]:
         """`POST /batch/ack`: the leased batch is consumed; its groups are deleted."""
@@ -478,8 +492,13 @@ class Hub:
 
     # ----- data ------------------------------------------------------------------------------
 
-    def ingest(self, groups: list[Group]) -> list[str]:
-        """Validate and store groups, all or none; return "received" or "duplicate" per group."""
+    def ingest(
+        self, groups: list[Group], bodies: Sequence[bytes | None] | None = None
+    ) -> list[str]:
+        """Validate and store groups, all or none; return "received" or "duplicate" per group.
+
+        `bodies[i]`, when given and not None, is group i already in its stored form (`ingest.py`
+        decides when the bytes that came in are); otherwise it is encoded here."""
         limit = self.batch_size
         now = self.clock()
         new: list[NewGroup] = []
@@ -497,8 +516,8 @@ class Hub:
                     status=413,
                 )
             new.append(NewGroup(g.env_id, n, g.policy_version, now, g.group_id, b""))
-        for g, ng in zip(groups, new, strict=True):
-            ng.body = wire.encode_group(g)
+        for g, ng, raw in zip(groups, new, bodies or [None] * len(groups), strict=True):
+            ng.body = wire.encode_group(g) if raw is None else raw
         seqs = self.store.add_groups(new)
         out: list[str] = []
         for ng, seq, found in zip(new, seqs, findings, strict=True):
@@ -510,6 +529,7 @@ class Hub:
                 continue
             row = GroupRow(seq, ng.env_id, ng.size, ng.policy_version, ng.received)
             self.queue[seq] = row
+            self._track_version(row)
             self._count_in(row)
             c.groups_in += 1
             c.sequences_in += ng.size
