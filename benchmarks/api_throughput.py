@@ -73,6 +73,8 @@ from procstat import upstream_python as _upstream_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("ours", "upstream")
+PROFILE_DIR: Path | None = None  # `--profile`: run our servers under cProfile, write here
+NULL_TARGET = 3.0  # ours' server CPU per group <= 3x the null server's (issue 38, item 3)
 GZIP_MIN = 1024  # atroposlib's BaseEnv gzips bodies of at least this many bytes
 VOCAB = 151_000  # a Qwen-sized vocabulary
 
@@ -224,9 +226,14 @@ class Server:
             self.argv = [python, "-m", "atropos", "api", "serve", "--store", spec]
         elif kind == "upstream":
             self.argv = [python, "-m", "atroposlib.cli.run_api"]
+        elif kind == "null":
+            self.argv = [python, str(ROOT / "benchmarks" / "api_null_server.py")]
         else:
             raise ValueError(f"unknown server {kind!r}")
         self.argv += [*extra, "--host", "127.0.0.1", "--port", str(self.port)]
+        if PROFILE_DIR is not None and kind != "upstream":  # cProfile writes it at a clean exit
+            out = PROFILE_DIR / f"{kind}-{self.port}.prof"
+            self.argv[1:1] = [str(ROOT / "benchmarks" / "profiled.py"), str(out)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -560,7 +567,7 @@ def measure_server(
     """
     w.check()
     if python is None:
-        python = sys.executable if kind == "ours" else upstream_python()
+        python = upstream_python() if kind == "upstream" else sys.executable
     hooks = hooks or Hooks()
     phases: dict[str, PhaseResult] = {}
     command: list[str] = []
@@ -739,7 +746,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds per phase")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the generated groups")
     p.add_argument(
-        "--only", choices=["ours", "upstream", "both"], default="both", help="servers to run"
+        "--only",
+        default="both",
+        help="servers to run, comma-separated, of ours, upstream and null (the floor:"
+        " benchmarks/api_null_server.py parses the same requests and discards them); both ="
+        " ours,upstream",
     )
     p.add_argument(
         "--store",
@@ -777,10 +788,65 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="before each phase, wait up to this many seconds for the machine to be idle",
     )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run our server and the null server under cProfile; one .prof per server in DIR"
+        " (read with `python -m pstats`); CPU figures then include the profiler's cost",
+    )
     p.add_argument("--json", type=Path, help="write the results here as JSON")
     p.add_argument("--markdown", type=Path, help="write the table here as Markdown")
     p.add_argument("--png", type=Path, help="write a ratio bar chart here (needs matplotlib)")
     return p.parse_args(argv)
+
+
+def server_names(only: str) -> list[str]:
+    """`--only` as a list of server names (`both`: ours and upstream)."""
+    names = list(SERVERS) if only == "both" else [n.strip() for n in only.split(",")]
+    unknown = [n for n in names if n not in (*SERVERS, "null")]
+    if unknown or not names:
+        raise SystemExit(f"--only: unknown server {unknown}; give ours, upstream, null or both")
+    return names
+
+
+def null_table(results: dict[str, ServerResult], w: Workload) -> list[dict[str, Any]]:
+    """Ours against the null server: server CPU per 1000 groups in each phase, and the ratio
+    (target: at most `NULL_TARGET`). Empty unless both ran."""
+    if "ours" not in results or "null" not in results:
+        return []
+    out = []
+    for phase in ("streaming", "queued"):
+        ours = getattr(results["ours"], phase).summary(w.groups)["server_cpu_s_per_1000_groups"]
+        null = getattr(results["null"], phase).summary(w.groups)["server_cpu_s_per_1000_groups"]
+        ratio = ours / null if null else math.inf
+        out.append(
+            {
+                "phase": phase,
+                "ours": ours,
+                "null": null,
+                "ratio": ratio,
+                "met": ratio <= NULL_TARGET,
+            }
+        )
+    return out
+
+
+def markdown_null(rows: list[dict[str, Any]]) -> str:
+    """`null_table` as Markdown (empty string for no rows)."""
+    if not rows:
+        return ""
+    lines = [
+        "| phase | server CPU s / 1000 groups: ours | null server | ours/null | target | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        verdict = "met" if r["met"] else "MISSED"
+        lines.append(
+            f"| {r['phase']} | {r['ours']:.2f} | {r['null']:.2f} | {r['ratio']:.2f}"
+            f" | <= {NULL_TARGET:g}x | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def noise(r: ServerResult) -> float:
@@ -849,7 +915,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     w.check()
-    names = list(SERVERS) if args.only == "both" else [args.only]
+    names = server_names(args.only)
+    if args.profile is not None:
+        global PROFILE_DIR
+        args.profile.mkdir(parents=True, exist_ok=True)
+        PROFILE_DIR = args.profile.resolve()
     console = Console(width=None if sys.stdout.isatty() else 120)
     console.log(f"machine: {machine()}")
     console.log(f"code: {code_version()}")
@@ -864,7 +934,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" {raw / 2**20:.0f} MiB JSON, {sent / 2**20:.0f} MiB gzipped"
     )
 
-    pythons = {"ours": sys.executable, "upstream": args.upstream_python}
+    pythons = {"ours": sys.executable, "null": sys.executable, "upstream": args.upstream_python}
     if "upstream" in names and pythons["upstream"] is None:
         console.log("upstream: making/finding its venv (scripts/upstream_venv.py light)")
         pythons["upstream"] = upstream_python()
@@ -900,8 +970,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f" {name}'s {phase} phase; its timings are noisy[/yellow]"
                 )
 
+    versus = [n for n in names if n != "null"]
     summary = summarize(results, w)
-    console.print(rich_table(summary, names))
+    console.print(rich_table(summary, versus))
+    floor = null_table(results, w)
+    if floor:
+        console.print(markdown_null(floor))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
@@ -914,12 +988,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "servers": {n: result_doc(r, w) for n, r in results.items()},
             "all_runs": {n: [result_doc(r, w) for r in rs] for n, rs in runs.items()},
             "table": [{k: v for k, v in e.items() if k != "fmt"} for e in summary],
+            "against_null": floor,
         }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         console.log(f"wrote {args.json}")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown_table(summary, names))
+        args.markdown.write_text(markdown_table(summary, versus) + markdown_null(floor))
         console.log(f"wrote {args.markdown}")
     if args.png:
         if plot(summary, args.png):
