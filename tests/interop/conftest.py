@@ -10,6 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP_VENV = ROOT / ".cache" / "interop-venv"
 
+# Programs run by the interop venv's python (they import openreward or openenv), never collected
+# here: environments written with the official packages (`*_envs/`) and their clients
+# (`clients/`).
+collect_ignore_glob = ["*_envs/*", "clients/*"]
+
 
 @pytest.fixture(scope="session")
 def interop_python() -> Path:

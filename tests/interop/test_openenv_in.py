@@ -108,3 +108,21 @@ def test_a_remote_failure_fails_the_group_and_an_unreachable_server_is_named(
 
     assert asyncio.run(unreachable()) == "openenv_unreachable"
     assert OpenEnv.named("http://127.0.0.1:9").config_defaults["target"] == "http://127.0.0.1:9"
+
+
+def test_process_against_the_local_cpu_server(tmp_path: Path, interop_python: Path):
+    pytest.importorskip("torch")
+    from atropos.testing.serve import local_tiny_server
+
+    out = tmp_path / "g.jsonl"
+    with local_tiny_server() as url:
+        argv = ["env", "process", TOOLS, "--openai.base_url", url]
+        argv += ["--openai.server_type", "vllm", "--openai.model_name", "atropos-tiny"]
+        argv += ["--env.python", str(interop_python), "--env.total_steps", "1"]
+        argv += ["--env.group_size", "2", "--env.max_turns", "2", "--env.reply_tokens", "24"]
+        argv += ["--env.ensure_scores_are_not_same", "false"]  # the tiny policy's noise
+        argv += ["--env.data_path_to_save_groups", str(out)]
+        assert main(argv) == 0
+    [group] = groups(out)
+    assert group["token_source"] == "server" and len(group["tokens"]) == 2
+    assert [len(lp) for lp in group["inference_logprobs"]] == [len(t) for t in group["tokens"]]
