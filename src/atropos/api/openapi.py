@@ -34,8 +34,9 @@ def openapi_document() -> dict[str, Any]:
         wire.PolicyPublished,
         wire.Group,
         wire.EnvStatusRequest,
+        wire.EvalResult,
     ]
-    (reg, env, ident, ack, published, group, env_status), components = (
+    (reg, env, ident, ack, published, group, env_status, evaluated), components = (
         msgspec.json.schema_components(kinds, ref_template=_REF)
     )
     ok = {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}}
@@ -80,6 +81,9 @@ def openapi_document() -> dict[str, Any]:
         "/batch/ack": post("acknowledge a leased batch", ack, {**ok, "404": bad, "422": bad}),
         "/policy_version": post(
             "the trainer: the servers now serve this step's weights", published, {**ok, "422": bad}
+        ),
+        "/eval_results": post(
+            "an env's evaluation of one policy version", evaluated, {**ok, "404": bad, "422": bad}
         ),
         "/latest_example": get("most recent group"),
         "/scored_data": post("push one group", group, data),
