@@ -84,6 +84,16 @@ def test_flags_spelling() -> None:
     ]  # fmt: skip
 
 
+def test_eval_every_is_passed_to_the_env(tmp_path: Path) -> None:
+    run = config.parse({**MINIMAL, "envs": [{"name": "arithmetic", "eval_every": 5}]})
+    env = local.place(build(run, tmp_path)).get("arithmetic")
+    assert env.argv[env.argv.index("--env.eval_every") + 1] == "5"
+    plain = local.place(build(config.parse(MINIMAL), tmp_path)).get("arithmetic")
+    assert "--env.eval_every" not in plain.argv
+    assert any("eval_every" in line for line in problems({**MINIMAL, "envs": [
+        {"name": "arithmetic", "eval_every": 0}]}))  # fmt: skip
+
+
 def test_plan_wires_urls_and_start_order(tmp_path: Path) -> None:
     run = config.parse({**MINIMAL, "envs": [{"name": "arithmetic", "replicas": 2}]})
     plan = local.place(build(run, tmp_path))

@@ -419,6 +419,12 @@ class EnvEntry(Placement):
     min_batch_allocation: float | None = Field(
         None, ge=0, le=1, description="minimum share of every batch"
     )
+    eval_every: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate each N-th policy version the trainer publishes, while rollouts go"
+        " on (--env.eval_every)",
+    )
     servers: list[str] | None = Field(
         None, description="names of the inference servers it uses (default: all)"
     )

@@ -493,6 +493,8 @@ def _env(
         settings["inference_weight"] = entry.weight
     if entry.min_batch_allocation is not None:
         settings["min_batch_allocation"] = entry.min_batch_allocation
+    if entry.eval_every is not None:
+        settings["eval_every"] = entry.eval_every
     config_file = f"config/{name}.yaml"
     files = {config_file: yaml.safe_dump({"openai": openai}, sort_keys=False)} if openai else {}
     argv = ["{python}", "-m", "atropos", "env", "serve", entry.name]
