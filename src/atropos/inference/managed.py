@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from openai.types import Completion, CompletionChoice, CompletionUsage
@@ -31,6 +32,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 from atropos.inference.base import PolicyVersions, normalize_max_tokens
+from atropos.inference.held import HeldTexts
 from atropos.inference.reasoning import Reasoning, TemplatePlan
 from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
 from atropos.inference.thinking_budget import sample_within_budget
@@ -63,6 +65,11 @@ def _key(message: Mapping[str, Any]) -> str:
     """What identifies a message when matching conversations: role, content, tool calls."""
     fields = {k: message.get(k) for k in _MESSAGE_KEYS if message.get(k) is not None}
     return json.dumps(fields, sort_keys=True, default=str)
+
+
+def _same(held: Mapping[str, Any], message: Mapping[str, Any]) -> bool:
+    """Whether two messages match (`_key`): equal dicts do without building the keys."""
+    return held == message or _key(held) == _key(message)
 
 
 @dataclass
@@ -160,6 +167,7 @@ class ManagedServer:
         self._token_codec: TokenCodec | None = None
         #: How many prompts continued a held sequence, by kind of drift.
         self.drift_counts: dict[DriftKind, int] = dict(_NO_DRIFT)
+        self._held = HeldTexts(tokenizer)
 
     # --- public calls ---------------------------------------------------------------------
 
@@ -222,9 +230,14 @@ class ManagedServer:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
         text = self._render(msgs, tools, sampling)
-        prompt_ids = self._encode(text)
         parent, exact = self._chat_parent(msgs)
-        parent, drift, input_ids = self._extend(parent, exact, prompt_ids, text)
+        extended = self._held.extend(parent, text) if exact and parent is not None else None
+        drift: DriftKind | None
+        if extended is not None:
+            drift, input_ids = extended
+            self.drift_counts[drift] += 1
+        else:
+            parent, drift, input_ids = self._extend(parent, exact, self._encode(text), text)
         prompt, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
@@ -240,6 +253,8 @@ class ManagedServer:
             )
             node.messages = [*msgs, {"role": "assistant", "content": content}]
             nodes.append(node)
+            if prompt is input_ids or prompt == input_ids:
+                self._held.note(node, text, prompt, out, drift)
         self._store(parent, nodes)
         return ChatTurn(
             contents=contents,
@@ -355,6 +370,7 @@ class ManagedServer:
         """Forget every held sequence and zero `drift_counts`."""
         self.nodes = []
         self.drift_counts = dict(_NO_DRIFT)
+        self._held.clear()
 
     # --- sequences ------------------------------------------------------------------------
 
@@ -367,17 +383,18 @@ class ManagedServer:
         """
         if not self.nodes:
             return None, False  # nothing held: a new conversation (the common single-turn case)
-        keys = [_key(m) for m in msgs]
         best: tuple[bool, int] | None = None
         found: SequenceNode | None = None
         for node in self.nodes:
-            if not node.messages or len(node.messages) > len(msgs):
+            held = node.messages
+            if not held or len(held) > len(msgs):
                 continue
-            held = [_key(m) for m in node.messages]
             depth = len(held)
-            if keys[: depth - 1] != held[:-1] or msgs[depth - 1].get("role") != "assistant":
+            if msgs[depth - 1].get("role") != "assistant":
                 continue
-            rank = (keys[depth - 1] == held[-1], depth)
+            if not all(map(_same, islice(held, depth - 1), msgs)):
+                continue
+            rank = (_same(msgs[depth - 1], held[-1]), depth)
             if best is None or rank > best:
                 best, found = rank, node
         return found, bool(best and best[0])
@@ -395,7 +412,9 @@ class ManagedServer:
             return None, None, prompt_ids
         drift, ids = DriftKind.FORK, prompt_ids
         if exact:
-            held_text = str(self.tokenizer.decode(parent.tokens, skip_special_tokens=False))
+            held_text = self._held.text(parent)
+            if held_text is None:
+                held_text = str(self.tokenizer.decode(parent.tokens, skip_special_tokens=False))
             drift, ids = classify_drift(parent.tokens, held_text, prompt_ids, text, self._encode)
         self.drift_counts[drift] += 1
         return (None if drift is DriftKind.FORK else parent), drift, ids
@@ -434,6 +453,7 @@ class ManagedServer:
         if at is None:
             self.nodes.extend(nodes)
         else:
+            self._held.forget(self.nodes[at])
             self.nodes[at : at + 1] = nodes
 
     # --- plumbing -------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""`HeldTexts`: continue a held chat sequence by tokenizing only the text a turn adds.
+
+A `ManagedServer` session re-renders the whole conversation every turn (the chat template is
+the only exact source of the new turn's text), but the held sequence's ids need not be
+tokenized again: when the held ids end with an added token (`<|im_end|>`, eos) and the new
+render starts with the text of those ids, the ids to send are the held ids plus the encoding of
+the rest of the render. That is exact where the tokenizer cuts its input at added tokens before
+anything else (`TokenCodec.pieces`: then no token can span the boundary), which this module
+requires; otherwise, and for held ids ending in an ordinary token (a "length" completion),
+`ManagedServer` renders, tokenizes and classifies the whole prompt as before.
+
+The drift label stays what a full tokenization would say (`classify_drift`): `CLEAN` when the
+held ids are the canonical tokenization of their text, `REALIGN` when they are not (the server
+sampled another tokenization). A node's ids are canonical when its prompt ids were (every
+extension but a `REALIGN` one builds them by encoding) and its completion encodes back to
+itself together with the prompt's text since the prompt's last added token, a check of a few
+tokens, not of the conversation.
+
+Cost per turn, measured with `benchmarks/multiturn_scale.py` (6 turns): the encode of the whole
+rendered history and the decode of the held ids were about a third of the env's CPU per turn,
+and grew with the conversation; now one short encode and one short decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atropos.inference.sequence import DriftKind, SequenceNode
+from atropos.inference.tokenizer import TokenCodec
+
+
+class HeldTexts:
+    """For each held node that can be extended by text: the text of its ids and whether the
+    ids are that text's canonical tokenization (keyed by the node's identity: a session's
+    nodes are alive while held; `forget` when a node is replaced, `clear` on reset)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, tuple[str, bool]] = {}
+        self._added: dict[int, str] | None = None
+
+    def clear(self) -> None:
+        self._texts.clear()
+
+    def forget(self, node: SequenceNode) -> None:
+        self._texts.pop(id(node), None)
+
+    def text(self, node: SequenceNode) -> str | None:
+        """The text of the node's ids, special tokens kept (None: not noted)."""
+        entry = self._texts.get(id(node))
+        return None if entry is None else entry[0]
+
+    def extend(self, parent: SequenceNode, text: str) -> tuple[DriftKind, list[int]] | None:
+        """The drift and ids of prompt `text` continuing `parent`, by encoding only what `text`
+        adds to the parent's text; None when that is not exact (then tokenize all of it)."""
+        entry = self._texts.get(id(parent))
+        if entry is None:
+            return None
+        held, canonical = entry
+        if not text.startswith(held):
+            return None
+        ids = parent.tokens + TokenCodec.of(self.tokenizer).encode(text[len(held) :])
+        return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
+
+    def note(
+        self,
+        node: SequenceNode,
+        text: str,
+        prompt: list[int],
+        out: list[int],
+        drift: DriftKind | None,
+    ) -> None:
+        """Remember `node` (prompt ids `prompt` rendered from `text`, completion `out`) when
+        its ids end with an added token, so that its next turn can extend it by text."""
+        added = self._added_tokens()
+        if not out or out[-1] not in added:
+            return
+        out_text = str(self.tokenizer.decode(out, skip_special_tokens=False))
+        canonical = drift is not DriftKind.REALIGN and self._canonical(text, prompt, out, out_text)
+        self._texts[id(node)] = (text + out_text, canonical)
+
+    def _canonical(self, text: str, prompt: list[int], out: list[int], out_text: str) -> bool:
+        """Whether canonical prompt ids plus `out` still are: the ids since the prompt's last
+        added token, plus `out`, are the encoding of their text."""
+        added = self._added_tokens()
+        start = len(prompt)
+        while start and prompt[start - 1] not in added:
+            start -= 1
+        tail = text
+        if start:
+            mark = added[prompt[start - 1]]
+            tail = text[text.rfind(mark) + len(mark) :]
+        encoded = TokenCodec.of(self.tokenizer).encode(tail + out_text)
+        return encoded == prompt[start:] + out
+
+    def _added_tokens(self) -> dict[int, str]:
+        """Added token id -> its text, where the codec cuts text at them (else empty: off)."""
+        if self._added is None:
+            self._added = {}
+            vocab = getattr(self.tokenizer, "get_added_vocab", None)
+            if TokenCodec.of(self.tokenizer).pieces and callable(vocab):
+                try:
+                    self._added = {int(i): str(t) for t, i in vocab().items()}
+                except (TypeError, ValueError):
+                    self._added = {}
+        return self._added
