@@ -8,7 +8,7 @@ DEV := $(VENV)/.installed-dev
 EXTRAS := dev,train,envs,games,vision,ray,agents,reasoning-gym,textworld,mcp
 
 .PHONY: demo extras test test-latest lock check install fmt clean chromium slurm gcc test-sglang docker \
-	bubblewrap harnesses interop
+	bubblewrap harnesses interop bench-smoke bench-smoke-record
 
 # Installs take the exact versions of requirements/lock.txt (pip constraints; `make lock`
 # refreshes it), so a fresh machine gets what was tested. pip reads PIP_CONSTRAINT in every pip
@@ -145,6 +145,17 @@ interop:
 
 test: $(DEV) chromium slurm docker bubblewrap harnesses interop
 	$(PY) scripts/check
+	$(PY) benchmarks/smoke.py
+
+# The performance guard (in `make test`, after the tests, ~35 s): CPU per unit of each hot path
+# (API ingest and /batch, packer, sender, proxy, env runtime) against
+# benchmarks/smoke_baseline.json; fails past 2x. `bench-smoke-record` re-measures the baseline
+# (on an idle machine, when a slowdown is intended; commit the file with the change).
+bench-smoke: $(DEV)
+	$(PY) benchmarks/smoke.py
+
+bench-smoke-record: $(DEV)
+	$(PY) benchmarks/smoke.py --record
 
 # The SGLang tests (tests/sglang: SGLang 0.5.23 itself on the CPU, from an 11 GB venv that
 # scripts/upstream_venv.py builds from requirements/sglang.txt) are opt-in: venv and tests would
