@@ -251,3 +251,48 @@ def test_a_request_head_over_the_limit_is_a_431(target: Target) -> None:
     with httpx.Client(base_url=target.url, timeout=60) as client:
         answer = client.get(target.read, headers=headers)
     assert answer.status_code == 431, answer.text[:300]
+
+
+def _echo_app() -> Any:
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    from atropos.http import Rules, server_app
+
+    async def echo(ws: WebSocket) -> None:
+        await ws.accept()
+        await ws.send_text(await ws.receive_text())
+        await ws.close()
+
+    return server_app([WebSocketRoute("/ws", echo)], Rules.loopback())
+
+
+def _handshake(url: str, headers: dict[str, str]) -> bytes:
+    """The status line the server answers a WebSocket handshake with."""
+    host, port = url.removeprefix("http://").split(":")
+    lines = ["GET /ws HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade"]
+    lines += ["Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return sock.recv(4096).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, b"101"),
+        ({"Origin": "http://127.0.0.1:{port}"}, b"101"),
+        ({"Origin": "https://evil.example"}, b"403"),
+        ({"Origin": "null"}, b"403"),
+        ({"Host": "evil.example"}, b"403"),
+    ],
+)
+def test_a_websocket_handshake_passes_the_host_and_origin_rules(
+    headers: dict[str, str], status: bytes
+) -> None:
+    # browsers let any page open a WebSocket anywhere (no CORS): the Origin is the only guard
+    with serve_in_thread(_echo_app()) as url:
+        port = url.rsplit(":", 1)[1]
+        sent = {"Host": f"127.0.0.1:{port}"} | {k: v.format(port=port) for k, v in headers.items()}
+        assert _handshake(url, sent).split(b" ")[1] == status

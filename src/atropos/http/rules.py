@@ -4,7 +4,9 @@ a Starlette app with it.
 In front of every route, before any handler or key check, a request must pass:
 
 1. the browser and Host rules of `origin.refusal` (DNS rebinding, cross-site pages, `Origin:
-   null`, content types a page can send without a preflight): 403 or 415;
+   null`, content types a page can send without a preflight): 403 or 415; a WebSocket
+   handshake passes them on every path (its Origin is always checked) or is closed before it
+   is accepted (403);
 2. the body limit: a declared `Content-Length` over `Rules.max_body` is refused before a byte
    is read, and a chunked body is cut off there (413);
 3. the last line of defence: an exception escaping the app before it answered is classified
@@ -78,6 +80,9 @@ class HttpRules:
         self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -98,6 +103,23 @@ class HttpRules:
         if method not in _BODILESS:
             receive = self._bounded(receive)
         await self._run(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket handshake passes the Host and Origin rules of every route, with no
+        open path: browsers let any page open a WebSocket to any host (no preflight, no
+        CORS), so the Origin check is its only guard. A refused handshake is closed before
+        it is accepted (the server answers 403) with the reason."""
+        headers = {
+            name.decode(): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in _WANTED
+        }
+        refused = refusal("WEBSOCKET", scope["path"], headers, self.rules.site, ())
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        log.info("WebSocket %s refused: %s", scope["path"], refused.message)
+        await send({"type": "websocket.close", "code": 1008, "reason": refused.message[:120]})
 
     def _too_large(self, declared: str | None) -> Refusal | None:
         limit = self.rules.max_body

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from atropos.http import Rules, Site, refusal, server_app
+from atropos.http import Rules, Site, server_app
 from atropos.interop.openenv.published import Published, Source, episode_source
 
 __all__ = ["MAX_SESSIONS", "ACTION_SCHEMA", "build_app", "publish"]
@@ -120,11 +120,10 @@ def _keyed(headers: Any, key: str) -> bool:
     return not key or hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
 
 
-async def _session(ws: WebSocket, sessions: Sessions, rules: Rules, key: str) -> None:
-    headers = {k: v for k, v in ws.headers.items()}
-    refused = refusal("GET", "/ws", headers, rules.site, ())
-    if refused is not None or not _keyed(ws.headers, key):
-        await ws.close(code=1008, reason=refused.message if refused else "a valid key is needed")
+async def _session(ws: WebSocket, sessions: Sessions, key: str) -> None:
+    # Host and Origin were checked on the handshake by the HTTP rules (atropos.http)
+    if not _keyed(ws.headers, key):
+        await ws.close(code=1008, reason="a valid key is needed")
         return
     await ws.accept()
     if sessions.open >= sessions.limit:
@@ -181,7 +180,7 @@ def build_app(name: str, source: Source, rules: Rules, key: str = "") -> Any:
         return JSONResponse({"status": "healthy"})
 
     async def ws(websocket: WebSocket) -> None:
-        await _session(websocket, sessions, rules, key)
+        await _session(websocket, sessions, key)
 
     metadata = {"name": name, "description": f"Atropos environment {name}", "version": "1.0.0"}
     schema = {"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA}
