@@ -151,21 +151,33 @@ def _add_publish(env_verbs: argparse._SubParsersAction[Parser]) -> None:
         " ...). Beyond loopback it needs --api-key (or $ATROPOS_API_KEY). Details:"
         " docs/ecosystem.md.",
     )
+    _publish_options(pub_p)
     pub_p.add_argument("name", help="an id from `atropos env list`, or package.module:Class")
-    pub_p.add_argument("--as", dest="protocol", required=True, choices=("ors", "openenv"))
-    pub_p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    pub_p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
     pub_p.add_argument("flags", nargs=argparse.REMAINDER, help="--env.* (NAME --help)")
     pub_p.set_defaults(run=_env_publish)
+
+
+def _publish_options(parser: argparse.ArgumentParser) -> None:
+    """`--as`, `--host`, `--port`: before or after NAME (after it, taken from its flags)."""
+    parser.add_argument("--as", dest="protocol", choices=("ors", "openenv"))
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
 
 
 def _env_publish(args: argparse.Namespace) -> int:
     from atropos import interop
 
+    prog = f"atropos env publish {args.name}"
+    own = argparse.ArgumentParser(prog=prog, add_help=False)
+    _publish_options(own)
+    ours, rest = own.parse_known_args(list(args.flags), argparse.Namespace(**vars(args)))
+    if ours.protocol is None:
+        print(f"{prog}: error: --as ors or --as openenv is required", file=sys.stderr)
+        return 2
     try:
-        interop.publish(args.protocol, args.name, list(args.flags), args.host, args.port)
+        interop.publish(ours.protocol, args.name, rest, ours.host, ours.port)
     except (LookupError, ValueError, ImportError) as e:
-        print(f"atropos env publish {args.name}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     return 0
 
