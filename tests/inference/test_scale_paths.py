@@ -62,7 +62,7 @@ def test_a_continued_turn_tokenizes_only_what_it_adds(monkeypatch):
         assert sent == full_ids(msgs[: 2 + 2 * i])
     later = [text for text in encoded if "Tool result 0" in text]
     assert len(later) == 1  # the first turn's prompt only: later turns encode their suffix
-    assert encoded[-2].startswith("\n<|im_start|>user\nTool result 3")  # not the history
+    assert encoded[-1].startswith("\n<|im_start|>user\nTool result 3")  # not the history
     [node] = m.nodes
     assert node.drift is DriftKind.CLEAN and node.tokens[: len(server.sent[-1])] == server.sent[-1]
 

@@ -30,37 +30,22 @@ from atropos.inference.tokenizer import TokenCodec
 
 
 class HeldTexts:
-    """For each held node that can be extended by text: the text of its ids and whether the
-    ids are that text's canonical tokenization (keyed by the node's identity: a session's
-    nodes are alive while held; `forget` when a node is replaced, `clear` on reset)."""
+    """For each held node that may be extended by text, what its text is made of: the prompt's
+    text and ids, the completion's ids and the prompt's drift (keyed by the node's identity: a
+    session's nodes are alive while held; `forget` when a node is replaced, `clear` on reset).
+    Noting costs a tuple; the text and the canonical check are made only when a later turn
+    continues the node (a single-turn rollout never pays for them)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._texts: dict[int, tuple[str, bool]] = {}
+        self._held: dict[int, tuple[str, list[int], list[int], DriftKind | None]] = {}
         self._added: dict[int, str] | None = None
 
     def clear(self) -> None:
-        self._texts.clear()
+        self._held.clear()
 
     def forget(self, node: SequenceNode) -> None:
-        self._texts.pop(id(node), None)
-
-    def text(self, node: SequenceNode) -> str | None:
-        """The text of the node's ids, special tokens kept (None: not noted)."""
-        entry = self._texts.get(id(node))
-        return None if entry is None else entry[0]
-
-    def extend(self, parent: SequenceNode, text: str) -> tuple[DriftKind, list[int]] | None:
-        """The drift and ids of prompt `text` continuing `parent`, by encoding only what `text`
-        adds to the parent's text; None when that is not exact (then tokenize all of it)."""
-        entry = self._texts.get(id(parent))
-        if entry is None:
-            return None
-        held, canonical = entry
-        if not text.startswith(held):
-            return None
-        ids = parent.tokens + TokenCodec.of(self.tokenizer).encode(text[len(held) :])
-        return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
+        self._held.pop(id(node), None)
 
     def note(
         self,
@@ -72,12 +57,32 @@ class HeldTexts:
     ) -> None:
         """Remember `node` (prompt ids `prompt` rendered from `text`, completion `out`) when
         its ids end with an added token, so that its next turn can extend it by text."""
-        added = self._added_tokens()
-        if not out or out[-1] not in added:
-            return
+        if out and out[-1] in self._added_tokens():
+            self._held[id(node)] = (text, prompt, out, drift)
+
+    def text(self, node: SequenceNode) -> str | None:
+        """The text of the node's ids, special tokens kept (None: not noted)."""
+        entry = self._held.get(id(node))
+        if entry is None:
+            return None
+        return entry[0] + str(self.tokenizer.decode(entry[2], skip_special_tokens=False))
+
+    def extend(self, parent: SequenceNode, text: str) -> tuple[DriftKind, list[int]] | None:
+        """The drift and ids of prompt `text` continuing `parent`, by encoding only what `text`
+        adds to the parent's text; None when that is not exact (then tokenize all of it)."""
+        entry = self._held.get(id(parent))
+        if entry is None:
+            return None
+        prompt_text, prompt, out, drift = entry
         out_text = str(self.tokenizer.decode(out, skip_special_tokens=False))
-        canonical = drift is not DriftKind.REALIGN and self._canonical(text, prompt, out, out_text)
-        self._texts[id(node)] = (text + out_text, canonical)
+        held = prompt_text + out_text
+        if not text.startswith(held):
+            return None
+        canonical = drift is not DriftKind.REALIGN and self._canonical(
+            prompt_text, prompt, out, out_text
+        )
+        ids = parent.tokens + TokenCodec.of(self.tokenizer).encode(text[len(held) :])
+        return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
 
     def _canonical(self, text: str, prompt: list[int], out: list[int], out_text: str) -> bool:
         """Whether canonical prompt ids plus `out` still are: the ids since the prompt's last
