@@ -14,6 +14,7 @@ import httpx
 from atropos.api import ApiConfig, create_app
 from atropos.envs.runner.evaluate import VersionEvals
 from atropos.envs.runner.serve import ServeRunner
+from atropos.inference.base import note_policy_version
 from atropos.testing import FakeInferenceServer, serve_in_thread
 
 from .arith import Addition, solver
@@ -106,10 +107,13 @@ class Gate:
         self.env_id = 0
         self.last_eval_metrics: dict[str, Any] | None = None
         self.gate = asyncio.Event()
+        self.report: int | None = None
         self.posts: list[tuple[int, dict[str, float], int]] = []
 
     async def evaluate(self) -> None:
         await self.gate.wait()
+        if self.report is not None:  # the servers say which weights answered
+            note_policy_version({"policy_version": self.report})
         self.last_eval_metrics = {"accuracy": 0.75, "note": "text is left out"}
 
     async def post_eval(
@@ -132,8 +136,11 @@ def test_one_evaluation_at_a_time_the_rest_skipped_and_counted() -> None:
         evals.seen(10)  # due, none running: starts
         await asyncio.wait_for(evals.task, 5)  # type: ignore[arg-type]
         evals.seen(10)  # the same version again: nothing
+        fake.report = 11  # the servers answered with older weights than the version published
+        evals.seen(12)
+        await asyncio.wait_for(evals.task, 5)  # type: ignore[arg-type]
         return evals, fake
 
     evals, fake = asyncio.run(main())
-    assert evals.done == [2, 10] and evals.skipped == 2
-    assert fake.posts == [(2, {"accuracy": 0.75}, 2), (10, {"accuracy": 0.75}, 2)]
+    assert evals.done == [2, 10, 11] and evals.skipped == 2  # stamped with what answered
+    assert fake.posts[:2] == [(2, {"accuracy": 0.75}, 2), (10, {"accuracy": 0.75}, 2)]

@@ -5,6 +5,7 @@ the API's `/stats` and Prometheus `/metrics` showing them per env."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 
@@ -88,6 +89,8 @@ def test_a_serving_env_reports_its_stages_to_stats_and_metrics(tmp_path) -> None
     assert latency["rollout"]["p50"] >= latency["server"]["p50"] * 0.95
     assert latency["queue_wait"]["p99"] < latency["server"]["p50"]  # 2 workers, 512 slots
     assert doc["paced_seconds"] == 0.0  # the API has no --max-staleness: never paced
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("latency/rollout_p50" in r and "latency/server_count" in r for r in records)
     assert "# TYPE atropos_env_latency_seconds summary" in text
     for stage in ("rollout", "server", "queue_wait", "scoring"):
         for q in ("0.5", "0.95", "0.99"):

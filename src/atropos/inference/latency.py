@@ -153,6 +153,23 @@ class Latencies:
         """The summary of every stage that noted anything (`Latency.summary`)."""
         return {name: lat.summary(now) for name, lat in self.stages.items() if lat.count}
 
+    def metrics(self) -> dict[str, float]:
+        """The summaries as the env's metrics record takes them: `latency/<stage>_{p50, p95,
+        p99}` (seconds, over the window; left out when empty) and `latency/<stage>_count`.
+
+        >>> stages = Latencies()
+        >>> stages.record("scoring", 0.5)
+        >>> sorted(stages.metrics())[:2]
+        ['latency/scoring_count', 'latency/scoring_p50']
+        """
+        out: dict[str, float] = {}
+        for name, s in self.summaries().items():
+            out[f"latency/{name}_count"] = float(s["count"])
+            for q, _ in QUANTILES:
+                if s[q] is not None:
+                    out[f"latency/{name}_{q}"] = s[q]
+        return out
+
     @contextmanager
     def bind(self) -> Iterator[Latencies]:
         """Make these the stages `note` records into, in this context and tasks started in it."""

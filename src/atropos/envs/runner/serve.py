@@ -603,6 +603,7 @@ class ServeRunner:
             metrics[f"train/failed/{kind}"] = float(failed[kind])
         metrics.update(outcome_metrics(self.outcomes))  # totals since the env started
         metrics.update(self._pacing_metrics())
+        metrics.update(self.latency.metrics())  # latency/<stage>_p50, ... (recent window)
         if self.scores:
             metrics["train/score_mean"] = sum(self.scores) / len(self.scores)
         metrics.update(completion_stats(self.lengths, env.max_token_len))
