@@ -124,3 +124,20 @@ def test_unknown_env_names_the_ones_served(
 def test_a_malformed_spec_is_one_clear_error() -> None:
     with pytest.raises(registry.EnvNotFound, match="ors:URL or ors:URL#ENV"):
         registry.get("ors:localhost:8000")
+
+
+def test_against_the_local_cpu_server(counter: str, tmp_path: Path) -> None:
+    """`atropos local serve tiny` as the policy: its replies are noise, so what is checked is
+    the mechanism (groups written, token-exact with the server's ids and logprobs)."""
+    pytest.importorskip("torch")
+    from atropos.testing.serve import local_tiny_server
+
+    out = tmp_path / "groups.jsonl"
+    with local_tiny_server() as url:
+        extra = ["--openai.model_name=atropos-tiny", "--env.tokenizer_name=tiny"]
+        extra += ["--env.max_token_length=1024", "--env.max_gen_per_turn=32"]
+        extra += ["--env.ensure_scores_are_not_same=false", "--env.max_turns=2"]
+        assert process(f"ors:{counter}#counter", url, out, *extra, steps=1) == 0
+    (group,) = groups(out)
+    assert group["token_source"] == "server" and len(group["tokens"]) == 2
+    assert all(len(lp) == len(t) for lp, t in zip(group["inference_logprobs"], group["tokens"]))
