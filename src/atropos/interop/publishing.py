@@ -11,7 +11,29 @@ from atropos.envs.base import BaseEnv
 from atropos.envs.cli import parse
 from atropos.envs.config import ConfigError
 
-__all__ = ["configured_env"]
+__all__ = ["KEY_VARIABLE", "configured_env", "take_api_key"]
+
+KEY_VARIABLE = "ATROPOS_API_KEY"
+
+
+def take_api_key(argv: list[str]) -> tuple[list[str], str | None]:
+    """(`argv` less `--api-key KEY`, the key: that one, else `$ATROPOS_API_KEY`, else None).
+
+    >>> take_api_key(["--env.x", "1", "--api-key=k"])
+    (['--env.x', '1'], 'k')
+    """
+    import os
+
+    rest, key = [], os.environ.get(KEY_VARIABLE) or None
+    args = iter(argv)
+    for arg in args:
+        if arg == "--api-key":
+            key = next(args, None) or key
+        elif arg.startswith("--api-key="):
+            key = arg.partition("=")[2] or key
+        else:
+            rest.append(arg)
+    return rest, key
 
 
 def configured_env(name: str, argv: list[str]) -> BaseEnv[Any]:

@@ -5,10 +5,10 @@ The routes are the official server's (`wire` lists them), for the one environmen
 ours is (`gsm8k`); the session routes are also answered without the `/{env}` prefix. What an
 environment offers as tasks and tools is its adapter's (`published`). The server is built
 with `atropos.http.server_app` and `Rules`: Host and Origin checks, body limits, and a key
-beyond loopback: bound to another address, it starts only with `$ATROPOS_API_KEY` set, and
-then every route but `/health` needs it (`X-API-Key`, as openreward sends it, or
-`Authorization: Bearer`). Sessions are deleted by `/delete`, or after `idle_s` seconds without
-a request; at most `max_sessions` are open at once (then `/create` answers 503).
+beyond loopback: bound to another address, it starts only with a key (`--api-key KEY`, else
+`$ATROPOS_API_KEY`), and then every route but `/health` needs it (`X-API-Key`, as openreward
+sends it, or `Authorization: Bearer`). Sessions are deleted by `/delete`, or after `idle_s`
+seconds without a request; at most `max_sessions` are open at once (then `/create` answers 503).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,11 +29,10 @@ from starlette.routing import Route
 from atropos.http import Rules, Site, server_app
 from atropos.interop.ors.published import Adapter, Episode
 from atropos.interop.ors.wire import dumps, sse_event, sse_result, text_blocks
+from atropos.interop.publishing import KEY_VARIABLE
 from atropos.names import is_loopback
 
-__all__ = ["KEY_VARIABLE", "ORSApp", "build_app", "publish"]
-
-KEY_VARIABLE = "ATROPOS_API_KEY"
+__all__ = ["ORSApp", "build_app", "publish"]
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -339,13 +337,13 @@ def publish(env_name: str, env_argv: list[str], host: str, port: int) -> None:
 
     from atropos.http.serve import uvicorn_config
     from atropos.interop.ors.published import adapter
-    from atropos.interop.publishing import configured_env
+    from atropos.interop.publishing import configured_env, take_api_key
 
-    key = os.environ.get(KEY_VARIABLE) or None
+    env_argv, key = take_api_key(env_argv)
     if key is None and not is_loopback(host, resolve=True):
         raise ValueError(
-            f"bound to {host}, beyond loopback, the server needs a key: set ${KEY_VARIABLE}"
-            " (clients send it as X-API-Key)"
+            f"bound to {host}, beyond loopback, the server needs a key: --api-key KEY or"
+            f" ${KEY_VARIABLE} (clients send it as X-API-Key)"
         )
     env = configured_env(env_name, env_argv)
     found = adapter(env)

@@ -1,0 +1,114 @@
+"""The CPU per step that the ORS layer adds, against the same environment run natively.
+
+One run, side by side, for gsm8k (single-turn: one step per episode):
+
+- native: `prompt(item)` and `score(item, reply)` called in this process;
+- ors: the same episodes through `atropos env publish gsm8k --as ors` (a subprocess) and our
+  ORS client (`atropos.interop.ors.client`, what `ors:URL#ENV` plays with): per episode what
+  the consumer does, a session opened (`/create_session` + `/create`), its prompt and tools
+  read, one `answer` call (SSE), the session deleted (`/delete` + `/delete_session`).
+
+CPU is process CPU: this process's `time.process_time()` plus the server's utime + stime
+(`/proc/PID/stat`), so both ends of the protocol are counted; the server's start-up is excluded
+(measured from after a warm-up episode). The OpenEnv layer has its sibling,
+benchmarks/openenv_overhead.py. Usage: `nice python benchmarks/interop_overhead.py
+[--episodes 300]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from atropos.envs import registry
+from atropos.envs.cli import parse
+from atropos.interop.ors.client import ORSClient
+from atropos.net import free_port
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def native(episodes: int) -> float:
+    cls = registry.get("gsm8k")
+    resolved = parse(cls, "process", [])
+    env = cls(resolved.env, resolved.servers, manager=resolved.manager)
+    asyncio.run(env.setup())
+    items = env.items
+    env.score(items[0], "warm-up")  # lazy imports and compiled patterns, as the server's warm-up
+    start = time.process_time()
+    for i in range(episodes):
+        item = items[i % len(items)]
+        env.prompt(item)
+        env.score(item, f"The answer is \\boxed{{{i}}}")
+    return (time.process_time() - start) / episodes
+
+
+async def episode(client: ORSClient, index: int, answer: str) -> None:
+    session = await client.open("train", index)
+    try:
+        await session.prompt()
+        await session.tools()
+        await session.call("answer", {"answer": answer})
+    finally:
+        await session.close()
+
+
+async def remote(url: str, episodes: int, pid: int) -> float:
+    client = ORSClient(url, "gsm8k")
+    count = await client.num_tasks("train")
+    await episode(client, 0, "warm-up")
+    start, start_server = time.process_time(), server_cpu(pid)
+    for i in range(episodes):
+        await episode(client, i % count, f"The answer is \\boxed{{{i}}}")
+    used = time.process_time() - start + server_cpu(pid) - start_server
+    await client.aclose()
+    return used / episodes
+
+
+def serve(port: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "atropos", "env", "publish", "gsm8k", "--as", "ors"]
+    server = subprocess.Popen([*argv, "--port", str(port)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    server.kill()
+    raise TimeoutError("the ORS server did not start within 120 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=300)
+    args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()}")
+    port = free_port()
+    server = serve(port)
+    try:
+        ors = asyncio.run(remote(f"http://127.0.0.1:{port}", args.episodes, server.pid))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    base = native(args.episodes)
+    print(f"native  {base * 1e3:8.3f} ms CPU per step")
+    print(f"ors     {ors * 1e3:8.3f} ms CPU per step (client + server)")
+    print(f"added   {(ors - base) * 1e3:8.3f} ms CPU per step ({args.episodes} episodes)")
+    print(f"load average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
