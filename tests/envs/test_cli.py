@@ -127,6 +127,11 @@ def test_equals_and_space_forms_and_kebab_case():
     assert parse("--env.group-size", "9", "--max-n-completions=3").manager.max_n_completions == 3
 
 
+def test_eval_every_is_also_a_short_flag():
+    assert parse("--eval-every", "4").env.eval_every == 4
+    assert parse("--eval_every=3").env.eval_every == 3
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [

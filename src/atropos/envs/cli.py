@@ -239,12 +239,19 @@ def _normalize(argv: Sequence[str], flags: list[_Flag]) -> list[str]:
     return out
 
 
+SHORT_FLAGS = {"--eval_every": "--env.eval_every"}
+"""Flags of the run rather than of an environment's data, also taken without `--env.`:
+`atropos env serve NAME --eval-every 10`."""
+
+
 def _canonical(token: str) -> str:
-    """`--env.group-size=x` -> `--env.group_size=x` (only the flag's name changes)."""
+    """`--env.group-size=x` -> `--env.group_size=x` (only the flag's name changes; a short
+    flag becomes its long name)."""
     if not token.startswith("--"):
         return token
     name, eq, value = token.partition("=")
-    return "--" + name[2:].replace("-", "_") + eq + value
+    name = "--" + name[2:].replace("-", "_")
+    return SHORT_FLAGS.get(name, name) + eq + value
 
 
 def _reject(extra: list[str], options: list[str], parser: argparse.ArgumentParser) -> NoReturn:
