@@ -96,7 +96,7 @@ def one(name: str, rate: float, groups: int, seed: int, tmp: Path) -> dict[str, 
 
 def report(rows: list[dict[str, Any]], rate: float) -> str:
     lines = [
-        "| env | rollouts | scored | truncated | invalid | failed (by reason) | faults injected"
+        "| env | rollouts | scored | truncated | invalid | failed (by reason) | hit by a fault"
         " | rows written | rows with a fault | process CPU s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -109,13 +109,19 @@ def report(rows: list[dict[str, Any]], rate: float) -> str:
         failed = ", ".join(
             f"{k.removeprefix('failed/')} {n}" for k, n in sorted(o.items()) if k[:7] == "failed/"
         )
-        injected = ", ".join(f"{k} {n}" for k, n in sorted(r["plan"].injected.items()))
+        plan = r["plan"]
+        calls = ", ".join(f"{k} {n}" for k, n in sorted(plan.injected.items()))
+        injected = f"{len(plan.faulted)} items ({calls})"
         lines.append(
             f"| {r['env']} | {sum(o.values()):,} | {o.get('scored', 0):,} | {kind('truncated'):,}"
             f" | {kind('invalid'):,} | {kind('failed'):,} ({failed}) | {injected}"
             f" | {f['rows']:,} | {f['faulted_rows']} | {r['cpu']:.1f} |"
         )
-    lines.append(f"\nfault rate {rate:g} per request (nonce, turn); group size {GROUP}.")
+    lines.append(
+        f"\nfault rate {rate:g} per request (nonce, turn); group size {GROUP}; faulted responder"
+        " calls in brackets (each choice of each attempt); process CPU includes the fake servers'"
+        " threads."
+    )
     return "\n".join(lines)
 
 
