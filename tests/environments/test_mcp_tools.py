@@ -322,6 +322,7 @@ def test_a_group_of_right_and_wrong_calls_is_scored_and_token_exact():
         group, episodes = await group_of(env, responder, STOVE, script)
         assert group["scores"] == pytest.approx([1.0, 0.8, 0.1, 0.0])
         assert [e.ended for e in episodes] == ["answer", "answer", "answer", "max_turns"]
+        assert group["overrides"] == [{}, {}, {}, {"outcome": "truncated/turns"}]  # scored
         assert [e.errors for e in episodes] == [0, 0, 1, 2]  # the last reply is not run
         assert [len(e.calls) for e in episodes] == [2, 0, 2, 1]  # an unreadable block is none
         assert (3, 3) not in responder.asked  # max_turns: no fourth reply
