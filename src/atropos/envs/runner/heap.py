@@ -21,14 +21,18 @@ class FrozenHeap:
     A rollout allocates thousands of small containers (token rows, messages, HTTP objects), so
     the default threshold of 700 allocations triggered a young collection every few rollouts,
     each promoting in-flight objects toward the older generations; the first threshold is
-    raised to `young` for the run (about 20 times fewer young collections; measured: GC time
-    at 256 workers down from about 2 s to 0.1 s per 20 s).
+    raised to `young` for the run (about 20 times fewer young collections at 20,000; measured:
+    GC time at 256 workers down from about 2 s to 0.1 s per 20 s). With thousands of
+    multi-turn rollouts in flight every turn waits seconds for the server, so what a turn
+    allocates outlives many young collections and is traversed again in the older generations:
+    at 16,384 rollouts in flight GC took 24% of the env's CPU with 20,000 and 12% with 100,000
+    (`benchmarks/multiturn_scale.py`), hence 100,000 (a young generation of about 10 MB).
 
     `__exit__` restores the threshold and unfreezes, so a runner embedded in a longer process
     (a notebook, a test) leaves no trace.
     """
 
-    def __init__(self, young: int = 20_000) -> None:
+    def __init__(self, young: int = 100_000) -> None:
         self.young = young
         self.settled = False
         self._threshold: tuple[int, int, int] | None = None
