@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atropos.http import ErrorShape, HttpRules, Rules, Site, guard
+from atropos.inference.manager import ServerManager
 from atropos.proxy import anthropic_api, openai_api, responses_api
 from atropos.proxy.asgi import ProxyApp
 from atropos.proxy.session import (
@@ -127,11 +128,12 @@ class Proxy:
                 f"{len(self.sessions)} sessions are open (max_sessions): delete finished ones",
                 "overloaded_error",
             )
-        managed = None
+        managed, session_id = None, new_session_id()
         if not self.text_only:  # the context's exit only resets it: the session just ends
-            managed = await self.server.managed_server(tokenizer=self.tokenizer).__aenter__()
+            opened = self._managed_server(session_id)
+            managed = await opened.__aenter__()
         session = Session(
-            new_session_id(),
+            session_id,
             new_session_key(),
             managed=managed,
             text_server=self.server if self.text_only else None,
@@ -144,6 +146,15 @@ class Proxy:
         self.sessions[session.id] = session
         self._by_key[session.key] = session
         return session
+
+    def _managed_server(self, session_id: str) -> Any:
+        """The session's `ManagedServer` context. A `ServerManager` gets the session's id as
+        its routing key (`inference.routing`, `sticky_least_loaded`): every call of the
+        session goes to one server (its prefix cache holds the conversation) and carries the
+        id in the engine's session header (vLLM's `X-Session-ID`)."""
+        if isinstance(self.server, ServerManager):
+            return self.server.managed_server(tokenizer=self.tokenizer, session=session_id)
+        return self.server.managed_server(tokenizer=self.tokenizer)
 
     def get(self, session_id: str) -> Session:
         """The session, or ProxyError 404."""
@@ -204,6 +215,8 @@ class Proxy:
         """Forget a session and its aliases; returns it (its trajectory stays readable)."""
         session = self.get(session_id)
         session.close()
+        if isinstance(self.server, ServerManager):
+            self.server.homes.forget(session_id)  # its routing home goes with it
         del self.sessions[session_id]
         self._by_key.pop(session.key, None)
         for name in self._alias_names.pop(session_id, ()):

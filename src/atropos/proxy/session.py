@@ -39,6 +39,7 @@ from atropos.inference.errors import InferenceError
 from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_calls
+from atropos.proxy.incremental import IncrementalRender
 from atropos.proxy.trajectory import BREAK_KINDS, Sequence, Span, Trajectory
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
@@ -228,6 +229,8 @@ class Session:
         if server is not None and not isinstance(server, _RestOfContext):
             managed.server = _RestOfContext(server, self)  # type: ignore[union-attr]
         self.managed = managed
+        #: Its chat prompts rendered by a window over the previous one (`proxy.incremental`).
+        self.template = IncrementalRender.attach(managed) if managed is not None else None
         self.text_server = text_server
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser

@@ -1,0 +1,259 @@
+"""Incremental chat-template rendering for proxy sessions: a continued conversation renders only
+the messages its call adds.
+
+A session's `ManagedServer` renders the whole conversation every call (`_render`), so an agent's
+sixteenth call renders sixteen turns of history again. `IncrementalRender` takes its place on
+the session's `ManagedServer`: when a call's messages are the previous call's prompt messages
+`H`, then an assistant message (the answer the agent got back), then new messages `A`, the text
+is the previous prompt's text plus what the template writes after it, found on a *window*:
+
+    head = [H[0]] if it is a system message, else []    (tools go with every render)
+    X = render(head + H[-1:], generation prompt)
+    Y = render(head + H[-1:] + [assistant] + A, generation prompt unless A ends with one)
+    B = render(head, no generation prompt)
+
+Checked before it is used (else the whole conversation is rendered, as before): `Y` starts
+with `X` (the template only appends after the prompt), `X` starts with `B`, and the previous
+prompt's text ends with `X[len(B):]` (the window renders the last held message as the whole
+conversation did). The text is then `previous text + Y[len(X):]`, the same string the full
+render gives, and the session's `ManagedServer` tokenizes and classifies it as it does any
+prompt (only the added text is tokenized where the tokenizer allows it: `inference.held`).
+
+A template that rewrites earlier turns when later ones come (Qwen3 drops the reasoning of
+assistant turns before the last user message; a template that counts messages) would pass the
+window's checks and still differ from the full render. So each template is probed once
+(`template_is_stable`): conversations with a system message and without, tools and none, a
+reasoning block, tool calls and grouped tool results are rendered both ways at every cut, and
+the window is used only if every cut gives the full render's text (and the direct Jinja render
+below gives `apply_chat_template`'s). Calls with `chat_template_kwargs`, a reasoning plan's
+template kwargs, or a `skip_reasoning` render are always rendered whole.
+
+The windows are rendered with the tokenizer's compiled Jinja template directly (transformers'
+own compiled template, with the special tokens as variables), which skips
+`apply_chat_template`'s per-message normalisation; the probe checks it agrees.
+
+Measured (benchmarks/proxy_overhead.py, RESULTS.md): the render of a 16-call conversation cost
+~0.23 ms in `apply_chat_template` at its last call; the window costs three short renders.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["IncrementalRender", "template_is_stable"]
+
+Message = dict[str, Any]
+Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
+
+_KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents)
+_STABLE: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
+_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+
+
+def _compiled(tokenizer: Any) -> Any:
+    """The tokenizer's chat template, compiled (transformers caches it by its source)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(tokenizer.chat_template)
+
+
+def _direct(tokenizer: Any, template: Any) -> Callable[..., str]:
+    """Render `messages` with the compiled template as `apply_chat_template` does for plain
+    dict messages and tools (the special tokens are the template's variables)."""
+    tokens = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+
+    def render(messages: list[Message], tools: Any, generation: bool) -> str:
+        return str(
+            template.render(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=generation,
+                **tokens,
+            )
+        )
+
+    return render
+
+
+def _probes() -> list[tuple[list[Message], Any]]:
+    """Conversations (and tools) the probe renders at every cut."""
+    think = "<think>\nadd them\n</think>\n\nIt is 5."
+    turns: list[Message] = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": think, "tool_calls": [_CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "assistant", "content": think},
+        {"role": "user", "content": "Use the tool twice."},
+        {"role": "assistant", "content": "", "tool_calls": [_CALL, _CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "assistant", "content": "Done: 5."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    system: list[Message] = [{"role": "system", "content": "Be brief."}]
+    return [(system + turns, None), (turns, None), (system + turns, [_TOOL]), (turns, [_TOOL])]
+
+
+def template_is_stable(tokenizer: Any) -> bool:
+    """Whether the window gives the full render's text for this tokenizer's template (probed
+    once per tokenizer and template: see the module docstring)."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str):
+        return False
+    try:
+        held = _STABLE.get(tokenizer)
+    except TypeError:  # not weak-referenceable: probe every time (test doubles)
+        held = None
+    if held is not None and held[0] == source:
+        return bool(held[1])
+    stable = _probe(tokenizer)
+    try:
+        _STABLE[tokenizer] = (source, stable)
+    except TypeError:
+        pass
+    return stable
+
+
+def _probe(tokenizer: Any) -> bool:
+    try:
+        direct = _direct(tokenizer, _compiled(tokenizer))
+    except Exception:  # no template, or one this Jinja cannot compile
+        return False
+
+    def whole(messages: list[Message], tools: Any, kw: dict[str, Any]) -> str:
+        generation = messages[-1]["role"] != "assistant"
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=generation
+            )
+        )
+
+    tried = 0
+    for conversation, tools in _probes():
+        try:
+            texts = [
+                whole(conversation[:end], tools, {}) for end in range(1, len(conversation) + 1)
+            ]
+        except Exception:  # the template refuses this shape (no system role, no tools): skip it
+            continue
+        tried += 1
+        window = IncrementalRender(whole, direct)
+        for end, text in enumerate(texts, start=1):
+            messages = conversation[:end]
+            if direct(messages, tools, messages[-1]["role"] != "assistant") != text:
+                return False
+            found = window.extend(messages, tools)
+            if found is not None and found != text:
+                return False
+            window.remember(messages, tools, text)
+    return tried > 0
+
+
+class IncrementalRender:
+    """One session's renders: the window when it applies, else the whole conversation.
+
+    Args:
+        whole: renders a whole conversation (`ManagedServer._render(msgs, tools, kw)`).
+        direct: renders a short window (`_direct`), or None to always render whole.
+    """
+
+    def __init__(self, whole: Render, direct: Callable[..., str] | None) -> None:
+        self._whole = whole
+        self._direct = direct
+        self._prompts: list[tuple[list[Message], Any, str]] = []  # most recent last
+        self._head: tuple[Message | None, Any, str] | None = None
+        #: How many renders used the window, and how many rendered the whole conversation.
+        self.counts = {"window": 0, "whole": 0}
+
+    @classmethod
+    def attach(cls, managed: Any) -> IncrementalRender | None:
+        """Render `managed`'s (a `ManagedServer`) chat prompts through a new instance; None
+        (nothing changed) when its template failed the probe or it has no `_render`."""
+        whole = getattr(managed, "_render", None)
+        tokenizer = getattr(managed, "tokenizer", None)
+        if whole is None or tokenizer is None or not template_is_stable(tokenizer):
+            return None
+        window = cls(whole, _direct(tokenizer, _compiled(tokenizer)))
+        plan = getattr(managed, "reasoning", None)
+        window.plain = not getattr(plan, "kwargs", None)
+        managed._render = window.render
+        return window
+
+    plain = True  # the session's reasoning plan adds no template kwargs
+
+    def render(self, msgs: list[Message], tools: Any, kw: dict[str, Any]) -> str:
+        """`ManagedServer._render`'s text for `msgs`: by the window when it applies."""
+        text = None
+        if self.plain and "chat_template_kwargs" not in kw and not kw.get("skip_reasoning"):
+            text = self.extend(msgs, tools)
+        if text is None:
+            self.counts["whole"] += 1
+            text = self._whole(msgs, tools, kw)
+        else:
+            self.counts["window"] += 1
+        self.remember(msgs, tools, text)
+        return text
+
+    def remember(self, msgs: list[Message], tools: Any, text: str) -> None:
+        """Keep a prompt (not a copy of its messages) that a later call may continue."""
+        if msgs[-1].get("role") == "assistant":
+            return  # a prefilled answer: its continuation is not a new call's prompt
+        kept = [p for p in self._prompts if p[0] is not msgs]
+        kept.append((msgs, tools, text))
+        self._prompts = kept[-_KEPT:]
+
+    def extend(self, msgs: list[Message], tools: Any) -> str | None:
+        """The text of `msgs` by the window over a remembered prompt they continue, or None."""
+        if self._direct is None:
+            return None
+        for held, held_tools, text in reversed(self._prompts):
+            cut = len(held)
+            if (
+                len(msgs) > cut + 1
+                and msgs[cut].get("role") == "assistant"
+                and msgs[:cut] == held
+                and held_tools == tools
+            ):
+                return self._window(msgs, cut, tools, text)
+        return None
+
+    def _window(self, msgs: list[Message], cut: int, tools: Any, text: str) -> str | None:
+        head = msgs[:1] if msgs[0].get("role") == "system" else []
+        if cut <= len(head) + 1:
+            return None  # the window would be the whole prompt: nothing to save
+        base = head + msgs[cut - 1 : cut]
+        direct = self._direct
+        assert direct is not None
+        try:
+            before = direct(base, tools, True)
+            after = direct(base + msgs[cut:], tools, msgs[-1].get("role") != "assistant")
+            opening = self._opening(head, tools)
+        except Exception:  # the window is a shape the template refuses: render it whole
+            return None
+        if not (after.startswith(before) and before.startswith(opening)):
+            return None
+        if not text.endswith(before[len(opening) :]):
+            return None
+        return text + after[len(before) :]
+
+    def _opening(self, head: list[Message], tools: Any) -> str:
+        """The template's text for the head alone (cached while head and tools stay)."""
+        first = head[0] if head else None
+        held = self._head
+        if held is not None and held[0] == first and held[1] == tools:
+            return held[2]
+        assert self._direct is not None
+        opening = self._direct(head, tools, False)
+        self._head = (first, tools, opening)
+        return opening

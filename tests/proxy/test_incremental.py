@@ -1,0 +1,119 @@
+"""The incremental render of proxy sessions (`atropos.proxy.incremental`): a continued
+conversation is rendered by a window over the previous prompt and gives the ids the full render
+gives; an edited conversation falls back to the full render; a template that rewrites earlier
+turns is never rendered by the window."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from atropos.inference.managed import ManagedServer
+from atropos.inference.tokenizer import load_tokenizer
+from atropos.proxy.incremental import template_is_stable
+from atropos.proxy.session import Session
+from atropos.proxy.turns import TurnRequest
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+]
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
+
+
+class Stub:
+    """A token server that records the ids it was sent and answers in turn: a tool call, then
+    text (deterministic, so two sessions given the same calls get the same answers)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.sent: list[list[int]] = []
+
+    async def tokens_and_logprobs_completion(self, *, input_ids: list[int], n: int = 1, **kw: Any):
+        self.sent.append(list(input_ids))
+        text = CALL if len(self.sent) % 3 == 1 else f"step {len(self.sent)} done."
+        out = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return input_ids, [out] * n, [[-0.5] * len(out)] * n, ["stop"] * n
+
+
+def session(whole: bool = False) -> tuple[Session, Stub]:
+    tok = load_tokenizer("tiny")
+    stub = Stub(tok)
+    managed = ManagedServer(stub, tok)
+    s = Session("s", "k", managed=managed, tokenizer=tok)
+    if whole:  # the full render every call, as before the window
+        del managed._render
+        s.template = None
+    return s, stub
+
+
+async def converse(s: Session, edit_at: int | None = None) -> None:
+    """An agent: system prompt, tools, tool results and user turns; with `edit_at`, the
+    message at that index is edited before the last call (not an extension)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 3?"},
+    ]
+    for turn in range(6):
+        if edit_at is not None and turn == 5:
+            messages[edit_at] = {**messages[edit_at], "content": "edited"}
+        result = await s.complete(TurnRequest(messages=list(messages), tools=TOOLS))
+        answer = result.choices[0].message()
+        messages.append(answer)
+        if answer.get("tool_calls"):
+            for call in answer["tool_calls"]:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "5"})
+        else:
+            messages.append({"role": "user", "content": f"and then {turn}?"})
+
+
+def test_a_continued_conversation_gives_the_full_renders_ids() -> None:
+    windowed, sent = session()
+    whole, expected = session(whole=True)
+    asyncio.run(converse(windowed))
+    asyncio.run(converse(whole))
+    assert windowed.template is not None and windowed.template.counts["window"] >= 4
+    assert sent.sent == expected.sent  # every call's ids, as the full render made them
+    a, b = windowed.trajectory(), whole.trajectory()
+    assert [q.tokens for q in a.sequences] == [q.tokens for q in b.sequences]
+    assert [q.masks for q in a.sequences] == [q.masks for q in b.sequences]
+    assert a.breaks == b.breaks and len(a.sequences) == 1
+
+
+def test_an_edited_conversation_falls_back_to_the_full_render() -> None:
+    windowed, sent = session()
+    whole, expected = session(whole=True)
+    asyncio.run(converse(windowed, edit_at=1))
+    asyncio.run(converse(whole, edit_at=1))
+    assert windowed.template is not None
+    assert windowed.template.counts["whole"] >= 2  # the first call and the edited one
+    assert sent.sent == expected.sent
+    assert windowed.trajectory().breaks == whole.trajectory().breaks
+    breaks = windowed.trajectory().breaks
+    assert breaks["fork"] + breaks["new"] == 1 and len(windowed.trajectory().sequences) == 2
+
+
+def test_a_template_that_rewrites_earlier_turns_is_rendered_whole() -> None:
+    tok = copy.deepcopy(load_tokenizer("tiny"))
+    assert template_is_stable(tok)
+    # drops every assistant turn's reasoning once a later user message comes (as Qwen3 does)
+    tok.chat_template = (
+        "{%- set ns = namespace(last=0) -%}"
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last = loop.index0 -%}"
+        "{%- endif -%}{%- endfor -%}"
+        "{%- for m in messages -%}{%- set c = m.content or '' -%}"
+        "{%- if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c -%}"
+        "{%- set c = c.split('</think>')[-1] -%}{%- endif -%}"
+        "{{- '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+    assert not template_is_stable(tok)
+    s = Session("s", "k", managed=ManagedServer(Stub(tok), tok), tokenizer=tok)
+    assert s.template is None
