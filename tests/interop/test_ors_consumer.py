@@ -2,8 +2,8 @@
 openreward's own `Environment` and `Server` (tests/interop/ors_envs, served by the interop
 venv): a single-turn one and a multi-tool one, against the fake inference server (a scripted
 policy) and against `atropos local serve tiny`. Checked: the rewards ORS gives (inline and at
-`finished`) as scores and per-step `reward`s, token fidelity, sessions deleted, and failures of
-the remote environment counted as failed, never scored."""
+`finished`) as scores and per-step `reward`s, token fidelity, failures of the remote environment
+counted as failed, never scored, and a remote environment registered under a name."""
 
 from __future__ import annotations
 
@@ -140,4 +140,20 @@ def test_against_the_local_cpu_server(counter: str, tmp_path: Path) -> None:
         assert process(f"ors:{counter}#counter", url, out, *extra, steps=1) == 0
     (group,) = groups(out)
     assert group["token_source"] == "server" and len(group["tokens"]) == 2
-    assert all(len(lp) == len(t) for lp, t in zip(group["inference_logprobs"], group["tokens"]))
+    pairs = zip(group["inference_logprobs"], group["tokens"], strict=True)
+    assert all(len(lp) == len(t) for lp, t in pairs)
+
+
+def test_a_registered_remote_environment_is_listed_with_its_protocol_and_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    registry.register("remote-counter", "ors:http://127.0.0.1:9#counter")
+    try:
+        spec = registry.specs()["remote-counter"]
+        assert (spec.source, spec.origin) == ("ors", "http://127.0.0.1:9")
+        assert atropos_main(["env", "list"]) == 0  # described without asking the server
+        (row,) = [r for r in capsys.readouterr().out.splitlines() if "remote-counter" in r]
+        assert row.split()[1:3] == ["ors", "http://127.0.0.1:9"]
+        assert registry.get("remote-counter").url == "http://127.0.0.1:9"
+    finally:
+        registry._registered.pop("remote-counter")
