@@ -150,7 +150,9 @@ class EnvStatusRequest(EnvIdentifier):
     env's inference servers now (`ServerGauge`); the API keeps the latest per env. `latency`
     (extension) summarises the env's stages (`LatencySummary`: rollout, server, queue_wait,
     scoring, ttft) and `paced_seconds` counts the seconds its admission was paced, since it
-    started; the API keeps the latest of each per env.
+    started; the API keeps the latest of each per env. `outcomes` (extension) counts the env's
+    rollouts by how they ended (`scored`, `failed/<reason>`, `truncated/<limit>`,
+    `invalid/<why>`: `atropos.envs.outcome`), cumulative since it started, kept as `failed` is.
 
     >>> got = decode(b'{"env_id": 0, "dropped": {"identical_scores": 3}}', EnvStatusRequest)
     >>> got.dropped, got.failed, got.servers, got.latency, got.paced_seconds
@@ -162,6 +164,7 @@ class EnvStatusRequest(EnvIdentifier):
     servers: Annotated[list[ServerGauge], Meta(max_length=REPORT_MAX_SERVERS)] | None = None
     latency: Annotated[dict[LatencyName, LatencySummary], Meta(max_length=16)] | None = None
     paced_seconds: Annotated[float, Meta(ge=0)] | None = None
+    outcomes: ReportCounts | None = None
 
 
 class BatchAck(msgspec.Struct):

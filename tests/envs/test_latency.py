@@ -89,6 +89,7 @@ def test_a_serving_env_reports_its_stages_to_stats_and_metrics(tmp_path) -> None
     assert latency["rollout"]["p50"] >= latency["server"]["p50"] * 0.95
     assert latency["queue_wait"]["p99"] < latency["server"]["p50"]  # 2 workers, 512 slots
     assert doc["paced_seconds"] == 0.0  # the API has no --max-staleness: never paced
+    assert doc["env_outcomes"]["scored"] >= 1  # its outcome counts ride the same poll
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("latency/rollout_p50" in r and "latency/server_count" in r for r in records)
     assert "# TYPE atropos_env_latency_seconds summary" in text
@@ -99,6 +100,7 @@ def test_a_serving_env_reports_its_stages_to_stats_and_metrics(tmp_path) -> None
         assert re.search(rf'atropos_env_latency_seconds_count{{env="0",stage="{stage}"}} \d+', text)
         assert f'atropos_env_latency_seconds_sum{{env="0",stage="{stage}"}} ' in text
     assert 'atropos_env_paced_seconds_total{env="0"} 0.000' in text
+    assert 'atropos_env_outcomes_total{env="0",outcome="scored",reason=""} ' in text
     for line in text.splitlines():  # every sample line: name{labels} value
         if line and not line.startswith("#"):
             assert re.fullmatch(r'[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? \S+', line), line

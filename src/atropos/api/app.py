@@ -290,7 +290,7 @@ class Api:
             raise ProtocolError("env_id: give it as ?env_id= or a JSON body {'env_id': N}")
         answer = self.hub.status_env(env_id)
         if report is not None:
-            self.hub.report(env_id, report.dropped, report.failed)
+            self.hub.report(env_id, report.dropped, report.failed, report.outcomes)
             if report.servers is not None:
                 self.hub.report_servers(env_id, report.servers)
             if report.latency is not None or report.paced_seconds is not None:

@@ -70,12 +70,14 @@ class EnvCounters:
 @dataclass
 class EnvReport:
     """What an env last reported about itself in `/status-env` (in memory only):
-    groups it dropped before sending, by reason, and rollouts that failed, by kind, each
-    counted since that env started; `at` is when the report arrived (unix seconds)."""
+    groups it dropped before sending, by reason, rollouts that failed, by kind, and rollouts
+    by outcome (`scored`, `truncated/turns`, ...), each counted since that env started; `at`
+    is when the report arrived (unix seconds)."""
 
     dropped: dict[str, int]
     failed: dict[str, int]
     at: float
+    outcomes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -432,6 +434,7 @@ class Hub:
             dict(Counter(banked.dropped) + Counter(last.dropped)),
             dict(Counter(banked.failed) + Counter(last.failed)),
             last.at,
+            dict(Counter(banked.outcomes) + Counter(last.outcomes)),
         )
 
     def env_totals(self, env_id: int) -> EnvReport | None:
@@ -444,26 +447,32 @@ class Hub:
             dict(Counter(banked.dropped) + Counter(live.dropped)),
             dict(Counter(banked.failed) + Counter(live.failed)),
             live.at,
+            dict(Counter(banked.outcomes) + Counter(live.outcomes)),
         )
 
     def report(
-        self, env_id: int, dropped: dict[str, int] | None, failed: dict[str, int] | None
+        self,
+        env_id: int,
+        dropped: dict[str, int] | None,
+        failed: dict[str, int] | None,
+        outcomes: dict[str, int] | None = None,
     ) -> None:
         """Keep an env's latest report of its own drops and failures (cumulative counts since
         it started, so each replaces the last). A part left out keeps its last value; a
         report with neither part (every old client) changes nothing. A count lower than the
         last report's means a new process of the env: the last report goes to its totals."""
         self.env(env_id)
-        if dropped is None and failed is None:
+        if dropped is None and failed is None and outcomes is None:
             return
         last = self.env_reports.get(env_id)
-        if last is not None and _restarted(last, dropped, failed):
+        if last is not None and _restarted(last, dropped, failed, outcomes):
             self._bank(env_id)  # a new process of the env counts from zero again
             last = None
         self.env_reports[env_id] = EnvReport(
             dict(dropped) if dropped is not None else (last.dropped if last else {}),
             dict(failed) if failed is not None else (last.failed if last else {}),
             self.clock(),
+            dict(outcomes) if outcomes is not None else (last.outcomes if last else {}),
         )
 
     def report_servers(self, env_id: int, servers: list[ServerGauge]) -> None:
@@ -692,7 +701,10 @@ class Hub:
 
 
 def _restarted(
-    last: EnvReport, dropped: dict[str, int] | None, failed: dict[str, int] | None
+    last: EnvReport,
+    dropped: dict[str, int] | None,
+    failed: dict[str, int] | None,
+    outcomes: dict[str, int] | None = None,
 ) -> bool:
     """Whether a report counts less than the last one of any kind (its process restarted).
 
@@ -701,7 +713,7 @@ def _restarted(
     >>> _restarted(EnvReport({"identical_scores": 5}, {}, 0.0), {"identical_scores": 7}, {})
     False
     """
-    for new, old in ((dropped, last.dropped), (failed, last.failed)):
+    for new, old in ((dropped, last.dropped), (failed, last.failed), (outcomes, last.outcomes)):
         if new is not None and any(new.get(k, 0) < n for k, n in old.items()):
             return True
     return False

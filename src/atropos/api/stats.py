@@ -6,7 +6,8 @@ counter); queue depths and the step come from the durable state and survive rest
 
 Two sides drop groups: the API (`drops`: stale or oversize groups it received) and the
 environments (`env_dropped`: groups an env never sent, by the reason it gave, as the env last
-reported them in `/status-env`, with `env_failed` for its failed rollouts). An env's report is
+reported them in `/status-env`, with `env_failed` for its failed rollouts and `env_outcomes`
+for its rollouts by outcome). An env's report is
 its own count since it started; the API keeps it for the run (in memory): when the env
 disconnects or restarts, its last report is added to the env's totals (`Hub.env_totals`), so a
 run whose groups were all dropped still shows why after its env has gone.
@@ -73,6 +74,7 @@ def stats(hub: Hub) -> dict[str, Any]:
             "loose_fields": dict(c.loose),
             "env_dropped": dict(report.dropped) if report else {},
             "env_failed": dict(report.failed) if report else {},
+            "env_outcomes": dict(report.outcomes) if report else {},
             "env_reported_at": report.at if report else None,
             "servers": [
                 msgspec.structs.asdict(s)
@@ -96,11 +98,13 @@ def stats(hub: Hub) -> dict[str, Any]:
         _add(drops, c.drops)
     env_dropped: dict[str, int] = {}
     env_failed: dict[str, int] = {}
+    env_outcomes: dict[str, int] = {}
     for env_id in set(hub.env_reports) | set(hub.env_banked):
         totals = hub.env_totals(env_id)
         if totals is not None:
             _add(env_dropped, totals.dropped)
             _add(env_failed, totals.failed)
+            _add(env_outcomes, totals.outcomes)
     return {
         "step": hub.step,
         "registered": hub.registration is not None,
@@ -113,6 +117,7 @@ def stats(hub: Hub) -> dict[str, Any]:
         "drops": drops,
         "env_dropped": env_dropped,
         "env_failed": env_failed,
+        "env_outcomes": env_outcomes,
         "internal_errors": hub.internal_errors,
         "batch_latency_seconds": {
             "count": len(latencies),
@@ -196,6 +201,7 @@ def prometheus(hub: Hub) -> str:
         for env, entry in doc["envs"].items():
             for name, n in entry[f"env_{part}"].items():
                 lines.append(f'{metric}{{env="{env}",{label}="{_label(name)}"}} {n}')
+    lines += _outcome_lines(doc)
     lines.append("# HELP atropos_env_report_timestamp_seconds When the env last reported.")
     lines.append("# TYPE atropos_env_report_timestamp_seconds gauge")
     for env, entry in doc["envs"].items():
@@ -212,6 +218,23 @@ def prometheus(hub: Hub) -> str:
             lines.append(f'atropos_batch_latency_seconds{{quantile="0.{q[1:]}"}} {lat[q]:.6f}')
     lines.append(f"atropos_batch_latency_seconds_count {lat['count']}")
     return "\n".join(lines) + "\n"
+
+
+def _outcome_lines(doc: dict[str, Any]) -> list[str]:
+    """`atropos_env_outcomes_total{env, outcome, reason}` from each env's outcome counts
+    (`truncated/turns`: outcome `truncated`, reason `turns`; `scored`: reason "")."""
+    metric = "atropos_env_outcomes_total"
+    lines = [
+        f"# HELP {metric} Rollouts the env reports by how they ended (scored, failed,"
+        " truncated, invalid), with the reason.",
+        f"# TYPE {metric} counter",
+    ]
+    for env, entry in doc["envs"].items():
+        for name, n in entry["env_outcomes"].items():
+            outcome, _, reason = name.partition("/")
+            labels = f'env="{env}",outcome="{_label(outcome)}",reason="{_label(reason)}"'
+            lines.append(f"{metric}{{{labels}}} {n}")
+    return lines
 
 
 SERVER_GAUGES = (

@@ -117,10 +117,12 @@ class ControlClient:
         servers: list[dict[str, Any]] | None = None,
         latency: dict[str, dict[str, Any]] | None = None,
         paced_seconds: float | None = None,
+        outcomes: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:
         """`/status-env`, sending the env's cumulative drop and failure counts (when any), its
         inference servers now (`ServerManager.server_report`, when it has any), its latency
-        stages (`Latencies.summaries`) and the seconds it was paced (when known)."""
+        stages (`Latencies.summaries`), the seconds it was paced (when known) and its rollouts
+        by outcome (`envs.outcome`, when any)."""
         body: dict[str, Any] = {"env_id": env_id}
         if dropped:
             body["dropped"] = _report_counts(dropped)
@@ -132,6 +134,8 @@ class ControlClient:
             body["latency"] = latency
         if paced_seconds is not None:
             body["paced_seconds"] = paced_seconds
+        if outcomes:
+            body["outcomes"] = _report_counts(outcomes)
         reply: dict[str, Any] = await self.call("GET", "/status-env", body)
         return reply
 

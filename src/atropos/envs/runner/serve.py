@@ -481,7 +481,7 @@ class ServeRunner:
             try:
                 status = await self.api.status(
                     env_id, self.drops, self.failures, self._server_report(),
-                    self.latency.summaries(), self.pacer.paced_total()
+                    self.latency.summaries(), self.pacer.paced_total(), self.outcomes
                 )  # fmt: skip
             except ApiError as err:
                 now = time.monotonic()
