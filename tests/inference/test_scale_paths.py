@@ -141,3 +141,30 @@ def test_a_probe_that_times_out_while_calls_succeed_keeps_the_server_healthy():
         healthy, calls = asyncio.run(busy())
         assert healthy and calls > 10
         assert asyncio.run(idle()) is False
+
+
+def test_a_new_conversation_reuses_a_prompt_rendered_before(monkeypatch):
+    tok = load_tokenizer()
+    tok.chat_template = str(TOK.chat_template)  # a template of its own: a fresh cache key
+    TokenCodec.of(tok)  # its probes render a template too
+    rendered: list[int] = []
+    apply = tok.apply_chat_template
+    monkeypatch.setattr(
+        tok, "apply_chat_template", lambda *a, **k: rendered.append(1) or apply(*a, **k)
+    )
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    server = Scripted(*[(TOK.encode("4") + [EOS], "stop")] * 5)
+
+    async def start(messages: list[dict[str, Any]]) -> list[int]:
+        turn = await ManagedServer(server, tok).chat_turn(messages=messages, n=2)
+        return turn.prompt_tokens
+
+    first, again = asyncio.run(start(msgs)), asyncio.run(start(msgs))
+    assert rendered == [1] and first == again == full_ids(msgs) and first is not again
+    again.append(0)  # the caller's copy: the cache keeps its own
+    named = [msgs[0], {**msgs[1], "name": "bob"}]  # not only role and content: rendered
+    asyncio.run(start(named))
+    tok.chat_template = "{{ strftime_now('%Y') }}" + str(TOK.chat_template)  # reads the clock
+    asyncio.run(start(msgs))
+    asyncio.run(start(msgs))
+    assert rendered == [1, 1, 1, 1]

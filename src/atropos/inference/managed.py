@@ -3,7 +3,9 @@
 It renders chat templates locally, sends token ids, and keeps every sequence as the server
 returned it (`SequenceNode`: tokens, trainer masks, logprobs). A later call that continues a held
 conversation extends it by token ids, never by re-tokenizing text; disagreements between the
-re-rendered template and the held ids are classified (`DriftKind`) and counted (P11).
+re-rendered template and the held ids are classified (`DriftKind`) and counted (P11). Such a
+turn tokenizes only the text it adds where that is exact (`held.HeldTexts`), and a new
+conversation's prompt comes from `prompts.PromptCache` when it was rendered before.
 
 `chat_turn` is `chat_completion` without the OpenAI response object (the completions, finish
 reasons and nodes): what `atropos.envs.simple.Env` uses on its hot path. Text goes through
@@ -33,6 +35,7 @@ from openai.types.chat.chat_completion import Choice
 
 from atropos.inference.base import PolicyVersions, normalize_max_tokens
 from atropos.inference.held import HeldTexts
+from atropos.inference.prompts import PromptCache
 from atropos.inference.reasoning import Reasoning, TemplatePlan
 from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
 from atropos.inference.thinking_budget import sample_within_budget
@@ -229,15 +232,18 @@ class ManagedServer:
         if not msgs:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
-        text = self._render(msgs, tools, sampling)
         parent, exact = self._chat_parent(msgs)
-        extended = self._held.extend(parent, text) if exact and parent is not None else None
-        drift: DriftKind | None
-        if extended is not None:
-            drift, input_ids = extended
-            self.drift_counts[drift] += 1
+        drift: DriftKind | None = None
+        if parent is None:  # a new conversation: its prompt may have been rendered before
+            text, input_ids = self._fresh_prompt(msgs, tools, sampling)
         else:
-            parent, drift, input_ids = self._extend(parent, exact, self._encode(text), text)
+            text = self._render(msgs, tools, sampling)
+            extended = self._held.extend(parent, text) if exact else None
+            if extended is not None:
+                drift, input_ids = extended
+                self.drift_counts[drift] += 1
+            else:
+                parent, drift, input_ids = self._extend(parent, exact, self._encode(text), text)
         prompt, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
@@ -463,17 +469,42 @@ class ManagedServer:
     ) -> str:
         """The chat template over `msgs`, with the reasoning kwargs (unless `kw` says
         `skip_reasoning`) under the call's own `chat_template_kwargs` (popped from `kw`)."""
+        return self._apply(msgs, self._template_kwargs(tools, kw))
+
+    def _template_kwargs(
+        self, tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> dict[str, Any]:
         extra = dict(kw.pop("chat_template_kwargs", None) or {})
         if self.reasoning.kwargs and not kw.get("skip_reasoning"):
             extra = {**self.reasoning.kwargs, **extra}
         if tools:
             extra["tools"] = tools
+        return extra
+
+    def _apply(self, msgs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         add_generation_prompt = msgs[-1].get("role") != "assistant"
         return str(
             self.tokenizer.apply_chat_template(
                 msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
             )
         )
+
+    def _fresh_prompt(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> tuple[str, list[int]]:
+        """The text and ids of a new conversation's prompt, from `PromptCache` when there."""
+        extra = self._template_kwargs(tools, kw)
+        cache = PromptCache.of(self.tokenizer)
+        key = PromptCache.key(self.tokenizer, msgs, extra) if cache is not None else None
+        if key is not None and cache is not None:
+            found = cache.get(key)
+            if found is not None:
+                return found
+        text = self._apply(msgs, extra)
+        ids = self._encode(text)
+        if key is not None and cache is not None:
+            cache.put(key, text, ids)
+        return text, ids
 
     async def _generate(
         self, input_ids: list[int], n: int, max_tokens: int | None, sampling: dict[str, Any]
