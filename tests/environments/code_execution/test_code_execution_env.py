@@ -92,7 +92,7 @@ def test_process_writes_jsonl_and_html(tmp_path):
     assert len(run.groups) == 3
     for group in run.groups:
         assert sorted(group["scores"]) == [-1.0, -1.0, 1.0, 1.0]
-        assert group["overrides"] == [{}] * 4
+        assert "overrides" not in group  # none cut: every row scored, no overrides
         assert group["messages"][0][0]["content"] == SYSTEM_PROMPT
         assert "```python" in group["messages"][0][-1]["content"]
     assert "```python" in run.page
@@ -113,7 +113,9 @@ def test_a_sandbox_failure_fails_the_rollout_and_is_counted_by_reason(tmp_path, 
         resolved = ResolvedConfig(env.config, env.server_configs, env.manager_config, "process")
         runner = ProcessRunner(env, resolved)
         asyncio.run(runner.run(show_progress=False))
-    assert runner.failures["SandboxError"] >= 1 and set(runner.failures) == {"SandboxError"}
+    # per item under the same name as its rollouts' outcome (failed/sandbox_<reason>)
+    assert runner.failures["sandbox_start_failed"] >= 1
+    assert set(runner.failures) == {"sandbox_start_failed"}
     assert env.sandbox_failures["start_failed"] >= 1
     assert not out.exists() or out.read_text().strip() == ""
 
@@ -138,7 +140,8 @@ def test_a_truncated_completion_gets_its_advantage_zeroed():
 
         group = asyncio.run(main())
     pairs = sorted(zip(group["scores"], group["overrides"], strict=True), key=lambda p: p[0])
-    assert pairs == [(-1.0, {"set_advantage_to_zero": True}), (1.0, {})]
+    cut = {"set_advantage_to_zero": True, "outcome": "truncated/tokens"}
+    assert pairs == [(-1.0, cut), (1.0, {})]
 
 
 def test_evaluate_reports_unbiased_pass_at_k(tmp_path):

@@ -5,10 +5,11 @@ fixture (`data/code_execution/`), or `--env.dataset_name mbpp` / `openai_humanev
 The last fenced ```python block of a completion is run against the item's asserts or
 stdin/stdout cases in an `atropos.sandbox` sandbox (`--env.sandbox_provider`; this package's
 `sandbox` docstring is the threat model):
-+1 if everything passes, else -1 (no code: -1). A completion cut at `max_token_length` gets
-`set_advantage_to_zero` in its `overrides`. A group's sandboxes run concurrently, bounded by
-`--env.max_concurrency`. Eval: `eval_samples` completions per problem, unbiased pass@1 and
-pass@k. Upstream's `CodingEnv` ran the tests on Modal; see docs/code_execution.md.
++1 if everything passes, else -1 (no code: -1). A completion cut at `max_token_length` is
+`truncated/tokens` and masked (`truncated = "mask"`: `set_advantage_to_zero`). A group's
+sandboxes run concurrently, bounded by `--env.max_concurrency`. Eval: `eval_samples`
+completions per problem, unbiased pass@1 and pass@k. Upstream's `CodingEnv` ran the tests on
+Modal; see docs/code_execution.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ SYSTEM_PROMPT = (
     " Then give your complete solution as one fenced code block (```python ... ```); the last"
     " such block is run against hidden tests. Use only the standard library."
 )
-ZERO = {"set_advantage_to_zero": True}
 
 
 class CodeExecutionConfig(BaseEnvConfig):
@@ -78,6 +78,7 @@ class CodeExecution(Env[CodeExecutionConfig]):
     """MBPP/HumanEval-style problems; +1 when the code passes every test, else -1."""
 
     name = "code_execution"
+    truncated: ClassVar[str] = "mask"  # a completion cut before its code says nothing
     config_defaults: ClassVar[dict[str, Any]] = {
         "group_size": 8, "max_token_length": 2048, "use_wandb": False
     }  # fmt: skip
@@ -160,11 +161,6 @@ class CodeExecution(Env[CodeExecutionConfig]):
     ) -> list[float] | None:
         self.record_mean("train/percent_correct", (max(s, 0.0) for s in scores))
         return scores  # none dropped here (the runner applies ensure_scores_are_not_same)
-
-    def sequence_overrides(
-        self, item: Item, rollouts: list[Rollout], scores: list[float]
-    ) -> list[dict[str, Any]]:
-        return [dict(ZERO) if r.finish_reason == "length" else {} for r in rollouts]
 
     # ----- evaluation ---------------------------------------------------------------------------
 

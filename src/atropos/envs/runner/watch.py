@@ -1,8 +1,9 @@
 """What a runner says about failed and dropped items while it runs, without flooding its log.
 
-`FailureLog.record(err)` counts a failed item by exception type (and, given an outcome
-counter, its rollouts as `failed/<reason>`, `atropos.envs.outcome`) and tells a fatal error (one
-that will repeat for every item: `atropos.inference.errors.fatal_reason`) from a per-item one.
+`FailureLog.record(err)` counts a failed item by its `failure_reason` (and, given an outcome
+counter, its rollouts as `failed/<reason>` under the same name, `atropos.envs.outcome`) and
+tells a fatal error (one that will repeat for every item:
+`atropos.inference.errors.fatal_reason`) from a per-item one.
 A per-item error is logged once per distinct message, with its traceback the first time its
 type is seen; the same failure again is only counted (the counts are in the summary, in the
 drop line below and in the metrics).
@@ -22,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from atropos.envs.outcome import count_failure
+from atropos.envs.outcome import count_failure, failure_reason
 from atropos.inference.errors import fatal_reason
 
 log = logging.getLogger("atropos.env")
@@ -50,9 +51,10 @@ class FailureLog:
         self._messages: set[str] = set()
 
     def record(self, err: BaseException, kind: str | None = None) -> bool:
-        """Count `err` (under `kind`, default its `failure_kind` if it has one, e.g.
-        `judge_timeout`, else its type's name); True when it is fatal."""
-        kind = kind or getattr(err, "failure_kind", None) or type(err).__name__
+        """Count `err` (under `kind`, default `failure_reason(err)`: the same name as its
+        rollouts' `failed/<reason>`, e.g. `judge_timeout`, `inference_http_5xx`); True when it
+        is fatal."""
+        kind = kind or failure_reason(err)
         self.counts[kind] += 1
         if self.outcomes is not None:
             count_failure(self.outcomes, err, self.rollouts)
