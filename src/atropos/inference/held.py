@@ -23,6 +23,8 @@ and grew with the conversation; now one short encode and one short decode.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import Any
 
 from atropos.inference.sequence import DriftKind, SequenceNode
@@ -101,11 +103,29 @@ class HeldTexts:
     def _added_tokens(self) -> dict[int, str]:
         """Added token id -> its text, where the codec cuts text at them (else empty: off)."""
         if self._added is None:
-            self._added = {}
-            vocab = getattr(self.tokenizer, "get_added_vocab", None)
-            if TokenCodec.of(self.tokenizer).pieces and callable(vocab):
-                try:
-                    self._added = {int(i): str(t) for t, i in vocab().items()}
-                except (TypeError, ValueError):
-                    self._added = {}
+            self._added = added_tokens(self.tokenizer)
         return self._added
+
+
+_ADDED: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def added_tokens(tokenizer: Any) -> dict[int, str]:
+    """Added token id -> its text where `TokenCodec` cuts text at them, else empty (made once
+    per tokenizer: a session is made per rollout, and transformers builds the map each call)."""
+    try:
+        found = _ADDED.get(tokenizer)
+    except TypeError:  # not weak-referenceable
+        found = None
+    if found is not None:
+        return found
+    found = {}
+    vocab = getattr(tokenizer, "get_added_vocab", None)
+    if TokenCodec.of(tokenizer).pieces and callable(vocab):
+        try:
+            found = {int(i): str(t) for t, i in vocab().items()}
+        except (TypeError, ValueError):
+            found = {}
+    with contextlib.suppress(TypeError):
+        _ADDED[tokenizer] = found
+    return found

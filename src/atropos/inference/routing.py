@@ -55,6 +55,7 @@ not know is an error on some (SGLang's `/generate` refuses unknown sampling fiel
 from __future__ import annotations
 
 import contextvars
+import itertools
 import uuid
 from collections import Counter, OrderedDict
 from typing import Literal
@@ -78,9 +79,14 @@ DEFAULT_SESSION_LIMIT = 1 << 17
 """Session homes remembered at most (least recently used forgotten first): 131,072 keys."""
 
 
+_KEY_PREFIX = uuid.uuid4().hex[:16]
+_KEY_COUNTER = itertools.count()
+
+
 def new_session_key() -> str:
-    """A fresh random session key (32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh session key (32 hex digits): a random prefix per process and a counter, unique
+    like a uuid4 and made for a fraction of its cost (one per rollout)."""
+    return f"{_KEY_PREFIX}{next(_KEY_COUNTER):016x}"
 
 
 def hint_headers(server_type: str, key: str) -> dict[str, str] | None:
