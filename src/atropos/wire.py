@@ -112,7 +112,9 @@ class ServerGauge(msgspec.Struct, omit_defaults=True):
     """One of an env's inference servers as its `ServerManager` sees it now (extension): the
     training requests in flight, the cap in force (`capacity`: the adaptive limit when adaptive
     concurrency is on), the configured maximum, sessions homed there, and the server's own
-    queue and KV-cache gauges when read (`atropos.inference.concurrency`)."""
+    queue and KV-cache gauges when read (`atropos.inference.concurrency`), and its time to
+    first token (p50, p95, p99, seconds) from its own histogram when read
+    (`atropos.inference.server_metrics`)."""
 
     url: Annotated[str, Meta(max_length=300)]
     healthy: bool
@@ -122,6 +124,9 @@ class ServerGauge(msgspec.Struct, omit_defaults=True):
     sessions: Annotated[int, Meta(ge=0)] = 0
     waiting: float | None = None
     kv_usage: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    ttft_p99: float | None = None
 
 
 class LatencySummary(msgspec.Struct, omit_defaults=True):

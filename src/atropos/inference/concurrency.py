@@ -49,9 +49,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from atropos.inference.base import server_root
@@ -119,6 +121,27 @@ class AdaptiveLimit:
         return value
 
 
+def samples(text: str, names: tuple[str, ...]) -> Iterator[tuple[str, str, float]]:
+    """`(name, labels, value)` of each finite sample in Prometheus text whose metric is one of
+    `names` (`labels` is the text between the name and the value: `{...}` or empty).
+
+    >>> list(samples('a{x="1"} 2\\n# HELP a\\nab 3\\na 4', ("a",)))
+    [('a', '{x="1"}', 2.0), ('a', '', 4.0)]
+    """
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        for name in names:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+                labels, _, raw = line[len(name) :].rpartition(" ")
+                try:
+                    value = float(raw)
+                except ValueError:
+                    continue
+                if math.isfinite(value):
+                    yield name, labels.strip(), value
+
+
 def parse_gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
     """The sum over label sets of each gauge in `names` found in Prometheus text.
 
@@ -127,18 +150,49 @@ def parse_gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
     {'vllm:num_requests_waiting': 3.0}
     """
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        for name in names:
-            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-                try:
-                    value = float(line.rsplit(" ", 1)[1])
-                except (IndexError, ValueError):
-                    continue
-                if math.isfinite(value):
-                    found[name] = found.get(name, 0.0) + value
+    for name, _, value in samples(text, names):
+        found[name] = found.get(name, 0.0) + value
     return found
+
+
+def parse_histograms(text: str, names: tuple[str, ...]) -> dict[str, Histogram]:
+    """Each histogram in `names` found in Prometheus text, summed over label sets (engines):
+    its cumulative `(le, count)` buckets in order of `le` (`+Inf` last), `_sum` and `_count`.
+
+    >>> text = 'h_bucket{le="0.1",e="0"} 1\\nh_bucket{e="1",le="0.1"} 2\\nh_bucket{le="+Inf"} 4\\n'
+    >>> parse_histograms(text + "h_sum 0.9\\nh_count 4\\n", ("h",))["h"]
+    Histogram(buckets=[(0.1, 3.0), (inf, 4.0)], sum=0.9, count=4.0)
+    """
+    series = {f"{name}{suffix}": name for name in names for suffix in ("_bucket", "_sum", "_count")}
+    buckets: dict[str, dict[float, float]] = {}
+    totals: dict[str, list[float]] = {}
+    for series_name, labels, value in samples(text, tuple(series)):
+        name = series[series_name]
+        if series_name.endswith("_bucket"):
+            le = _LE.search(labels)
+            if le is not None:
+                edge = float(le.group(1))
+                into = buckets.setdefault(name, {})
+                into[edge] = into.get(edge, 0.0) + value
+        else:
+            pair = totals.setdefault(name, [0.0, 0.0])
+            pair[series_name.endswith("_count")] += value
+    return {
+        name: Histogram(sorted(edges.items()), *totals.get(name, (0.0, 0.0)))
+        for name, edges in buckets.items()
+    }
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram as read: cumulative `(le, count)` buckets, `sum` and `count`."""
+
+    buckets: list[tuple[float, float]]
+    sum: float
+    count: float
+
+
+_LE = re.compile(r'\ble="([^"]+)"')
 
 
 def queue_verdict(gauges: Mapping[str, float]) -> tuple[bool, float, float] | None:

@@ -20,9 +20,10 @@ Choices where the issue is silent:
 
 * Only training calls are noted by the inference layer; an evaluation's calls have their own
   budget (the eval split) and would mix another workload into the figures.
-* `ttft` (time to first token) is noted only by a call that streams; `ServerManager`'s calls
-  return whole answers (token-exact turns need the full answer), so it stays empty unless a
-  streaming caller notes it, and `server` is the whole time of a call.
+* `ServerManager`'s calls return whole answers (token-exact turns need the full answer), so
+  `server` is the whole time of a call and `ttft` comes from the servers' own Prometheus
+  histograms (`atropos.inference.server_metrics`, with `server_queue`); a streaming caller
+  may note it too.
 
 >>> lat = Latency()
 >>> for ms in range(1, 101):
@@ -48,10 +49,12 @@ FLOOR = 1e-5
 BUCKETS = 36 * PER_OCTAVE
 """36 doublings above `FLOOR`: up to 6.9e5 s (8 days); anything longer falls in the last."""
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-STAGES = ("rollout", "ttft", "server", "queue_wait", "scoring")
+STAGES = ("rollout", "ttft", "server", "queue_wait", "scoring", "server_queue")
 """What an env records: a whole rollout (its group, from start to scored), the time to the
-first token of a streamed call, the server's time for a call, the wait for a concurrency slot
-in the `ServerManager` before a call, and the time spent scoring a group."""
+first token (read from the servers' own histograms, `server_metrics`, or noted by a call that
+streams), the server's time for a call, the wait for a concurrency slot in the `ServerManager`
+before a call, the time spent scoring a group, and the time requests waited in the servers' own
+queues (their histograms)."""
 
 _SCALE = PER_OCTAVE / math.log(2)
 _LOG_FLOOR = math.log(FLOOR)
@@ -84,6 +87,14 @@ class Latency:
             self.buckets[0] += 1
         self.count += 1
         self.sum += seconds if seconds > 0 else 0.0
+
+    def add(self, seconds: float, n: int) -> None:
+        """Note `n` durations of `seconds` each (a server's histogram, read as samples)."""
+        i = int((math.log(seconds) - _LOG_FLOOR) * _SCALE) if seconds > FLOOR else 0
+        self.buckets[min(i, _LAST)] += n
+        self.max = max(self.max, seconds)
+        self.count += n
+        self.sum += seconds * n if seconds > 0 else 0.0
 
     def summary(self, now: float | None = None) -> dict[str, Any]:
         """`{"count", "sum", "p50", "p95", "p99", "max"}`: quantiles over the window (None

@@ -46,6 +46,7 @@ from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
 from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnOnce
 from atropos.inference.retry import RetryPolicy
 from atropos.inference.routing import SESSION_HINT, SessionHomes, hint_headers, new_session_key
+from atropos.inference.server_metrics import ServerMetrics
 from atropos.inference.slurm import resolve_server_configs
 
 NEEDS = {
@@ -210,6 +211,8 @@ class ServerManager:
         )
         #: Each session's home server (`atropos.inference.routing`).
         self.homes = SessionHomes()
+        #: The servers' own TTFT and queue-time histograms (`server_metrics`).
+        self.server_metrics = ServerMetrics(server_configs)
         self._sticky = self.config.routing == "sticky_least_loaded"
         self._ratio = self.config.rehome_load_ratio
         self._weight = 1.0
@@ -388,7 +391,8 @@ class ServerManager:
     def server_report(self) -> list[dict[str, Any]]:
         """Each server now, as the env sends it to the API (`wire.ServerGauge`): URL, health,
         training requests in flight, the cap in force, the configured maximum, sessions homed
-        there, and its queue and KV-cache gauges when adaptive concurrency read them."""
+        there, its queue and KV-cache gauges when adaptive concurrency read them, and its TTFT
+        quantiles when its histograms were read (`server_metrics`)."""
         out: list[dict[str, Any]] = []
         for slot in self._pool.slots:
             row: dict[str, Any] = {
@@ -404,6 +408,7 @@ class ServerManager:
                 row["waiting"] = limit.waiting
             if limit is not None and limit.kv_usage >= 0:
                 row["kv_usage"] = limit.kv_usage
+            row.update(self.server_metrics.row(slot.index))
             out.append(row)
         return out[:64]
 

@@ -14,6 +14,8 @@ Endpoints and the request fields they honour (others are accepted and ignored, e
 and SGLang `/generate`, which refuse unknown sampling fields as those engines do):
 
 * `GET /health`, `GET /health/` (TRL) -> `{"status": "ok"}`; `GET /v1/models` -> OpenAI list.
+* `GET /metrics` -> vLLM's time-to-first-token and queue-time histograms, Prometheus text
+  (`atropos.testing.fake_metrics`); never counted in `requests` nor failed by `fail_next`.
 * `POST /v1/completions`: `prompt` (string, strings, token ids, or lists of token ids), `n`,
   `max_tokens` (16), `temperature` (0 = every choice identical), `top_p`, `seed`, `stop`,
   `logprobs` (int k: tokens/token_logprobs/top_logprobs with k+1 entries/text_offset), and vLLM's
@@ -87,6 +89,7 @@ from atropos.testing.fake_engine import (
     load_tokenizer,
 )
 from atropos.testing.fake_lora import FakeLora
+from atropos.testing.fake_metrics import FakeMetrics
 from atropos.testing.fake_shapes import Prompts, Shapes
 from atropos.testing.serve import serve_in_thread
 
@@ -185,6 +188,7 @@ class FakeInferenceServer:
         self.url: str | None = None
         self.shapes = Shapes(self.engine, self._run, model, policy_version=policy_version)
         self.lora = FakeLora()  # vLLM's LoRA endpoints (atropos.testing.fake_lora)
+        self.metrics = FakeMetrics(model)  # GET /metrics: vLLM's TTFT and queue histograms
         self.app = self._build_app()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -279,6 +283,7 @@ class FakeInferenceServer:
             self._route("/generate/", "POST", self.shapes.trl_generate),
         ]
         routes += self.lora.routes()
+        routes.append(Route("/metrics", self._metrics, methods=["GET"]))
         rules = Rules.loopback(open_paths=("/health", "/health/"))
         return server_app(routes, rules, exception_handlers={HTTPException: _http_error})
 
@@ -307,8 +312,12 @@ class FakeInferenceServer:
         card |= {"owned_by": "atropos-fake", "max_model_len": self.engine.max_model_len}
         return {"object": "list", "data": [card, *self.lora.cards(self.model, self._created)]}
 
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
     async def _run(self, prompts: Prompts, s: Sampling) -> list[list[Output]]:
         """Check lengths, wait out the latency, then generate for every prompt."""
+        arrived = time.perf_counter()
         sized = [self.engine.check_length(ids, s) for ids, _ in prompts]
         if self.latency > 0:
             await asyncio.sleep(self.latency)
@@ -318,6 +327,8 @@ class FakeInferenceServer:
             self.prompt_tokens += len(ids)
             self.tokens_generated += sum(len(o.ids) for o in outs)
             results.append(outs)
+        for _ in results:
+            self.metrics.answered(time.perf_counter() - arrived)
         return results
 
 

@@ -70,6 +70,7 @@ from atropos.envs.types import EvalHandlingEnum
 from atropos.inference.base import PolicyVersions
 from atropos.inference.errors import fatal_reason
 from atropos.inference.latency import Latencies
+from atropos.inference.server_metrics import scrape_servers
 from atropos.metrics import MetricsError, MetricsSink, open_env_sink
 from atropos.metrics.stats import completion_stats, summary, trained_tokens
 
@@ -478,6 +479,7 @@ class ServeRunner:
         while True:
             asked_at, pending = self.submitted, self.sender.pending + self.sender.in_flight
             self.drop_report.check(self.drops, self.failures, self.submitted)
+            await scrape_servers(self.env, self.latency)  # ttft, server_queue: their histograms
             try:
                 status = await self.api.status(
                     env_id, self.drops, self.failures, self._server_report(),
