@@ -158,6 +158,9 @@ def test_groups_score_the_game_and_are_token_exact(player, score):
         tok = fake.tokenizer
     assert group["scores"] == [score] * 4 and group["token_source"] == "server"
     assert "advantages" not in group
+    # the bad player is cut by max_turns (6): truncated/turns, scored as it stands
+    cut = [{"outcome": "truncated/turns"}] * 4
+    assert group.get("overrides") == (None if player == "walker" else cut)
     for tokens, masks, logprobs, messages in zip(
         group["tokens"], group["masks"], group["inference_logprobs"], group["messages"], strict=True
     ):

@@ -163,6 +163,7 @@ def test_the_episode_stops_at_max_turns_and_scores_the_last_reward():
         [group] = collect(env)
     assert group["scores"] == [0.0] * 4
     assert all(len(assistant_turns(m)) == 2 for m in group["messages"])
+    assert group["overrides"] == [{"outcome": "truncated/turns"}] * 4  # scored as it stands
 
 
 def test_the_loop_caps_an_endless_game_at_max_turns():
@@ -192,6 +193,10 @@ def test_the_loop_caps_an_endless_game_at_max_turns():
         capped, budget = asyncio.run(main())
     assert capped.turns == 10 and capped.truncated
     assert 1 <= budget.turns < 10 and len(budget.node.tokens) <= 120
+    # a limit-hit episode is marked by the limit that cut it, under the env's rule
+    assert (capped.limit, budget.limit) == ("turns", "tokens")
+    entries = episodes.outcome_entries([capped, budget], "mask")
+    assert entries[0] == {"outcome": "truncated/turns", "set_advantage_to_zero": True}
 
 
 # ----- the thinking variant --------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import time
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -258,9 +259,14 @@ class BlackjackThinking(Blackjack[BlackjackThinkingConfig]):
         groups: list[ScoredDataGroup | None] = []
         sampling = {"temperature": s.temperature, "top_p": s.top_p}
         tokenizer = self.tokenizer  # before the servers, so they share it
+        # per-step groups: each is whole (one step's alternatives), so a limit only ends the
+        # episode's steps; no row of it is truncated
+        limits, started = s.rollout_limits(max_turns=s.max_turns), time.monotonic()
         async with self.server.managed_server(tokenizer=tokenizer) as session:
             held = None
-            while not game.done and len(groups) < s.max_turns:
+            while not game.done and not limits.exceeded(
+                turns=len(groups), seconds=time.monotonic() - started
+            ):
                 observation = game.observation()
                 if held is not None and not fits_next_turn(
                     session, held, observation, s.reply_tokens, s.max_token_length

@@ -10,8 +10,11 @@ turns are masked (-100), and the logprobs are the server's. A game is anything w
 - `observation() -> str`: the user turn describing the current state;
 - `act(reply) -> None`: read the move from the policy's reply and play it.
 
-An episode stops when the game is done, after `max_turns` replies, or when the next turn might
-not fit in `max_token_length` (the held tokens, the next observation and a full reply).
+An episode stops when the game is done, or at a limit of its `RolloutLimits` (`max_turns`
+replies, `--env.max_seconds`), or when the next turn might not fit in `max_token_length` (the
+held tokens, the next observation and a full reply). An episode cut so is `truncated/turns`,
+`truncated/seconds` or `truncated/tokens` (`atropos.envs.outcome`), scored as it stands or
+masked by `--env.truncated` (`outcome_entries`).
 
 >>> centered([1.0, 0.0, 0.5])
 [0.5, -0.5, 0.0]
@@ -22,6 +25,7 @@ not fit in `max_token_length` (the held tokens, the next observation and a full 
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -33,6 +37,8 @@ from atropos.environments.common.multiturn import node_group
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.limits import LimitsConfig
+from atropos.envs.outcome import RolloutLimits, truncated, with_outcomes
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.managed import ChatTurn
 from atropos.inference.sequence import MASKED, PROMPT_LOGPROB, SequenceNode
@@ -46,6 +52,7 @@ __all__ = [
     "centered",
     "episode_group",
     "fits_next_turn",
+    "outcome_entries",
     "play",
     "step_group",
     "token_advantages",
@@ -71,7 +78,12 @@ class Episode:
     game: Any
     node: SequenceNode  # prompt + every turn, token-exact, assistant turns trained
     turns: int  # replies the policy gave
-    truncated: bool  # stopped by max_turns or the token budget, not by the game
+    limit: str | None = None  # the limit that stopped it (turns, tokens, seconds), not the game
+
+    @property
+    def truncated(self) -> bool:
+        """Whether a limit stopped it, not the game."""
+        return self.limit is not None
 
 
 def fits_next_turn(
@@ -88,20 +100,27 @@ async def play(
     game: Game,
     system: str,
     *,
-    max_turns: int,
     max_token_length: int,
     reply_tokens: int,
+    limits: RolloutLimits | None = None,
+    max_turns: int | None = None,
     **sampling: Any,
 ) -> Episode:
-    """Play `game` through `session` (a `ManagedServer`) until it ends or a limit is hit."""
+    """Play `game` through `session` (a `ManagedServer`) until it ends or a limit is hit
+    (`limits`; `max_turns` alone is `RolloutLimits(max_turns=...)`)."""
+    limits = limits or RolloutLimits(max_turns=max_turns)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     node: SequenceNode | None = None
-    turns = 0
-    while not game.done and turns < max_turns:
+    turns, started, limit = 0, time.monotonic(), None
+    while not game.done:
+        limit = limits.exceeded(turns=turns, seconds=time.monotonic() - started)
+        if limit is not None:
+            break
         observation = game.observation()
         if node is not None and not fits_next_turn(
             session, node, observation, reply_tokens, max_token_length
         ):
+            limit = "tokens"
             break
         messages.append({"role": "user", "content": observation})
         turn = await session.chat_turn(messages=messages, n=1, max_tokens=reply_tokens, **sampling)
@@ -111,7 +130,13 @@ async def play(
         turns += 1
     if node is None:
         raise ValueError("the game was over before its first turn")
-    return Episode(game, node, turns, truncated=not game.done)
+    return Episode(game, node, turns, limit if not game.done else None)
+
+
+def outcome_entries(episodes: list[Episode], rule: str) -> list[dict[str, Any]]:
+    """Each episode's outcome entry (`truncated/<limit>` under `rule`, `{}` when the game
+    ended it), for `envs.outcome.with_outcomes`."""
+    return [truncated(e.limit, rule) if e.limit else {} for e in episodes]
 
 
 def _policy_version(nodes: list[SequenceNode]) -> dict[str, Any]:
@@ -159,8 +184,8 @@ def step_group(turn: ChatTurn, scores: list[float]) -> ScoredDataGroup:
     return group  # type: ignore[return-value]
 
 
-class GameConfig(BaseEnvConfig):
-    """Settings shared by the game environments."""
+class GameConfig(BaseEnvConfig, LimitsConfig):
+    """Settings shared by the game environments (`LimitsConfig`: `max_seconds`, `truncated`)."""
 
     max_turns: int = Field(default=10, ge=1, description="replies per episode at most")
     reply_tokens: int = Field(default=512, ge=1, description="token limit of one reply")
@@ -213,7 +238,7 @@ class GameEnv(BaseEnv[GameConfigT]):
                 session,
                 self.new_game(seed),
                 self.rules,
-                max_turns=s.max_turns,
+                limits=s.rollout_limits(max_turns=s.max_turns),
                 max_token_length=s.max_token_length,
                 reply_tokens=s.reply_tokens,
                 split=split,
@@ -228,7 +253,8 @@ class GameEnv(BaseEnv[GameConfigT]):
             *(self.play_one(seed) for _ in range(self.config.group_size))
         )
         self.record(list(episodes))
-        return episode_group(list(episodes), [self.score(e.game) for e in episodes]), []
+        group = episode_group(list(episodes), [self.score(e.game) for e in episodes])
+        return with_outcomes(group, outcome_entries(list(episodes), self.config.truncated)), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes from `eval_seed` on, one sample each; metrics and samples

@@ -16,7 +16,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from atropos.environments.games.episodes import Episode, GameConfig, episode_group, play
+from atropos.environments.games.episodes import (
+    Episode,
+    GameConfig,
+    episode_group,
+    outcome_entries,
+    play,
+)
 from atropos.environments.textworld.credit import TurnRecorder, turn_rows
 from atropos.environments.textworld.game import TextGame, is_story_file, open_backend
 from atropos.environments.textworld.generate import (
@@ -27,6 +33,7 @@ from atropos.environments.textworld.generate import (
 )
 from atropos.envs.base import BaseEnv
 from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.outcome import with_outcomes
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import SequenceNode
 
@@ -183,7 +190,7 @@ class TextWorld(BaseEnv[TextWorldConfig]):
                     recorder,
                     game,
                     self.rules,
-                    max_turns=s.max_turns,
+                    limits=s.rollout_limits(max_turns=s.max_turns),
                     max_token_length=s.max_token_length,
                     reply_tokens=s.reply_tokens,
                     split=split,
@@ -214,7 +221,8 @@ class TextWorld(BaseEnv[TextWorldConfig]):
         self.record_mean("train/score", [p.game.score for p in played])
         self.record_mean("train/won", [float(p.game.won) for p in played])
         self.record_mean("train/turns", [float(p.episode.turns) for p in played])
-        return group, []
+        entries = outcome_entries([p.episode for p in played], self.config.truncated)
+        return with_outcomes(group, entries), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """`eval_episodes` episodes, one sample each, at `eval_temperature`: the games of seeds
