@@ -170,7 +170,10 @@ def test_a_hanging_judge_fails_at_the_deadline():
 
 def test_a_budget_that_cannot_let_a_call_go_in_time_fails_it_at_once():
     with FakeJudge() as provider:
-        judge = make_judge(provider.base_url, rpm=60, timeout=0.5)  # one a second
+        # one call per 10 s, a 2 s deadline: the second and third calls could only go after
+        # the deadline, so they fail when asked (2 s leaves room for the first call's round
+        # trip on a loaded machine; waiting out the deadline would take 2 s or more)
+        judge = make_judge(provider.base_url, rpm=6, timeout=2.0)
 
         async def main() -> tuple[list[str], float]:
             loop = asyncio.get_running_loop()
@@ -181,7 +184,7 @@ def test_a_budget_that_cannot_let_a_call_go_in_time_fails_it_at_once():
 
         results, took = asyncio.run(main())
     assert results == ["ok", "timeout", "timeout"] and len(provider.arrivals) == 1
-    assert took < 0.5  # refused when asked, not after waiting out the deadline
+    assert took < 2.0  # refused when asked, not after waiting out the deadline
 
 
 def test_the_breaker_opens_refuses_without_sending_and_recovers(quick_backoff):

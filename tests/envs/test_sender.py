@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 
 import httpx
@@ -159,19 +158,20 @@ def test_a_backlog_goes_out_in_full_batches_several_at_once(tmp_path):
     seen = {"now": 0, "max": 0, "requests": 0}
     with serve_in_thread(slow_api(0.2, seen)) as url:
 
-        async def main() -> tuple[Sender, float]:
+        async def main() -> Sender:
             sender = Sender(url, tmp_path / "spool.jsonl", max_batch=32, max_in_flight=4)
             for t in range(100):  # a backlog, as when rollouts finish faster than sends
                 sender.submit(group(t))
-            started = time.monotonic()
             await sender.start()
             await sender.close()
-            return sender, time.monotonic() - started
+            return sender
 
-        sender, took = asyncio.run(main())
+        sender = asyncio.run(main())
     assert sender.stats.sent == 100 and sender.stats.spooled == 0
     assert seen["requests"] == sender.stats.attempts == 4  # 32 + 32 + 32 + 4, no dribbles
-    assert seen["max"] == 4 and took < 0.6  # in parallel: one send's time, not four
+    # in parallel: all four sends were in flight at once (the mechanism; the time it took
+    # depends on the machine's load, so it is not asserted)
+    assert seen["max"] == 4
 
 
 def test_groups_taken_for_a_batch_are_spooled_when_stopped_mid_linger(tmp_path):
