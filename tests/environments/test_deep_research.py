@@ -421,6 +421,9 @@ def test_no_answer_within_max_turns_scores_zero():
     _, episode = play([call("search", query="ships")] * 5, max_turns=3)
     assert (episode.stopped, episode.turns, episode.research.searches) == ("max_turns", 3, 3)
     assert outcome(episode, "f1", 0.3).reward == 0.0
+    assert episode.limit == "turns"  # truncated/turns
+    _, capped = play([call("search", query="ships")] * 5, max_tool_calls=2)
+    assert (capped.stopped, capped.limit, capped.calls) == ("max_tool_calls", "tool_calls", 2)
 
 
 def test_the_episode_token_budget_and_the_context_limit_end_it():
@@ -474,6 +477,13 @@ def test_a_group_of_mixed_episodes_and_its_metrics():
     assert metrics["train/reward"] == pytest.approx(1.7 / 4)
     assert metrics["train/searches"] == 0.5 and metrics["train/opens"] == 1.0
     assert metrics["train/citation_recall"] == pytest.approx((1.0 + 0.5 + 0 + 0) / 4)
+    # "no idea" never answers: cut at max_turns, truncated/turns and scored as it stands
+    assert sorted(o.get("outcome", "") for o in group["overrides"]) == [
+        "",
+        "",
+        "",
+        "truncated/turns",
+    ]
 
 
 def test_a_question_that_does_not_fit_drops_the_group():

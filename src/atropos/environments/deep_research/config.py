@@ -8,11 +8,12 @@ from pydantic import Field, model_validator
 
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.judge import JudgeConfig
+from atropos.envs.limits import ToolLimitsConfig
 
 __all__ = ["DeepResearchConfig"]
 
 
-class DeepResearchConfig(BaseEnvConfig):
+class DeepResearchConfig(BaseEnvConfig, ToolLimitsConfig):
     """`deep_research`'s settings: data, tools, budgets, reward."""
 
     # ----- data

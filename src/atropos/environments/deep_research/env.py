@@ -32,6 +32,7 @@ from atropos.environments.deep_research.web import WEB_APIS, WebSearch
 from atropos.envs.base import BaseEnv
 from atropos.envs.evaluation import Report, evaluate_each
 from atropos.envs.judge import JudgedEnv
+from atropos.envs.outcome import truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 
@@ -124,7 +125,14 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
     ) -> Episode:
         """One episode of `question` in its own token-exact session."""
         s = self.config
-        budgets = Budgets(s.max_turns, s.max_reply_tokens, s.max_episode_tokens, s.max_token_length)
+        budgets = Budgets(
+            s.max_turns,
+            s.max_reply_tokens,
+            s.max_episode_tokens,
+            s.max_token_length,
+            s.max_tool_calls,
+            s.max_seconds,
+        )
         tokenizer = self.tokenizer  # before the servers, so they share it
         async with self.server.managed_server(tokenizer=tokenizer) as session:
             return await play(
@@ -174,7 +182,9 @@ class DeepResearch(JudgedEnv, BaseEnv[DeepResearchConfig]):
             return None, []
         for key, values in columns(found).items():
             self.record_mean(f"train/{key}", values)
-        return research_group(episodes, [o.reward for o in found]), []
+        rule = self.config.truncated
+        entries = [truncated(e.limit, rule) if e.limit else {} for e in episodes]
+        return with_outcomes(research_group(episodes, [o.reward for o in found]), entries), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One episode per held-out question at `eval_temperature` (0: greedy); logs the means

@@ -5,20 +5,25 @@ the template takes them, the tools), the question as the user turn, then each re
 its tool results (`tools.Toolbox`) as `tool` turns (or one `user` turn of `<tool_response>`
 blocks). Every turn after the first extends the held token ids, so the sequence holds exactly
 the tokens the policy generated (trained, with the server's logprobs) and the tool results
-masked (-100). It ends when the policy answers, or at the first limit it reaches:
-`max_turns` replies, `max_episode_tokens` generated tokens, or `max_token_length` (the next
-prompt plus one more token would not fit).
+masked (-100). It ends when the policy answers, or at the first limit of its `RolloutLimits`
+(`Budgets.limits`): `max_turns` replies, `max_episode_tokens` generated tokens,
+`--env.max_tool_calls`, `--env.max_seconds`; or at `max_token_length` (the next prompt plus one
+more token would not fit). An episode that stops at a limit is `truncated/<limit>`
+(`Episode.limit`; `context` counts as `tokens`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from atropos.environments.common.multiturn import TEMPLATE_SLACK, reply_room
+from atropos.environments.common.tool_calls import parse_text
 from atropos.environments.deep_research.questions import Question
 from atropos.environments.deep_research.tools import TOOLS, Research, Toolbox
+from atropos.envs.outcome import RolloutLimits
 from atropos.inference.sequence import SequenceNode
 
 __all__ = ["Budgets", "Episode", "play", "system_prompt", "tool_messages"]
@@ -59,6 +64,23 @@ class Budgets:
     max_reply_tokens: int
     max_episode_tokens: int
     max_token_length: int
+    max_tool_calls: int | None = None
+    max_seconds: float | None = None
+
+    @property
+    def limits(self) -> RolloutLimits:
+        """The episode's `RolloutLimits` (turns, generated tokens, tool calls, seconds)."""
+        return RolloutLimits(
+            max_turns=self.max_turns,
+            max_tokens=self.max_episode_tokens,
+            max_tool_calls=self.max_tool_calls,
+            max_seconds=self.max_seconds,
+        )
+
+
+_STOPPED = {"turns": "max_turns", "tokens": "token_budget"}  # the names `stopped` had
+_LIMIT = {"max_turns": "turns", "token_budget": "tokens", "context": "tokens"}
+_LIMIT.update(max_tool_calls="tool_calls", max_seconds="seconds")
 
 
 @dataclass
@@ -71,7 +93,9 @@ class Episode:
         node: the token-exact sequence through the last reply (None: the prompt did not fit).
         research: what the tools saw (searches, opens, errors, the answer).
         turns: replies given; generated: tokens generated over all replies.
-        stopped: why it ended: `answered`, `max_turns`, `token_budget` or `context`.
+        stopped: why it ended: `answered`, `max_turns`, `token_budget`, `max_tool_calls`,
+            `max_seconds` or `context`.
+        calls: tool calls made; started: when it began (`time.monotonic()`).
     """
 
     question: Question
@@ -81,15 +105,26 @@ class Episode:
     turns: int = 0
     generated: int = 0
     stopped: str = ""
+    calls: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def limit(self) -> str | None:
+        """The `RolloutLimits` limit that stopped it (`truncated/<limit>`), None if answered."""
+        return _LIMIT.get(self.stopped)
 
 
 def _reply_limit(episode: Episode, budgets: Budgets, tokenizer: Any, tools: Any) -> int | str:
     """Tokens the next reply may take, or why there is no next reply."""
-    if episode.turns >= budgets.max_turns:
-        return "max_turns"
+    limit = budgets.limits.exceeded(
+        turns=episode.turns,
+        tokens=episode.generated,
+        tool_calls=episode.calls,
+        seconds=time.monotonic() - episode.started,
+    )
+    if limit is not None:
+        return _STOPPED.get(limit, f"max_{limit}")
     left = budgets.max_episode_tokens - episode.generated
-    if left < 1:
-        return "token_budget"
     room = reply_room(tokenizer, episode.messages, budgets.max_token_length, TEMPLATE_SLACK, tools)
     if room < 1:
         return "context"
@@ -128,6 +163,7 @@ async def play(
         episode.generated += turn.completion_tokens
         episode.messages.append({"role": "assistant", "content": reply})
         results = await toolbox.respond(reply, episode.research)
+        episode.calls += len(parse_text(reply).calls)
         if episode.research.answer is None:
             episode.messages.extend(tool_messages(results, tool_role))
     episode.stopped = "answered"
