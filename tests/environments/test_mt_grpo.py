@@ -260,6 +260,7 @@ def test_a_policy_that_never_answers_stops_at_max_turns():
     script = [[f"<think>rollout 0 {k}</think>{block(CAPITAL)}" for k in range(4)]]
     _, [ep] = play(script, task, extra_turns=1)  # 2 calls + the answer + 1 more
     assert ep.stopped == "max_turns" and len(ep.turns) == 4 and ep.answer_text is None
+    assert ep.outcome("mask") == {"outcome": "truncated/turns", "set_advantage_to_zero": True}
     scored = score_episode(ep, WORLD, False)
     assert scored.turn_rewards == [1.0, 0.5, 0.5, 0.5] and scored.outcome == 0.0
 
@@ -270,6 +271,7 @@ def test_a_turn_that_would_not_fit_ends_the_episode():
     ends = [b for _, b in (t.span for t in full.turns)]
     _, [short] = play(script, max_token_length=ends[1] + 40)
     assert short.stopped == "context" and len(short.turns) == 2
+    assert short.outcome("score") == {"outcome": "truncated/tokens"}
     assert len(short.node.tokens) <= ends[1] + 40
 
 
@@ -339,6 +341,7 @@ def test_a_call_after_the_thinking_ends_the_reply():
     script = [[f"<think>rollout 0</think>{block(CAPITAL)}"]]
     _, [ep] = play(script, tools_in_think=True)
     assert ep.stopped == "call_after_think" and ep.answer_text is None and ep.results == 0
+    assert ep.outcome("score") == {"outcome": "invalid/call_after_think"}  # the policy's fault
     assert score_episode(ep, WORLD, True).outcome == 0.0
 
 

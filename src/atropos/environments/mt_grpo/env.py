@@ -32,13 +32,15 @@ from atropos.environments.mt_grpo.world import Task, load_tasks, load_world
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.limits import ToolLimitsConfig
+from atropos.envs.outcome import with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 
 __all__ = ["MTGRPO", "MTGRPOConfig", "Scored", "episode_group", "episode_metrics", "score_episode"]
 
 
-class MTGRPOConfig(BaseEnvConfig):
+class MTGRPOConfig(BaseEnvConfig, ToolLimitsConfig):
     """`mt_grpo`'s settings."""
 
     credit: Rule = Field(
@@ -142,7 +144,9 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
     ) -> Episode:
         """One episode of `task` in its own token-exact session."""
         s = self.config
-        budgets = Budgets(s.extra_turns, s.max_reply_tokens, s.max_token_length)
+        budgets = Budgets(
+            s.extra_turns, s.max_reply_tokens, s.max_token_length, s.max_tool_calls, s.max_seconds
+        )
         play = play_in_think if s.tools_in_think else play_chat
         tokenizer = self.tokenizer  # before the servers, so they share it
         async with self.server.managed_server(tokenizer=tokenizer) as session:
@@ -173,7 +177,8 @@ class MTGRPO(BaseEnv[MTGRPOConfig]):
         if s.drop_zero_advantage and not any(a for seq in advantages for a in seq):
             self.drop("no_signal")
             return None, []
-        return episode_group(episodes, [x.outcome for x in scored], advantages), []
+        group = episode_group(episodes, [x.outcome for x in scored], advantages)
+        return with_outcomes(group, [e.outcome(s.truncated) for e in episodes]), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One episode per held-out task at `eval_temperature` (0: greedy); logs `eval/accuracy`

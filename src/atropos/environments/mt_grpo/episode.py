@@ -12,13 +12,17 @@ ids (`ManagedServer.continue_turn`). The answer follows `</think>`.
 
 Either way an episode is a list of turns, each with the span of its own token ids (a reply, or
 the stretch of the one reply up to a call), which is where turn-level credit lands. It ends
-when the policy answers, or at the first limit: `max_turns` turns (the task's calls, the
-answer and `extra_turns` more), `max_token_length`, or (thinking mode) a call after `</think>`.
+when the policy answers, or at the first limit of its `RolloutLimits` (`Budgets.limits_for`):
+`max_turns` turns (the task's calls, the answer and `extra_turns` more), `--env.max_tool_calls`,
+`--env.max_seconds`; or at `max_token_length`, or (thinking mode) a call after `</think>`.
+`Episode.outcome` names how it ended for `envs.outcome`: `truncated/<limit>` for a limit (a cut
+answer and the context are `tokens`), `invalid/call_after_think` for the policy's own fault.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +36,7 @@ from atropos.environments.mt_grpo.continuation import (
     stop_at_call,
 )
 from atropos.environments.mt_grpo.world import TOOLS, Task, World
+from atropos.envs.outcome import RolloutLimits, invalid, truncated
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tokenize import as_token_ids
 
@@ -69,10 +74,24 @@ class Budgets:
     extra_turns: int
     max_reply_tokens: int
     max_token_length: int
+    max_tool_calls: int | None = None
+    max_seconds: float | None = None
 
     def turns_for(self, task: Task) -> int:
         """Turns an episode of `task` may take: its calls, the answer, `extra_turns` more."""
         return len(task.calls) + 1 + self.extra_turns
+
+    def limits_for(self, task: Task) -> RolloutLimits:
+        """An episode's `RolloutLimits` for `task` (turns, tool calls, seconds)."""
+        return RolloutLimits(
+            max_turns=self.turns_for(task),
+            max_tool_calls=self.max_tool_calls,
+            max_seconds=self.max_seconds,
+        )
+
+
+_LIMIT = {"max_turns": "turns", "context": "tokens", "length": "tokens"}
+_LIMIT.update(max_tool_calls="tool_calls", max_seconds="seconds")
 
 
 @dataclass
@@ -95,8 +114,8 @@ class Episode:
         turns: the policy's turns in order.
         answer_text: the text of the answering turn (the whole reply in thinking mode); None
             when the episode ended without an answer.
-        stopped: `answered`, `length` (the answer was cut), `max_turns`, `context` or
-            `call_after_think`.
+        stopped: `answered`, `length` (the answer was cut), `max_turns`, `max_tool_calls`,
+            `max_seconds`, `context` or `call_after_think`.
         results: tool results given back; cut_stops: `</tool_call>` stop strings the server
             left out of the ids, inserted (masked) before the result; forks: re-rendered
             prompts that restarted the sequence.
@@ -111,6 +130,24 @@ class Episode:
     results: int = 0
     cut_stops: int = 0
     forks: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def outcome(self, rule: str) -> dict[str, Any]:
+        """Its `overrides` entry (`envs.outcome`): `truncated/<limit>` under `rule`,
+        `invalid/call_after_think`, or `{}` (answered: scored)."""
+        if self.stopped == "call_after_think":
+            return invalid("call_after_think")
+        limit = _LIMIT.get(self.stopped)
+        return truncated(limit, rule) if limit else {}
+
+    def limit_reached(self, budgets: Budgets) -> str | None:
+        """`max_<limit>` when a limit of `budgets` stops the next turn, else None."""
+        limit = budgets.limits_for(self.task).exceeded(
+            turns=len(self.turns),
+            tool_calls=self.results,
+            seconds=time.monotonic() - self.started,
+        )
+        return None if limit is None else f"max_{limit}"
 
 
 def _opening(task: Task, system: str) -> Episode:
@@ -138,8 +175,9 @@ async def play_chat(
     """Play `task` as chat turns through `session` (a `ManagedServer`)."""
     episode = _opening(task, system)
     while True:
-        if len(episode.turns) >= budgets.turns_for(task):
-            episode.stopped = "max_turns"
+        limit = episode.limit_reached(budgets)
+        if limit is not None:
+            episode.stopped = limit
             return episode
         room = _room(session, episode.messages, budgets)
         if room < 1:
@@ -216,8 +254,9 @@ async def _think_step(
     if "</think>" in reply:
         episode.stopped = "call_after_think"
         return reply, None
-    if len(episode.turns) >= budgets.turns_for(episode.task):
-        episode.stopped = "max_turns"
+    limit = episode.limit_reached(budgets)
+    if limit is not None:
+        episode.stopped = limit
         return reply, None
     text, inserted = _insertion(session, _result(world, own), cut)
     room = budgets.max_token_length - len(chunk.node.tokens) - len(inserted)
