@@ -338,6 +338,13 @@ def test_all_right_mismatch_at_turn_two_and_a_wrong_count():
         [1.5, 1 / 3 - 0.2, 1 / 3 - 0.2, 2 / 3 - 0.2]
     )
     assert [tr.mismatch for tr in trajectories] == [None, "calls", "count", "format"]
+    # a wrong call is scored as usual; text around the calls is the policy's fault of form
+    assert [tr.outcome("score") for tr in trajectories] == [
+        {},
+        {},
+        {},
+        {"outcome": "invalid/format"},
+    ]
     assert [tr.turns for tr in trajectories] == [3, 2, 1, 3]
     # deactivation: a failed rollout is never asked again
     assert responder.asked == {
@@ -413,6 +420,10 @@ def test_a_turn_that_would_not_fit_stops_the_rollout_without_penalty():
     limit = ends[1] + 5  # the second reply fits, the third turn's prompt does not
     environment, short, responder = run_group(ep, script, max_token_length=limit)
     assert [tr.stopped for tr in short] == ["budget", "budget"]
+    assert short[0].outcome("mask") == {
+        "outcome": "truncated/tokens",
+        "set_advantage_to_zero": True,
+    }
     assert [tr.mismatch for tr in short] == [None, None]
     assert all(len(tr.node.tokens) <= limit and tr.turns == 2 for tr in short)
     assert [environment.reward(ep, tr) for tr in short] == pytest.approx([2 / 3, 2 / 3])

@@ -6,12 +6,17 @@ sequence by token ids (its own `ManagedServer` over the same pinned server, hold
 rollout's node, so two rollouts with the same text never share ids): the replayed messages are
 appended as prompt tokens (masked, logprob 1.0) and the reply is trained with the server's
 logprobs. A rollout stops at its first failed reply, or when the next turn would not fit in
-`max_token_length`.
+`max_token_length`, or at `--env.max_seconds` (its `RolloutLimits`; the episode fixes the turns).
+Outcomes (`envs.outcome`): a rollout stopped by the token budget or the seconds is
+`truncated/tokens` or `truncated/seconds` under `--env.truncated`; a reply that cannot be read
+as calls (no think block, text around the calls, a malformed call) is `invalid/<mismatch>`
+(`invalid/malformed`), scored by the env's rule as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +44,8 @@ from atropos.environments.tool_use_multiturn.scoring import (
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.limits import LimitsConfig
+from atropos.envs.outcome import invalid, truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
@@ -46,7 +53,7 @@ from atropos.inference.sequence import MASKED, DriftKind, SequenceNode
 __all__ = ["ToolUseMultiTurn", "ToolUseMultiTurnConfig", "Trajectory"]
 
 
-class ToolUseMultiTurnConfig(BaseEnvConfig):
+class ToolUseMultiTurnConfig(BaseEnvConfig, LimitsConfig):
     """`tool_use_multiturn`'s settings."""
 
     dataset_name: str | None = Field(
@@ -77,6 +84,12 @@ class ToolUseMultiTurnConfig(BaseEnvConfig):
     )
 
 
+_LIMIT = {"budget": "tokens", "max_seconds": "seconds"}  # `Trajectory.stopped` -> its limit
+UNREADABLE = ("think", "format", "malformed")
+"""The mismatches that are the policy's own fault of form (`invalid/<mismatch>`), not a
+wrong call."""
+
+
 @dataclass
 class Trajectory:
     """One rollout of an episode: the conversation so far and its token-exact sequence.
@@ -87,7 +100,7 @@ class Trajectory:
         correct: expected calls matched so far.
         turns: replies given.
         mismatch: why a reply failed (`scoring.TurnCheck.mismatch`), None if none did.
-        stopped: `mismatch` or `budget` when the rollout ended early, else None.
+        stopped: `mismatch`, `budget` or `max_seconds` when the rollout ended early, else None.
         relevance: a relevance episode's reward before the -1 floor (None otherwise).
     """
 
@@ -98,6 +111,15 @@ class Trajectory:
     mismatch: str | None = None
     stopped: str | None = None
     relevance: float | None = None
+
+    def outcome(self, rule: str) -> dict[str, Any]:
+        """Its `overrides` entry: `truncated/<limit>` under `rule`, `invalid/<mismatch>` for a
+        reply that is not calls, or `{}` (scored)."""
+        if self.stopped in _LIMIT:
+            return truncated(_LIMIT[self.stopped], rule)
+        if self.mismatch in UNREADABLE:
+            return invalid(self.mismatch)
+        return {}
 
     @property
     def trained_tokens(self) -> int:
@@ -192,9 +214,14 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
                 trajectory = Trajectory([*context, {"role": "assistant", "content": content}], node)
                 self.judge(episode, trajectory, 0, content)
                 trajectories.append(trajectory)
+            limits, started = s.rollout_limits(), time.monotonic()
             for t in range(1, len(episode.turns)):
                 live = [tr for tr in trajectories if tr.stopped is None]
                 if not live:
+                    break
+                if limits.exceeded(seconds=time.monotonic() - started):
+                    for tr in live:
+                        tr.stopped = "max_seconds"
                     break
                 await asyncio.gather(
                     *(self._next_turn(session, episode, tr, t, sampling) for tr in live)
@@ -249,7 +276,8 @@ class ToolUseMultiTurn(BaseEnv[ToolUseMultiTurnConfig]):
             self.drop("all_equal")
             return None, []
         nodes = [tr.node for tr in trajectories]
-        return node_group(nodes, scores, [tr.messages for tr in trajectories]), []
+        group = node_group(nodes, scores, [tr.messages for tr in trajectories])
+        return with_outcomes(group, [tr.outcome(self.config.truncated) for tr in trajectories]), []
 
     # ----- metrics and evaluation ---------------------------------------------------------------
 
