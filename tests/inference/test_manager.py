@@ -389,7 +389,10 @@ def test_2000_concurrent_requests_share_pooled_connections():
     # are there: a capped pool would leave it at the cap until hold_timeout), however slowly
     # a loaded machine sends them
     assert stub.max_in_flight == 2000
-    assert len(stub.clients) <= 2000  # the second wave reused the kept-alive connections
+    # the second wave reused the kept-alive connections: without reuse the two waves open
+    # 4,000; a loaded machine may let some idle ones expire between the waves (2,221 seen
+    # with both cores busy), so the margin is half a wave
+    assert len(stub.clients) < 3000
 
 
 def test_managed_server_is_bound_to_the_least_loaded_token_server(monkeypatch):
