@@ -65,16 +65,17 @@ async def episode(client: ORSClient, index: int, answer: str) -> None:
         await session.close()
 
 
-async def remote(url: str, episodes: int, pid: int) -> float:
+async def remote(url: str, episodes: int, pid: int) -> tuple[float, float]:
+    """(this process's CPU per episode: our client; the server's CPU per episode)."""
     client = ORSClient(url, "gsm8k")
     count = await client.num_tasks("train")
     await episode(client, 0, "warm-up")
     start, start_server = time.process_time(), server_cpu(pid)
     for i in range(episodes):
         await episode(client, i % count, f"The answer is \\boxed{{{i}}}")
-    used = time.process_time() - start + server_cpu(pid) - start_server
+    ours, theirs = time.process_time() - start, server_cpu(pid) - start_server
     await client.aclose()
-    return used / episodes
+    return ours / episodes, theirs / episodes
 
 
 def serve(port: int) -> subprocess.Popen[bytes]:
@@ -99,13 +100,16 @@ def main() -> None:
     port = free_port()
     server = serve(port)
     try:
-        ors = asyncio.run(remote(f"http://127.0.0.1:{port}", args.episodes, server.pid))
+        client, served = asyncio.run(remote(f"http://127.0.0.1:{port}", args.episodes, server.pid))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     base = native(args.episodes)
     print(f"native  {base * 1e3:8.3f} ms CPU per step")
+    ors = client + served
     print(f"ors     {ors * 1e3:8.3f} ms CPU per step (client + server)")
+    print(f"  client {client * 1e3:7.3f} ms (atropos.interop.ors.client, this process)")
+    print(f"  server {served * 1e3:7.3f} ms (env publish --as ors; its score included)")
     print(f"added   {(ors - base) * 1e3:8.3f} ms CPU per step ({args.episodes} episodes)")
     print(f"load average at end: {os.getloadavg()}")
 

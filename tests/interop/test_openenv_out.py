@@ -128,3 +128,20 @@ def test_published_server_keeps_the_http_rules_and_refuses_bad_actions(interop_p
 
         codes = [a["data"]["code"] for a in asyncio.run(talk())]
     assert codes == ["EXECUTION_ERROR", "VALIDATION_ERROR", "INVALID_JSON"]
+
+
+def test_official_client_plays_mcp_tools_a_tool_call_at_a_time(interop_python: Path):
+    pytest.importorskip("mcp")
+    convert = {
+        "name": "convert_units",
+        "arguments": {"value": 42, "from_unit": "km", "to_unit": "mi"},
+    }
+    replies = [f"<tool_call>{json.dumps(convert)}</tool_call>", "<answer>26.1</answer>"]
+    plan = [{"seed": 0, "replies": replies}, {"seed": 0, "replies": ["<answer>3</answer>"]}]
+    with published("mcp_tools") as url:  # the env starts its fixture MCP server
+        right, wrong = drive(interop_python, url, plan)
+    assert "42 km" in right["prompt"]
+    tool, answer = right["steps"]
+    assert tool == {"reward": 0.0, "done": False, "prompt": "26.09759"}  # run by its server
+    assert answer["reward"] == 1.0 and answer["done"] is True  # scored by the env
+    assert wrong["steps"][0]["reward"] == 0.0 and wrong["steps"][0]["done"] is True

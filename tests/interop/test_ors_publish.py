@@ -1,5 +1,6 @@
 """ORS out: `atropos env publish NAME --as ors` driven by openreward's own client (run by the
-interop venv) through a full session of gsm8k, tool_calling and textworld: splits, task count,
+interop venv) through a full session of gsm8k, tool_calling, textworld, mcp_tools (its MCP
+tools run by its servers) and a game (blackjack): splits, task count,
 tools, prompt and messages, tool calls with their rewards and `finished`; and the HTTP rules:
 a key beyond loopback, checked when set."""
 
@@ -88,5 +89,38 @@ def test_a_key_is_checked_and_needed_beyond_loopback(
 
 
 def test_an_env_with_its_own_loop_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    assert atropos_main(["env", "publish", "mcp_tools", "--as", "ors", "--port", "1"]) == 2
-    assert "cannot be published" in capsys.readouterr().err
+    argv = ["env", "publish", "tool_use_multiturn", "--as", "ors", "--port", "1"]
+    assert atropos_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot be published" in err and "replayed conversation" in err
+
+
+def test_mcp_tools_its_tools_run_by_its_servers_and_scored_at_the_answer(
+    interop_python: Path,
+) -> None:
+    pytest.importorskip("mcp")
+    convert = {"value": 42, "from_unit": "km", "to_unit": "mi"}
+    with published("mcp_tools") as url:  # the shipped fixture MCP server, started by the env
+        report = openreward_session(interop_python, url, "mcp_tools", [
+            {"name": "convert_units", "input": convert},
+            {"name": "search", "input": {}},  # not one of its tools: refused, the session goes on
+            {"name": "answer", "input": {"answer": "26.1"}},
+        ])  # fmt: skip
+    assert {"convert_units", "lookup_item", "answer"} <= set(report["tools"])
+    assert report["splits"] == ["test", "train"] and "42 km" in report["prompt"]
+    tool, refused, answer = report["outputs"]
+    assert tool == {"text": "26.09759", "reward": None, "finished": False}
+    assert "not a valid tool" in refused["error"]
+    assert answer == {"text": "score: 1", "reward": 1.0, "finished": True}
+
+
+def test_a_game_is_published_too(interop_python: Path) -> None:
+    with published("blackjack", "--env.max_turns=3") as url:
+        hit = '<tool_call>{"name": "take_action", "arguments": {"action": "hit"}}</tool_call>'
+        calls = [{"name": "act", "input": {"command": hit}}] * 4  # a move as the rules write it
+        report = openreward_session(interop_python, url, "blackjack", calls)
+    assert report["tools"] == ["act"] and report["splits"] == ["test", "train"]
+    assert "hand" in report["prompt"].lower()
+    *before, last = report["outputs"]
+    assert last["finished"] and all(o["reward"] == 0.0 and not o["finished"] for o in before)
+    assert len(report["outputs"]) <= 3  # --env.max_turns ends it, scored as it stands

@@ -2,11 +2,13 @@
 
 The server speaks what openenv-core 0.3.0's clients (`EnvClient`, `GenericEnvClient`, TRL's
 and SkyRL's integrations) use: the `/ws` WebSocket session (`reset`, `step`, `state`, `close`
-messages, one episode per connection at a time, `published.episode_source` for the
-episodes), `GET /health`, `/metadata` and `/schema`. The action is `{"message": "<the policy's
-reply>"}` (`TextAction`); the observation is `{"prompt": <the text to answer>, "messages":
-<the conversation so far, on reset>}` with `reward` (the env's score, per step) and `done`.
-`reset` takes `seed` (which item or game; default: the next in turn) and `episode_id`.
+messages, one episode per connection at a time), `GET /health`, `/metadata` and `/schema`.
+The episodes are `atropos.interop.episodes`' (shared with ORS): `reset` starts one of the item
+a seed picks (`Adapter.item`: the train split's, seed modulo their number; default: the next in
+turn), `step` plays `Episode.reply`. The action is `{"message": "<the policy's reply>"}`
+(`TextAction`); the observation is `{"prompt": <the text to answer>, "messages": <the
+conversation so far on reset; on a step, the tool turns it added, if any>}` with `reward` (the
+step's reward, 0 when it has none) and `done`. `reset` takes `seed` and `episode_id`.
 
 Not served: openenv's stateless HTTP `POST /reset` and `/step` (they build a fresh
 environment per request, so no episode can go on over them), `/mcp` and the web UI.
@@ -25,7 +27,6 @@ import asyncio
 import hmac
 import itertools
 import json
-import os
 import uuid
 from typing import Any
 
@@ -35,7 +36,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from atropos.http import Rules, Site, server_app
-from atropos.interop.openenv.published import Published, Source, episode_source
+from atropos.interop.episodes import Adapter, Episode
 
 __all__ = ["MAX_SESSIONS", "ACTION_SCHEMA", "build_app", "publish"]
 
@@ -79,14 +80,14 @@ def _observation(prompt: str, reward: float | None, done: bool, **more: Any) -> 
 
 
 class Sessions:
-    """The episodes being played: the source, the count, the seeds handed out in turn."""
+    """The episodes being played: the adapter, the count, the seeds handed out in turn."""
 
-    def __init__(self, name: str, source: Source, limit: int = MAX_SESSIONS) -> None:
-        self.name, self.source, self.limit = name, source, limit
+    def __init__(self, name: str, adapter: Adapter, limit: int = MAX_SESSIONS) -> None:
+        self.name, self.adapter, self.limit = name, adapter, limit
         self.open = 0
         self.seeds = itertools.count()
 
-    async def handle(self, message: Any, episode: Published | None, state: dict[str, Any]) -> Any:
+    async def handle(self, message: Any, episode: Episode | None, state: dict[str, Any]) -> Any:
         """(the answer to one message, the episode after it)."""
         kind = message.get("type") if isinstance(message, dict) else None
         data = message.get("data") if isinstance(message, dict) else None
@@ -96,10 +97,12 @@ class Sessions:
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 return _error("VALIDATION_ERROR", "seed must be an integer"), episode
             if episode is not None:
-                episode.close()
-            episode = await self.source(next(self.seeds) if seed is None else seed)
+                await episode.close()
+            item = self.adapter.item(next(self.seeds) if seed is None else seed)
+            episode = await self.adapter.start(item)
             state.update(episode_id=str(options.get("episode_id") or uuid.uuid4()), step_count=0)
-            return _observation(episode.prompt, None, False, messages=episode.messages), episode
+            prompt = str(episode.messages[-1]["content"])
+            return _observation(prompt, None, False, messages=episode.messages), episode
         if kind == "step":
             if not isinstance(data, dict) or not isinstance(data.get("message"), str):
                 return _error("VALIDATION_ERROR", 'the action is {"message": "<reply>"}'), episode
@@ -107,9 +110,10 @@ class Sessions:
                 return _error("VALIDATION_ERROR", "the action has only message, metadata"), episode
             if episode is None:
                 return _error("EXECUTION_ERROR", "no episode: send reset first"), episode
-            text, reward, done = await episode.step(data["message"])
+            step = await episode.reply(data["message"])
             state["step_count"] += 1
-            return _observation(text, reward, done), episode
+            more = {"messages": list(step.messages)} if step.messages else {}
+            return _observation(step.text, step.reward or 0.0, step.finished, **more), episode
         if kind == "state":
             return {"type": "state", "data": dict(state)}, episode
         return _error("UNKNOWN_TYPE", f"unknown message type {kind!r}"), episode
@@ -131,7 +135,7 @@ async def _session(ws: WebSocket, sessions: Sessions, key: str) -> None:
         await ws.close()
         return
     sessions.open += 1
-    episode: Published | None = None
+    episode: Episode | None = None
     state: dict[str, Any] = {"episode_id": None, "step_count": 0}
     try:
         while True:
@@ -153,7 +157,7 @@ async def _session(ws: WebSocket, sessions: Sessions, key: str) -> None:
     finally:
         sessions.open -= 1
         if episode is not None:
-            episode.close()
+            await episode.close()
         await _quietly_close(ws)
 
 
@@ -164,9 +168,9 @@ async def _quietly_close(ws: WebSocket) -> None:
         pass
 
 
-def build_app(name: str, source: Source, rules: Rules, key: str = "") -> Any:
+def build_app(name: str, adapter: Adapter, rules: Rules, key: str = "") -> Any:
     """The OpenEnv server of one published environment (module docstring)."""
-    sessions = Sessions(name, source)
+    sessions = Sessions(name, adapter)
 
     def guarded(answer: Any) -> Any:
         async def endpoint(request: Request) -> JSONResponse:
@@ -193,39 +197,36 @@ def build_app(name: str, source: Source, rules: Rules, key: str = "") -> Any:
     return server_app(routes, rules)
 
 
-def _key_from(argv: list[str]) -> tuple[str, list[str]]:
-    """(`--api-key KEY` taken out of `argv`, else `$ATROPOS_API_KEY`; the other flags)."""
-    rest, key = [], os.environ.get("ATROPOS_API_KEY", "")
-    flags = iter(argv)
-    for flag in flags:
-        if flag == "--api-key":
-            key = next(flags, "")
-        elif flag.startswith("--api-key="):
-            key = flag.partition("=")[2]
-        else:
-            rest.append(flag)
-    return key, rest
-
-
 def publish(env_name: str, env_argv: list[str], host: str, port: int) -> None:
-    """Serve `env_name` as an OpenEnv server on `host:port` until SIGINT or SIGTERM."""
+    """Serve `env_name` as an OpenEnv server on `host:port` until SIGINT or SIGTERM.
+
+    Raises:
+        ValueError: beyond loopback without a key; an environment that cannot be published.
+        LookupError: an unknown environment.
+    """
     import uvicorn
 
-    from atropos.envs import registry
-    from atropos.envs.cli import parse
     from atropos.http.serve import uvicorn_config
+    from atropos.interop.episodes import adapter
+    from atropos.interop.publishing import KEY_VARIABLE, configured_env, take_api_key
     from atropos.names import is_loopback
 
-    key, argv = _key_from(env_argv)
+    argv, key = take_api_key(env_argv)
     if not key and not is_loopback(host, resolve=True):
         raise ValueError(
-            f"publishing on {host} (beyond loopback) needs a key: --api-key KEY or $ATROPOS_API_KEY"
+            f"publishing on {host} (beyond loopback) needs a key: --api-key KEY or ${KEY_VARIABLE}"
         )
-    cls = registry.get(env_name)
-    resolved = parse(cls, "process", argv, prog=f"atropos env publish {env_name}")
-    env = cls(resolved.env, resolved.servers, manager=resolved.manager)
-    asyncio.run(env.setup())
+    env = configured_env(env_name, argv)
+    found = adapter(env)
     rules = Rules(Site.of(host, api_key=bool(key)))
-    app = build_app(env.name or env_name, episode_source(env), rules, key)
+    app = build_app(env.name or env_name, found, rules, key or "")
     config = uvicorn_config(app, host=host, port=port, ws_max_size=MAX_FRAME)
-    uvicorn.Server(config).run()
+
+    async def serve() -> None:  # set up and served on one event loop
+        await found.setup()
+        try:
+            await uvicorn.Server(config).serve()
+        finally:
+            await found.close()
+
+    asyncio.run(serve())

@@ -75,7 +75,7 @@ class ORSClient:
         """POST `path` and read its SSE answer: its `task_id` and result text (the chunks
         through `end`)."""
         chunks: list[str] = []
-        task_id = ""
+        task_id, result = "", None
         try:
             async with self.http.stream(
                 "POST", path, json=payload, headers={"X-Session-ID": sid} if sid else {}
@@ -83,15 +83,20 @@ class ORSClient:
                 if response.status_code >= 400:
                     await response.aread()
                 _check(response, "POST", self.url + path)
+                whole = "content-length" in response.headers  # drained: the connection kept
                 async for event, data in _events(response.aiter_lines()):
                     if event == "task_id":
                         task_id = data.strip()
                     elif event == "chunk":
                         chunks.append(data)
-                    elif event == "end":
-                        return task_id, "".join([*chunks, data])
+                    elif event == "end" and result is None:
+                        result = task_id, "".join([*chunks, data])
+                        if not whole:
+                            return result
                     elif event == "error":
                         raise ORSError("ors_tool_error", f"{self.url}{path}: {data}")
+                if result is not None:
+                    return result
         except httpx.TimeoutException as e:
             raise ORSError("ors_timeout", f"POST {self.url}{path}: no answer ({e!r})") from e
         except httpx.TransportError as e:

@@ -3,7 +3,8 @@ that openreward's client (and TRL's adapter on it) can train on.
 
 The routes are the official server's (`wire` lists them), for the one environment, named as
 ours is (`gsm8k`); the session routes are also answered without the `/{env}` prefix. What an
-environment offers as tasks and tools is its adapter's (`published`). The server is built
+environment offers as tasks and tools is its adapter's (`atropos.interop.episodes`, shared
+with OpenEnv). The server is built
 with `atropos.http.server_app` and `Rules`: Host and Origin checks, body limits, and a key
 beyond loopback: bound to another address, it starts only with a key (`--api-key KEY`, else
 `$ATROPOS_API_KEY`), and then every route but `/health` needs it (`X-API-Key`, as openreward
@@ -18,16 +19,16 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atropos.http import Rules, Site, server_app
-from atropos.interop.ors.published import Adapter, Episode
+from atropos.interop.episodes import Adapter, Episode
 from atropos.interop.ors.wire import dumps, sse_event, sse_result, text_blocks
 from atropos.interop.publishing import KEY_VARIABLE
 from atropos.names import is_loopback
@@ -88,7 +89,7 @@ class ORSApp:
         if env is not None and env.lower() != self.name.lower():
             raise ORSProblem(404, f"unknown environment {env!r} (this server has {self.name!r})")
 
-    def items(self, split: Any) -> list[Any]:
+    def items(self, split: Any) -> Sequence[Any]:
         if split not in self.adapter.splits:
             raise ORSProblem(400, f"Invalid split {split!r}: the splits are {self.split_names()}")
         return self.adapter.splits[split]
@@ -246,12 +247,10 @@ async def call(app: ORSApp, request: Request) -> Any:
     return _stream(list(sse_result(uuid.uuid4().hex, dumps(result))))
 
 
-def _stream(events: list[bytes]) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for event in events:
-            yield event
-
-    return StreamingResponse(body(), media_type="text/event-stream", headers=_SSE)
+def _stream(events: list[bytes]) -> Response:
+    """The SSE answer, whole: its events are all known at once, so one body with its length
+    (one write, and the client's connection is kept for the next request)."""
+    return Response(b"".join(events), media_type="text/event-stream", headers=_SSE)
 
 
 ROUTES: list[tuple[str, str, Any, bool]] = [  # path, method, handler, also under /{env}
@@ -336,7 +335,7 @@ def publish(env_name: str, env_argv: list[str], host: str, port: int) -> None:
     import uvicorn
 
     from atropos.http.serve import uvicorn_config
-    from atropos.interop.ors.published import adapter
+    from atropos.interop.episodes import adapter
     from atropos.interop.publishing import configured_env, take_api_key
 
     env_argv, key = take_api_key(env_argv)
@@ -353,6 +352,9 @@ def publish(env_name: str, env_argv: list[str], host: str, port: int) -> None:
     async def serve() -> None:  # set up and served on one event loop
         await found.setup()
         print(f"ORS environment {name!r}: ors:http://{host}:{port}#{name}", flush=True)
-        await uvicorn.Server(uvicorn_config(app, host=host, port=port)).serve()
+        try:
+            await uvicorn.Server(uvicorn_config(app, host=host, port=port)).serve()
+        finally:
+            await found.close()
 
     asyncio.run(serve())

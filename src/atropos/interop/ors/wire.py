@@ -24,6 +24,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from atropos.envs.outcome import RolloutFailed
+
 __all__ = [
     "CHUNK",
     "ORSError",
@@ -38,15 +40,13 @@ __all__ = [
 CHUNK = 4096  # the official server's chunk size for an SSE result
 
 
-class ORSError(Exception):
+class ORSError(RolloutFailed):
     """The remote ORS environment failed (unreachable, a 5xx, a timeout, a tool that raised):
-    an infrastructure failure, counted as `failed/<failure_kind>` and never scored."""
+    an infrastructure failure (`RolloutFailed`, as `OpenEnvError`), counted as
+    `failed/<failure_kind>` and never scored."""
 
     def __init__(self, failure_kind: str, detail: str) -> None:
-        super().__init__(f"{failure_kind}: {detail}")
-        self.failure_kind = failure_kind
-        self.reason = failure_kind
-        self.detail = detail
+        super().__init__(failure_kind, detail)
 
 
 def sse_event(event: str, data: str) -> bytes:

@@ -1,0 +1,120 @@
+"""`mcp_tools` as a stepped episode (the tool-use kind of `interop.episodes`).
+
+The env's own parts do the work: its MCP servers (started by its `setup`) list the tools and
+run each call (`ToolServers.call`, with `--env.call_timeout` and `--env.max_result_chars`), and
+its scorer (`tasks.episode_score`: the final answer, plus `--env.call_credit` for the expected
+calls) gives the reward at the end. Splits: `train` and `test`, the env's task sets.
+
+- ORS: the tools are the servers' tools (their input schemas) and `answer {"answer"}`; a tool
+  call's output is the tool's text (no reward, not finished); `answer` ends the episode with the
+  score. The episode ends, scored as no answer, after `--env.max_tool_calls` calls (unset:
+  `--env.max_turns` times `--env.max_calls_per_turn`).
+- OpenEnv (a whole reply): a reply's `<tool_call>` blocks are run (at most
+  `--env.max_calls_per_turn`; unreadable blocks and extra calls get an error turn, as in the
+  env's own loop), their tool turns the next observation; a reply without calls is the final
+  answer, scored. After `--env.max_turns` replies (or `--env.max_tool_calls` calls) the episode
+  ends, scored as it stands (no answer).
+
+Choice: published, the tool schemas go in the system prompt (as `--env.tool_schemas system`),
+so a policy that reads text (OpenEnv's action is text) sees them; ORS lists them too. A tool
+server that stops answering raises `ToolServerError` (the episode fails; never a reward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atropos.environments.common.tool_calls import parse_text
+from atropos.environments.mcp_tools.servers import ToolReply
+from atropos.environments.mcp_tools.tasks import episode_score
+from atropos.interop.episodes import Adapter, Episode, Step, text_argument, tool_spec
+
+__all__ = ["ToolUse"]
+
+ANSWER = tool_spec("answer", "Give your final answer; it ends the episode.", "answer", "it")
+
+
+class ToolUse(Adapter):
+    """`mcp_tools`: its MCP servers' tools, run by them, and `answer`, scored by the env."""
+
+    tools: list[dict[str, Any]] = []
+
+    async def setup(self) -> None:
+        env: Any = self.env
+        env.config = env.config.model_copy(update={"tool_schemas": "system"})
+        await super().setup()
+
+    async def load(self) -> None:
+        env: Any = self.env
+        offered = env.servers.tools
+        if "answer" in offered:
+            raise ValueError(
+                "an MCP server offers a tool named 'answer', the name of the final-answer tool"
+                " of a published mcp_tools: rename it (or set the servers' prefix_tools)"
+            )
+        self.tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            for t in (offered[n] for n in sorted(offered))
+        ] + [ANSWER]
+        self.splits["train"] = list(env.tasks)
+        if env.test_tasks:
+            self.splits["test"] = list(env.test_tasks)
+
+    async def start(self, item: Any) -> Episode:
+        return _ToolEpisode(self.env, item)
+
+
+class _ToolEpisode(Episode):
+    def __init__(self, env: Any, task: Any) -> None:
+        super().__init__()
+        self.env, self.task, self.s = env, task, env.config
+        self.max_turns = 2**31  # the limits are this kind's own (module docstring)
+        self.messages = env.prompt(task)
+        self.calls: list[dict[str, Any]] = []
+        per_turn = self.s.max_turns * self.s.max_calls_per_turn
+        self.max_calls = self.s.max_tool_calls or per_turn
+
+    def _score(self, final: str | None) -> Step:
+        score = episode_score(self.task, final, self.calls, self.s.call_credit)
+        return Step(f"score: {score:g}", score, True)
+
+    async def _run(self, name: str, arguments: Any) -> ToolReply:
+        self.calls.append({"name": name, "arguments": arguments})
+        s = self.s
+        reply: ToolReply = await self.env.servers.call(
+            name, arguments, s.call_timeout, s.max_result_chars
+        )
+        return reply
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> Step:
+        if name == "answer":
+            return self._score(text_argument(name, arguments, "answer"))
+        if name not in self.env.servers.tools:
+            known = ", ".join([*sorted(self.env.servers.tools), "answer"])
+            raise ValueError(f"{name!r} is not a valid tool (the tools: {known})")
+        reply = await self._run(name, arguments)
+        if len(self.calls) >= self.max_calls:
+            return self._score(None)
+        return Step(reply.text)
+
+    async def _reply(self, text: str) -> Step:
+        parsed = parse_text(text)
+        if not parsed.calls and not parsed.malformed:
+            return self._score(text)
+        s = self.s
+        run, extra = parsed.calls[: s.max_calls_per_turn], parsed.calls[s.max_calls_per_turn :]
+        replies = [await self._run(str(c["name"]), c.get("arguments")) for c in run]
+        too_many = f"error: at most {s.max_calls_per_turn} calls per reply; this one was not run"
+        self.calls += [{"name": c["name"], "arguments": c.get("arguments")} for c in extra]
+        replies += [ToolReply(too_many, True)] * len(extra)
+        replies += [ToolReply("error: a <tool_call> block could not be read", True)] * (
+            parsed.malformed
+        )
+        if self.turns + 1 >= s.max_turns or len(self.calls) >= self.max_calls:
+            return self._score(None)
+        names = [str(c["name"]) for c in parsed.calls] + [""] * parsed.malformed
+        turns = tuple(
+            {"role": "tool", "name": n, "content": r.text}
+            for n, r in zip(names, replies, strict=True)
+        )
+        return Step("\n\n".join(r.text for r in replies), None, False, turns)
