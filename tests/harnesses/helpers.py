@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from atropos.envs.outcome import RolloutFailed, failure_reason
 from atropos.harnesses.env import HarnessEnv
 from atropos.harnesses.tasks import load_tasks
 from atropos.inference.config import APIServerConfig
@@ -57,13 +58,23 @@ def make_env(server: FakeInferenceServer, tasks: Path, **config: Any) -> Harness
     return HarnessEnv(HarnessEnv.env_config_cls(**settings), [api])
 
 
+async def failing_as_none(env: HarnessEnv, task: Any) -> Any:
+    """`env.collect_trajectories(task)`; a failed group (`RolloutFailed`: never scored) is
+    `(None, [])`, its reason kept in `env.failed_reason` (the runner's `failed/<reason>`)."""
+    try:
+        return await env.collect_trajectories(task)
+    except RolloutFailed as err:
+        env.failed_reason = failure_reason(err)  # type: ignore[attr-defined]
+        return None, []
+
+
 def collect(env: HarnessEnv) -> tuple[Any, list[Any]]:
-    """One group of the env's first task, and its rollouts' results (`env.results`)."""
+    """One group of the env's first task (None: it failed), and its rollouts' exits."""
 
     async def main() -> Any:
         await env.setup()
         try:
-            return await env.collect_trajectories(env.items[0])
+            return await failing_as_none(env, env.items[0])
         finally:
             await env.aclose()
 
@@ -111,7 +122,7 @@ def collect_harness(harness: str, url: str, source: str, **config: Any) -> tuple
         await env.setup()
         try:
             [task] = load_tasks(source)
-            return await env.collect_trajectories(task)
+            return await failing_as_none(env, task)
         finally:
             await env.aclose()
 

@@ -82,12 +82,14 @@ def test_a_failed_harness_is_a_failed_rollout_with_its_reason_never_a_score(
     server = script_server(Script([GOOD, DONE]))
     env = make_env(server, calc_tasks, harness=command, agent_timeout=timeout)
     group, exits = collect(env)
-    assert group is None and exits == [reason, reason]  # dropped: agent_failed
-    assert env.failures == {reason: 2}
+    assert group is None and exits == [reason, reason]  # failed, never scored
+    assert env.failures == {reason: 2} and env.failed_reason == f"agent_{reason}"
     env = make_env(server, calc_tasks, harness=command, agent_timeout=timeout,
                    failed_agent_score=-1.0)  # fmt: skip
     group, _ = collect(env)
     assert group is None or group["scores"] == [-1.0, -1.0]  # no model call: no row
+    if group is not None:  # the opt-in scores them, marked the policy's: invalid/agent_failed
+        assert {o["outcome"] for o in group["overrides"]} == {"invalid/agent_failed"}
 
 
 def test_a_rollout_cancelled_mid_run_leaves_no_sandbox_session_or_process(

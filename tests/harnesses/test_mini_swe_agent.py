@@ -32,6 +32,7 @@ def test_the_turn_limit_ends_the_run_which_is_still_scored(script_server, calc_t
     env = make_env(server, calc_tasks, harness="mini-swe-agent", max_agent_turns=2)
     group, exits = collect(env)
     assert exits == ["limit", "limit"] and group["scores"] == [0.0, 0.0]
+    assert {o["outcome"] for o in group["overrides"]} == {"truncated/turns"}  # as it stands
     assert server.requests["/generate"] + server.requests["/v1/completions"] <= 4
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.outcome import RolloutFailed, failure_reason
 from atropos.inference.config import APIServerConfig
 from atropos.proxy.agent_env import AgentClient, AgentEnv, AgentEnvConfig, AgentRun, run_command
 from atropos.testing import FakeInferenceServer
@@ -126,15 +127,17 @@ def test_an_external_agent_gets_its_session_and_its_posted_reward_is_the_score(f
     assert group["scores"] == [0.25, 0.25] and len(group["tokens"]) == 2
 
 
-def test_a_failed_agent_drops_the_group_unless_a_failure_score_is_set(fake, tmp_path):
+def test_a_failed_agent_fails_the_group_unless_a_failure_score_opts_in(fake, tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     command = f"{sys.executable} {script}"
-    group, _ = collect(make(External, fake.base_url, agent_command=command), {"fail": 1})
-    assert group is None
+    with pytest.raises(RolloutFailed) as failed:  # counted failed/agent_exit, never scored
+        collect(make(External, fake.base_url, agent_command=command), {"fail": 1})
+    assert failure_reason(failed.value) == "agent_exit"
     env = make(External, fake.base_url, agent_command=command, failed_agent_score=-1.0)
     group, _ = collect(env, {"question": "x", "fail": 1})
     assert group["scores"] == [-1.0, -1.0]  # each failed run still asked once: trained on
+    assert group["overrides"] == [{"outcome": "invalid/agent_failed"}] * 2  # the opt-in marked
     runs = asyncio.run(
         _runs(make(External, fake.base_url, agent_command=command), {"question": "x", "fail": 1})
     )

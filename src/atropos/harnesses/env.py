@@ -9,9 +9,12 @@ seconds, then the task's test in the same sandbox (exit 0 = 1.0, or its reward f
 Every sequence of a rollout's session is a row of the group carrying the rollout's score
 (`AgentEnv.group`: a harness that compacts its context or spawns a sub-agent gives several).
 A failed rollout (the harness's, the sandbox's or the test's infrastructure: never the
-policy's) is not scored: the group is dropped (`dropped/agent_failed`) unless
-`--env.failed_agent_score` is set, and its reason is counted in
-`train/harness_failed/<reason>`. Metrics per harness, means over rollouts:
+policy's) is not scored: it fails its group, counted `failed/agent_<reason>`
+(`train/outcomes/...`), unless `--env.failed_agent_score` opts in to scoring it
+(`invalid/agent_failed`), and its reason is counted in `train/harness_failed/<reason>`. A
+harness stopped by a limit (exit "limit": the proxy refused a call past the session's turns or
+tokens, or its own turn limit) is `truncated/<limit>`, scored as it stands or masked by
+`--env.truncated`. Metrics per harness, means over rollouts:
 `harness/<name>/calls` (model calls), `tokens` (completion tokens), `tool_calls` (calls the
 policy's answers made), `breaks` (calls that started a new sequence: `fork` and `new`, never a
 clean or realigned extension), `seconds` (the harness's wall time), `score` (scored rollouts
@@ -126,12 +129,16 @@ class HarnessEnv(AgentEnv[HarnessEnvConfig]):
             trajectory = session.trajectory()
             self.proxy.delete(session.id)
         self._record(result, trajectory)
-        error = None
+        error, failure, limit = None, None, None
         if result.failure is not None:
             self.failures[result.failure] += 1
-            error = f"{result.failure}: {result.detail}"
+            error, failure = f"{result.failure}: {result.detail}", f"agent_{result.failure}"
             log.warning("harness %s failed on %s: %s", self.harness.name, _id(task), error)
-        return AgentRun(result, trajectory, error, time.monotonic() - start)
+        elif result.exit.reason == "limit":  # the session's limit, else the harness's own turns
+            used = {"turns": session.turns, "tokens": session.completion_tokens}
+            limit = session.limits.exceeded(**used) or "turns"
+        seconds = time.monotonic() - start
+        return AgentRun(result, trajectory, error, seconds, limit, failure)
 
     async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
         group, backlog = await super().collect_trajectories(item)

@@ -36,8 +36,17 @@ one sequence the group is an ordinary GRPO group. When some rollout has several,
 also carries per-token `advantages`: each rollout's GRPO advantage (its reward minus the mean
 over the group's rollouts, over their standard deviation), given to every token of each of its
 sequences, so a rollout is not weighted by how many sequences it split into; the group declares
-its size (`group_overrides.group_size`). A rollout whose agent failed (an exception, a timeout,
-a non-zero exit) drops the group (`dropped/agent_failed`) unless `--env.failed_agent_score` is set.
+its size (`group_overrides.group_size`).
+
+**Outcomes** (`atropos.envs.outcome`). A rollout whose agent stopped at a limit (the proxy
+refused a call past its session's `max_agent_turns` or `max_agent_tokens`, the agent's own
+turn limit, `agent_timeout`) with some calls made is `truncated/<limit>` (`turns`, `tokens`,
+`seconds`): scored as it stands by `score`, or masked under `--env.truncated mask`. A rollout
+whose agent failed otherwise (an exception, a non-zero exit, no model call) is
+`failed/<reason>` (`agent_error`, `agent_exit`, `agent_timeout`, `agent_no_calls`; a harness's
+own reasons): `collect_trajectories` raises `RolloutFailed`, so the runner counts the item's
+rollouts as failed and nothing is scored. `--env.failed_agent_score S` is an explicit opt-in to
+train on failed runs anyway: they get score S and are marked `invalid/agent_failed`.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from typing_extensions import TypeVar
@@ -61,6 +70,7 @@ from typing_extensions import TypeVar
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.evaluation import evaluate_each, report_rows
+from atropos.envs.outcome import RolloutFailed, invalid, truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.proxy.app import Proxy, ProxySettings
@@ -85,7 +95,14 @@ class AgentEnvConfig(BaseEnvConfig):
     )
     tool_parser: str = Field(default="hermes", description="how tool calls are read from text")
     failed_agent_score: float | None = Field(
-        default=None, description="score of a failed rollout (unset: the group is dropped)"
+        default=None,
+        description="opt-in: train on failed rollouts with this score, marked invalid/agent_failed"
+        " (unset: a failed rollout fails its group, counted failed/<reason>, never scored)",
+    )
+    truncated: Literal["score", "mask"] = Field(
+        default="score",
+        description="a rollout cut by a limit (turns, tokens, seconds): score (as it stands) or"
+        " mask (kept with its advantage set to zero)",
     )
 
 
@@ -159,6 +176,13 @@ class AgentRun:
     trajectory: Trajectory
     error: str | None = None
     seconds: float = 0.0
+    limit: str | None = None  # the limit that stopped it (`truncated/<limit>`), if one did
+    failure: str | None = None  # with `error` and no limit: the `failed/<reason>`
+
+    @property
+    def failed(self) -> bool:
+        """Whether it failed (not at a limit), or made no model call: it has nothing to score."""
+        return not self.trajectory.sequences or (self.error is not None and self.limit is None)
 
     @property
     def reward(self) -> float | None:
@@ -251,7 +275,7 @@ class AgentEnv(BaseEnv[AgentConfigT]):
     async def eval_sample(self, task: Item, run: AgentRun) -> dict[str, Any]:
         """One evaluation rollout as a logged sample: the task, the output, the error and the
         score (the failed-agent score for a failed run). Override to log more."""
-        score = self._failed_score() if run.error else await _value(self.score(task, run))
+        score = self._failed_score() if run.failed else await _value(self.score(task, run))
         return {"task": task, "output": str(run.output), "error": run.error, "score": score}
 
     def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
@@ -270,19 +294,23 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         session = await self.proxy.create_session()
         client = self._client(session)
         start = time.monotonic()
-        output, error = None, None
+        output, error, limit, failure = None, None, None, None
         try:
             timeout = self.config.agent_timeout
             output = await asyncio.wait_for(self.agent(task, client), timeout)
         except asyncio.TimeoutError:
             error = f"the agent ran past agent_timeout={self.config.agent_timeout:g} s"
+            limit, failure = "seconds", "agent_timeout"
         except Exception as err:  # an agent's failure is the rollout's, not the run's
             error = f"{type(err).__name__}: {err}"
+            limit, failure = _limit_of(err, session), _failure_of(err)
         finally:
             await client.aclose()
         trajectory = session.trajectory()
         self.proxy.delete(session.id)
-        return AgentRun(output, trajectory, error, time.monotonic() - start)
+        if not trajectory.sequences:
+            limit, failure = None, "agent_no_calls" if error is None else failure
+        return AgentRun(output, trajectory, error, time.monotonic() - start, limit, failure)
 
     def _client(self, session: Session) -> AgentClient:
         root = f"{self.proxy_url}/s/{session.id}"
@@ -296,17 +324,28 @@ class AgentEnv(BaseEnv[AgentConfigT]):
         )
 
     async def _scores(self, task: Item, runs: list[AgentRun]) -> list[float] | None:
+        """Each run's score; a failed run raises `RolloutFailed` (its reason) unless
+        `failed_agent_score` opts in to scoring it."""
         scores = []
         for run in runs:
-            if run.error is not None or not run.trajectory.sequences:
+            if run.failed:
                 failed = self._failed_score()
                 if failed is None:
-                    self.drop("agent_failed")
-                    return None
+                    reason = run.failure or "agent_error"
+                    raise RolloutFailed(reason, run.error or "the agent made no model call")
                 scores.append(failed)
             else:
                 scores.append(await _value(self.score(task, run)))
         return scores
+
+    def outcome(self, run: AgentRun) -> dict[str, Any]:
+        """A run's `overrides` entry: `truncated/<limit>` under `--env.truncated`,
+        `invalid/agent_failed` for a failed run scored by `failed_agent_score`, else `{}`."""
+        if run.failed:
+            return invalid("agent_failed")
+        if run.limit is not None:
+            return truncated(run.limit, self.config.truncated)
+        return {}
 
     def _failed_score(self) -> float | None:
         return self.config.failed_agent_score
@@ -332,7 +371,8 @@ class AgentEnv(BaseEnv[AgentConfigT]):
             advantages = group_advantages(scores)
             group["advantages"] = [[advantages[i]] * len(seq.tokens) for seq, _, i in rows]
             group["group_overrides"] = {"group_size": len(rows)}
-        return group
+        entries = [self.outcome(runs[i]) for _, _, i in rows]
+        return with_outcomes(group, entries)
 
     # ----- settings ---------------------------------------------------------------------------
 
@@ -343,6 +383,28 @@ class AgentEnv(BaseEnv[AgentConfigT]):
     def _model_name(self) -> str:
         names = [getattr(c, "model_name", None) for c in self._configs()]
         return next((str(n) for n in names if n), "atropos-policy")
+
+
+def _limit_of(err: BaseException, session: Session) -> str | None:
+    """The limit an agent's exception stopped at: the Agents SDK's own turn limit
+    (`MaxTurnsExceeded`), or a session limit the proxy refused a call past; else None."""
+    if type(err).__name__ == "MaxTurnsExceeded":
+        return "turns"
+    used = {"turns": session.turns, "tokens": session.completion_tokens}
+    return session.limits.exceeded(**used)
+
+
+def _failure_of(err: BaseException) -> str:
+    """The `failed/<reason>` of an agent's exception: `agent_exit` for a command's non-zero
+    exit (`run_command`), else the error's own reason, else `agent_error`."""
+    if isinstance(err, AgentExited):
+        return "agent_exit"
+    kind = getattr(err, "failure_kind", None)
+    return kind if isinstance(kind, str) and kind else "agent_error"
+
+
+class AgentExited(RuntimeError):
+    """An agent command exited non-zero (`run_command`)."""
 
 
 async def _value(score: Any) -> float:
@@ -360,8 +422,8 @@ _QUIET = {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
 async def run_command(command: str, task: Item, client: AgentClient, timeout: float) -> str:
     """Run an external agent for `task`: the task as JSON on stdin and in `ATROPOS_TASK`, the
     session in its environment (with `OPENAI_AGENTS_DISABLE_TRACING=1` unless ours sets it);
-    its stdout (stripped) is the output. A non-zero exit raises
-    RuntimeError with the end of its stderr; past `timeout` its process group is killed."""
+    its stdout (stripped) is the output. A non-zero exit raises `AgentExited` (a RuntimeError)
+    with the end of its stderr; past `timeout` its process group is killed."""
     text = json.dumps(task, ensure_ascii=False, default=str)
     env = {**_QUIET, **os.environ, **client.environ, "ATROPOS_TASK": text}
     proc = await asyncio.create_subprocess_exec(
@@ -381,5 +443,5 @@ async def run_command(command: str, task: Item, client: AgentClient, timeout: fl
         raise
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-5:]
-        raise RuntimeError(f"agent command exited {proc.returncode}: {' | '.join(tail)}")
+        raise AgentExited(f"agent command exited {proc.returncode}: {' | '.join(tail)}")
     return out.decode(errors="replace").strip()
