@@ -2,7 +2,9 @@
 `environment_factory` of `GRPOTrainer`) training a small policy against an ORS server on CPU,
 without vLLM; run by the TRL venv's python with the interop venv's `openreward` on its path.
 
-`python trl_ors.py URL ENV POLICY_DIR OUT_DIR`: two GRPO steps (two tasks, two generations
+`python trl_ors.py URL ENV POLICY_DIR OUT_DIR [SITE]`: SITE (the interop venv's site-packages)
+is put at the end of `sys.path`, so the TRL venv's own packages come first and `openreward` is
+found there. Two GRPO steps (two tasks, two generations
 each, transformers' own generation); prints one JSON object: the steps, the dataset's rows,
 the tools TRL bound and the rewards the rollouts got.
 """
@@ -14,6 +16,7 @@ import os
 import sys
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.extend(sys.argv[5:6])
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
