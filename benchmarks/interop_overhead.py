@@ -12,7 +12,8 @@ CPU is process CPU: this process's `time.process_time()` plus the server's utime
 (`/proc/PID/stat`), so both ends of the protocol are counted; the server's start-up is excluded
 (measured from after a warm-up episode). The OpenEnv layer has its sibling,
 benchmarks/openenv_overhead.py. Usage: `nice python benchmarks/interop_overhead.py
-[--episodes 300]`.
+[--episodes 300] [--official PYTHON]`; `--official` (default: the interop venv's python) also
+drives the same episodes with openreward's own client (its process CPU, and the server's).
 """
 
 from __future__ import annotations
@@ -78,6 +79,40 @@ async def remote(url: str, episodes: int, pid: int) -> tuple[float, float]:
     return ours / episodes, theirs / episodes
 
 
+OFFICIAL = """
+import sys, time
+from openreward import OpenReward
+url, episodes = sys.argv[1], int(sys.argv[2])
+client = OpenReward(base_url=url)
+env = client.environments.get(name="gsm8k", variant="gsm8k", base_url=url)
+count = env.num_tasks("train")
+def episode(i, answer):
+    with env.session(split="train", index=i % count) as session:
+        session.get_prompt()
+        session.list_tools()
+        session.call_tool("answer", {"answer": answer})
+episode(0, "warm-up")
+start = time.process_time()
+for i in range(episodes):
+    episode(i, f"The answer is \\\\boxed{{{i}}}")
+print((time.process_time() - start) / episodes)
+client.close()
+"""
+
+
+def official(python: str, url: str, episodes: int, pid: int) -> tuple[float, float]:
+    """(openreward's client CPU per episode, the server's) for the same episodes, the client
+    run by `python` (the interop venv's); the server's share includes the client's start."""
+    extra = {"OPENREWARD_DISABLE_UPDATE_CHECK": "1", "OPENREWARD_SESSION_URL": url}
+    start_server = server_cpu(pid)
+    done = subprocess.run(
+        [python, "-c", OFFICIAL, url, str(episodes)], env={**os.environ, **extra},
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    theirs = float(done.stdout.split()[-1])
+    return theirs, (server_cpu(pid) - start_server) / (episodes + 1)
+
+
 def serve(port: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "atropos", "env", "publish", "gsm8k", "--as", "ors"]
     server = subprocess.Popen([*argv, "--port", str(port)], stdout=subprocess.DEVNULL)
@@ -95,12 +130,20 @@ def serve(port: int) -> subprocess.Popen[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=300)
+    venv = ".cache/interop-venv/bin/python"
+    parser.add_argument("--official", default=venv, help="python with openreward ('': skip)")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     port = free_port()
     server = serve(port)
+    url = f"http://127.0.0.1:{port}"
     try:
-        client, served = asyncio.run(remote(f"http://127.0.0.1:{port}", args.episodes, server.pid))
+        client, served = asyncio.run(remote(url, args.episodes, server.pid))
+        if args.official:
+            theirs, served_theirs = official(args.official, url, args.episodes, server.pid)
+            print(
+                f"openreward's client {theirs * 1e3:7.3f} ms + server {served_theirs * 1e3:7.3f} ms"
+            )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

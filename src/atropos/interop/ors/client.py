@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
+from atropos.inference.http import HTTPClient, HTTPResponse
 from atropos.interop.ors.wire import ORSError, blocks_text, read_sse
 
 __all__ = ["ORSClient", "ORSSession", "ToolResult"]
@@ -37,7 +35,11 @@ class ToolResult:
 
 
 class ORSClient:
-    """One ORS server at `url`, its environment `env` (None: resolved by `resolve_env`)."""
+    """One ORS server at `url`, its environment `env` (None: resolved by `resolve_env`).
+
+    Requests go through `atropos.inference.http.HTTPClient` (keep-alive connections, whole
+    bodies): an SSE answer is read whole and then split into its events, which is what a
+    `/call` needs (its result is the `end` event; every event before it is read anyway)."""
 
     def __init__(
         self, url: str, env: str | None, *, api_key: str | None = None, timeout: float = 60.0
@@ -46,26 +48,37 @@ class ORSClient:
         self.env = env
         self.timeout = timeout
         headers = {"X-API-Key": api_key, "Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self.http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout, limits=limits, trust_env=False
-        )
+        self.http = HTTPClient(headers)
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
+
+    async def _send(
+        self, method: str, path: str, sid: str | None, payload: Any = None
+    ) -> HTTPResponse:
+        """One request's whole answer; ORSError when there is none or it is an error status."""
+        headers = {"X-Session-ID": sid} if sid else {}
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers["Content-Type"] = "application/json"
+        where = f"{method} {self.url}{path}"
+        try:
+            response = await self.http.request(
+                method, self.url + path, body, headers, timeout=self.timeout
+            )
+        except TimeoutError as e:
+            raise ORSError("ors_timeout", f"{where}: no answer within {self.timeout:g} s") from e
+        except OSError as e:  # ConnectionError included
+            raise ORSError("ors_unreachable", f"{where}: {e!r}") from e
+        _check(response, where)
+        return response
 
     async def request(self, method: str, path: str, sid: str | None = None, **kw: Any) -> Any:
-        """The JSON answer of one request; ORSError on any failure."""
-        headers = {"X-Session-ID": sid} if sid else {}
+        """The JSON answer of one request (`json=` its body); ORSError on any failure."""
+        response = await self._send(method, path, sid, kw.get("json"))
         try:
-            response = await self.http.request(method, path, headers=headers, **kw)
-        except httpx.TimeoutException as e:
-            raise ORSError("ors_timeout", f"{method} {self.url}{path}: no answer ({e!r})") from e
-        except httpx.TransportError as e:
-            raise ORSError("ors_unreachable", f"{method} {self.url}{path}: {e!r}") from e
-        _check(response, method, self.url + path)
-        try:
-            return response.json()
+            return json.loads(response.body)
         except ValueError as e:
             raise ORSError("ors_protocol", f"{method} {self.url}{path}: not JSON") from e
 
@@ -74,33 +87,19 @@ class ORSClient:
     ) -> tuple[str, str]:
         """POST `path` and read its SSE answer: its `task_id` and result text (the chunks
         through `end`)."""
+        response = await self._send("POST", path, sid, payload)
         chunks: list[str] = []
-        task_id, result = "", None
-        try:
-            async with self.http.stream(
-                "POST", path, json=payload, headers={"X-Session-ID": sid} if sid else {}
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                _check(response, "POST", self.url + path)
-                whole = "content-length" in response.headers  # drained: the connection kept
-                async for event, data in _events(response.aiter_lines()):
-                    if event == "task_id":
-                        task_id = data.strip()
-                    elif event == "chunk":
-                        chunks.append(data)
-                    elif event == "end" and result is None:
-                        result = task_id, "".join([*chunks, data])
-                        if not whole:
-                            return result
-                    elif event == "error":
-                        raise ORSError("ors_tool_error", f"{self.url}{path}: {data}")
-                if result is not None:
-                    return result
-        except httpx.TimeoutException as e:
-            raise ORSError("ors_timeout", f"POST {self.url}{path}: no answer ({e!r})") from e
-        except httpx.TransportError as e:
-            raise ORSError("ors_unreachable", f"POST {self.url}{path}: {e!r}") from e
+        task_id = ""
+        lines = response.body.decode("utf-8", "replace").splitlines()
+        for event, data in read_sse([*lines, ""]):
+            if event == "task_id":
+                task_id = data.strip()
+            elif event == "chunk":
+                chunks.append(data)
+            elif event == "end":
+                return task_id, "".join([*chunks, data])
+            elif event == "error":
+                raise ORSError("ors_tool_error", f"{self.url}{path}: {data}")
         raise ORSError("ors_protocol", f"POST {self.url}{path}: the stream ended without 'end'")
 
     def path(self, suffix: str) -> str:
@@ -199,27 +198,16 @@ class ORSSession:
                 return
 
 
-async def _events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
-    """(event, data) pairs of an SSE stream read line by line."""
-    buffered: list[str] = []
-    async for line in lines:
-        buffered.append(line)
-        if not line.strip():
-            for pair in read_sse(buffered):
-                yield pair
-            buffered = []
-    for pair in read_sse([*buffered, ""]):
-        yield pair
-
-
-def _check(response: httpx.Response, method: str, url: str) -> None:
+def _check(response: HTTPResponse, where: str) -> None:
     """ORSError for an error status, with the server's detail."""
-    status = response.status_code
+    status = response.status
     if status < 400:
         return
+    text = response.body.decode("utf-8", "replace")
     try:
-        detail = str(response.json().get("detail", response.text))[:300]
+        found = json.loads(text)
+        detail = str(found.get("detail", text) if isinstance(found, dict) else text)[:300]
     except ValueError:
-        detail = response.text[:300]
+        detail = text[:300]
     kind = "ors_http_5xx" if status >= 500 else "ors_http_4xx"
-    raise ORSError(kind, f"{method} {url}: HTTP {status}: {detail}")
+    raise ORSError(kind, f"{where}: HTTP {status}: {detail}")
