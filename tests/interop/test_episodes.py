@@ -6,6 +6,7 @@ refusal of an env whose loop cannot be split naming why, and the shared pieces (
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -58,14 +59,35 @@ def test_a_game_rewards_at_the_end_and_is_cut_at_max_turns() -> None:
     assert all(s.reward == 0.0 for s in steps[:finished])
 
 
-@pytest.mark.parametrize(
-    ("name", "why"),
-    [("tool_use_multiturn", "replayed conversation"), ("mt_grpo", "whole group")],
-)
-def test_an_env_whose_loop_is_whole_is_refused_naming_why(name: str, why: str) -> None:
+def test_an_env_whose_loop_is_whole_is_refused_naming_why() -> None:
     with pytest.raises(ValueError, match="cannot be published") as refused:
-        adapter(configured_env(name, []))
-    assert why in str(refused.value) and "mcp_tools" in str(refused.value)
+        adapter(configured_env("mt_grpo", []))
+    assert "whole group" in str(refused.value) and "mcp_tools" in str(refused.value)
+
+
+def _replies(turn: Any) -> str:
+    calls = "".join(f"<tool_call>{json.dumps(dict(c))}</tool_call>" for c in turn.calls)
+    return f"<think>as asked</think>{calls}"
+
+
+def test_tool_use_multiturn_a_reply_per_turn_judged_by_the_env() -> None:
+    async def run() -> tuple[Any, list[Step], list[Step]]:
+        found = await _set_up("tool_use_multiturn", "--env.scenarios", '["multistep"]')
+        assert [t["name"] for t in found.tools] == ["reply"]
+        episode = next(e for e in found.splits["train"] if len(e.turns) > 1)
+        right = await found.start(episode)
+        good = [await right.call("reply", {"text": _replies(t)}) for t in episode.turns]
+        wrong = await found.start(episode)
+        bad = [await wrong.reply("<think>hm</think>no calls"), await wrong.reply("again")]
+        return episode, good, bad
+
+    episode, good, bad = asyncio.run(run())
+    *between, last = good
+    assert all(s.reward is None and not s.finished for s in between)
+    assert between[0].messages == tuple(episode.turns[1].replay)  # the recorded responses
+    assert last.finished and last.reward == 1.5  # multistep, every call right: the bonus
+    assert bad[0].finished and bad[0].reward is not None and bad[0].reward < 0
+    assert bad[1] == OVER
 
 
 def test_the_shared_pieces(monkeypatch: pytest.MonkeyPatch) -> None:

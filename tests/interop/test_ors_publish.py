@@ -89,10 +89,10 @@ def test_a_key_is_checked_and_needed_beyond_loopback(
 
 
 def test_an_env_with_its_own_loop_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["env", "publish", "tool_use_multiturn", "--as", "ors", "--port", "1"]
+    argv = ["env", "publish", "mt_grpo", "--as", "ors", "--port", "1"]
     assert atropos_main(argv) == 2
     err = capsys.readouterr().err
-    assert "cannot be published" in err and "replayed conversation" in err
+    assert "cannot be published" in err and "whole group" in err
 
 
 def test_mcp_tools_its_tools_run_by_its_servers_and_scored_at_the_answer(

@@ -25,8 +25,9 @@ episode finished. The kinds:
 - **textworld**: split `train` (the configured games); one tool, `act {"command"}`; each
   command's reward is the turn's score change over the maximum (`TextGame.rewards`), so an
   episode's rewards sum to its score; finished when the game ends or after `--env.max_turns`.
-- **tool use** (`mcp_tools`, `interop.tool_episodes`): the tools its MCP servers list, run by
-  the env's own servers, and `answer`, scored by the env.
+- **tool use** (`interop.tool_episodes`): `mcp_tools`, the tools its MCP servers list, run by
+  the env's own servers, and `answer`, scored by the env; `tool_use_multiturn`, one `reply`
+  per turn judged by the env against the recorded conversation, replayed between turns.
 
 Anything else plays its episodes through its own loop against an inference server (a judge, a
 sandbox, an agent harness, replayed tool responses): `adapter` refuses it, naming why and the
@@ -285,7 +286,7 @@ class _Adventure(OneTool):
 
 _PUBLISHABLE = (
     "single-turn environments (atropos.envs.Env: gsm8k, tool_calling, ...), games (GameEnv:"
-    " blackjack, taxi, ...), textworld and mcp_tools"
+    " blackjack, taxi, ...), textworld, mcp_tools and tool_use_multiturn"
 )
 
 
@@ -307,6 +308,10 @@ def adapter(env: BaseEnv[Any]) -> Adapter:
         from atropos.interop.tool_episodes import ToolUse
 
         return ToolUse(env)
+    if module.startswith("atropos.environments.tool_use_multiturn"):
+        from atropos.interop.tool_episodes import Replayed
+
+        return Replayed(env)
     name = env.name or type(env).__name__
     raise ValueError(
         f"{name} cannot be published: it plays its episodes through its own loop against an"
@@ -324,8 +329,6 @@ def _why(module: str) -> str:
 
 
 _WHY = {
-    "tool_use_multiturn": "each turn is judged on the whole reply's set of calls against a"
-    " replayed conversation, and its tool responses are recorded, not run",
     "deep_research": "its searches and its judge run inside the loop",
     "agent_tools": "its agent harness runs the whole episode",
     "harness": "its agent harness runs the whole episode",

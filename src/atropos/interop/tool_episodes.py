@@ -1,4 +1,5 @@
-"""`mcp_tools` as a stepped episode (the tool-use kind of `interop.episodes`).
+"""The tool-use kinds of `interop.episodes`: `mcp_tools` (`ToolUse`) and `tool_use_multiturn`
+(`Replayed`, at the end of this module) as stepped episodes.
 
 The env's own parts do the work: its MCP servers (started by its `setup`) list the tools and
 run each call (`ToolServers.call`, with `--env.call_timeout` and `--env.max_result_chars`), and
@@ -18,6 +19,14 @@ calls) gives the reward at the end. Splits: `train` and `test`, the env's task s
 Choice: published, the tool schemas go in the system prompt (as `--env.tool_schemas system`),
 so a policy that reads text (OpenEnv's action is text) sees them; ORS lists them too. A tool
 server that stops answering raises `ToolServerError` (the episode fails; never a reward).
+
+`tool_use_multiturn` replays recorded conversations: its tool responses are data, never run,
+and each turn is judged on the whole reply's set of calls. So a turn is one whole reply (over
+ORS the one tool `reply {"text"}`, as a game's `act`), judged by the env (`judge`: the calls
+against the turn's expected ones, the think block when `--env.require_think`); the next
+observation is the recorded messages before the next turn; the episode ends at the first failed
+turn or after the last, its reward the env's (`reward`: the scenario's rule, -1 floor), none
+before. The length penalty of its group scores is the trainer's side, not applied here.
 """
 
 from __future__ import annotations
@@ -27,9 +36,9 @@ from typing import Any
 from atropos.environments.common.tool_calls import parse_text
 from atropos.environments.mcp_tools.servers import ToolReply
 from atropos.environments.mcp_tools.tasks import episode_score
-from atropos.interop.episodes import Adapter, Episode, Step, text_argument, tool_spec
+from atropos.interop.episodes import Adapter, Episode, OneTool, Step, text_argument, tool_spec
 
-__all__ = ["ToolUse"]
+__all__ = ["Replayed", "ToolUse"]
 
 ANSWER = tool_spec("answer", "Give your final answer; it ends the episode.", "answer", "it")
 
@@ -118,3 +127,55 @@ class _ToolEpisode(Episode):
             for n, r in zip(names, replies, strict=True)
         )
         return Step("\n\n".join(r.text for r in replies), None, False, turns)
+
+
+# ----- replayed tool use (tool_use_multiturn) --------------------------------------------------
+
+REPLY = tool_spec(
+    "reply",
+    "Give your reply to this turn, as the system prompt asks: <think>...</think>, then your"
+    " <tool_call> blocks (or, when no function fits, your answer to the user).",
+    "text",
+    "your whole reply",
+)
+
+
+class Replayed(Adapter):
+    """`tool_use_multiturn`: a turn is one whole reply (`reply {"text"}` over ORS), judged by the
+    env against the turn's expected calls; the recorded tool responses (and the user's
+    follow-ups) are the next observation; the env's episode reward at the end."""
+
+    tools = [REPLY]
+
+    async def load(self) -> None:
+        env: Any = self.env
+        self.splits["train"] = list(env.episodes)
+        if env.test_episodes:
+            self.splits["test"] = list(env.test_episodes)
+
+    async def start(self, item: Any) -> Episode:
+        return _ReplayedEpisode(self.env, item)
+
+
+class _ReplayedEpisode(OneTool):
+    tool, field = "reply", "text"
+
+    def __init__(self, env: Any, episode: Any) -> None:
+        from atropos.environments.tool_use_multiturn.env import Trajectory
+
+        super().__init__()
+        self.env, self.episode = env, episode
+        self.messages = [dict(m) for m in episode.context]
+        self.max_turns = len(episode.turns)
+        # judged and rewarded by the env's own rules; no token sequence here (the remote
+        # trainer holds the tokens)
+        self.trajectory = Trajectory(list(self.messages), node=None)  # type: ignore[arg-type]
+
+    async def _reply(self, text: str) -> Step:
+        turn = self.trajectory.turns
+        self.env.judge(self.episode, self.trajectory, turn, text)
+        if self.trajectory.stopped is not None or turn + 1 >= len(self.episode.turns):
+            reward = float(self.env.reward(self.episode, self.trajectory))
+            return Step(f"reward: {reward:g}", reward, True)
+        replay = tuple(dict(m) for m in self.episode.turns[turn + 1].replay)
+        return Step("\n\n".join(str(m["content"]) for m in replay), None, False, replay)
