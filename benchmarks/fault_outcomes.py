@@ -9,7 +9,8 @@ carries a nonce in its prompt; `atropos.testing.faults.FaultPlan` fails a fixed 
 (nonce, turn) requests with a 500, a crash, a 429 or a hang past the client's deadline (the
 policy's server; the judge's for the judged env), and records which nonces hit one. The audit
 reads the written JSONL: rows whose nonce hit a fault (must be 0), and the runner's outcome
-counts (`train/outcomes/*`).
+counts (`train/outcomes/*`), and the items that failed without a fault hitting them, by the
+reason the runner counted (`faults.unexplained`).
 
     nice .venv/bin/python benchmarks/fault_outcomes.py --rate 0.1 --groups 125
 """
@@ -31,6 +32,7 @@ from atropos.envs.runner.process import ProcessRunner
 from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 from atropos.testing.faults import (
+    FAILED,
     FaultArithmetic,
     FaultJudged,
     FaultPlan,
@@ -38,6 +40,7 @@ from atropos.testing.faults import (
     fault_mcp_tools,
     judge_says,
     right_answer,
+    unexplained,
 )
 
 GROUP = 8
@@ -66,6 +69,7 @@ def run_env(cls: type, policy: str, out: Path, groups: int, **env: Any) -> Proce
 
 def one(name: str, rate: float, groups: int, seed: int, tmp: Path) -> dict[str, Any]:
     plan = FaultPlan(rate, seed=seed, hang=2.0)
+    FAILED.clear()
     out = tmp / f"{name}.jsonl"
     with ExitStack() as stack:
         if name == "judged":
@@ -91,14 +95,17 @@ def one(name: str, rate: float, groups: int, seed: int, tmp: Path) -> dict[str, 
         cpu = time.process_time() - started
     found = audit(out, [plan])
     outcomes = dict(runner.outcomes)
-    return {"env": name, "found": found, "outcomes": outcomes, "cpu": cpu, "plan": plan}
+    return {
+        "env": name, "found": found, "outcomes": outcomes, "cpu": cpu, "plan": plan,
+        "unexplained": unexplained([plan]),
+    }  # fmt: skip
 
 
 def report(rows: list[dict[str, Any]], rate: float) -> str:
     lines = [
         "| env | rollouts | scored | truncated | invalid | failed (by reason) | hit by a fault"
-        " | rows written | rows with a fault | process CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | failed items without a fault | rows written | rows with a fault | process CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o, f = r["outcomes"], r["found"]
@@ -112,9 +119,12 @@ def report(rows: list[dict[str, Any]], rate: float) -> str:
         plan = r["plan"]
         calls = ", ".join(f"{k} {n}" for k, n in sorted(plan.injected.items()))
         injected = f"{len(plan.faulted)} items ({calls})"
+        alone = r["unexplained"]
+        why = ", ".join(f"{k} {n}" for k, n in sorted(alone.items()))
+        unhit = f"{sum(alone.values())} ({why})" if alone else "0"
         lines.append(
             f"| {r['env']} | {sum(o.values()):,} | {o.get('scored', 0):,} | {kind('truncated'):,}"
-            f" | {kind('invalid'):,} | {kind('failed'):,} ({failed}) | {injected}"
+            f" | {kind('invalid'):,} | {kind('failed'):,} ({failed}) | {injected} | {unhit}"
             f" | {f['rows']:,} | {f['faulted_rows']} | {r['cpu']:.1f} |"
         )
     lines.append(

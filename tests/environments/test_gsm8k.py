@@ -173,6 +173,18 @@ def test_check_env_and_groups_with_mixed_scores():
     assert len(group["inference_logprobs"]) == 4
 
 
+def test_a_completion_without_a_boxed_answer_is_invalid_no_answer_and_scored_wrong():
+    turn = itertools.count()
+
+    def responder(prompt: str) -> str:
+        return right(prompt) if next(turn) % 2 == 0 else THINKING + "I cannot tell."
+
+    with FakeInferenceServer(responder=responder) as fake:
+        [(group, _)] = collect(make(fake.base_url), TRAIN[0])
+    rows = sorted(zip(group["scores"], group["overrides"], strict=True), key=lambda r: r[0])
+    assert rows == [(-1.0, {"outcome": "invalid/no_answer"})] * 2 + [(1.0, {})] * 2
+
+
 def test_groups_that_are_all_right_or_all_wrong_are_dropped_when_configured():
     with FakeInferenceServer(responder=right) as fake:
         [(group, _)] = collect(make(fake.base_url, ensure_scores_are_not_same=True), TRAIN[1])

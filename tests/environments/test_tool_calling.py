@@ -375,6 +375,25 @@ def test_process_writes_jsonl_and_html(tmp_path):
     assert "tool_call" in run.page
 
 
+def test_a_malformed_call_is_invalid_and_scored_as_usual(tmp_path):
+    class Malformed(Responder):
+        def __call__(self, prompt: str) -> str:
+            answer = super().__call__(prompt)  # right on every other call
+            bad = answer + "\n<tool_call>{oops</tool_call>"  # an unreadable block too
+            return answer if next(self.calls) % 2 == 0 else bad
+
+        calls = itertools.count()
+
+    out = tmp_path / "tool_calling.jsonl"
+    with FakeInferenceServer(responder=Malformed()) as fake:
+        run = process_with_runner(
+            make(fake.base_url, total_steps=1, data_path_to_save_groups=str(out))
+        )
+    [group] = run.groups
+    rows = sorted(zip(group["scores"], group["overrides"], strict=True), key=lambda r: r[0])
+    assert rows == [(-1.0, {"outcome": "invalid/malformed_call"})] * 2 + [(1.0, {})] * 2
+
+
 def test_evaluate_reports_percent_correct_on_the_held_out_split(tmp_path):
     run = evaluate_against(make, Responder(always_right=True), tmp_path, setup=True)
     assert run.metrics == {"eval/percent_correct": 1.0, "eval/mean_score": 1.0}

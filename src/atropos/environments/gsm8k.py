@@ -1,7 +1,5 @@
 """`gsm8k`: grade-school math word problems answered in \\boxed{}, checked by math-verify.
-
-Upstream's rules, eval and data (shipped fixture, or the hub's): see docs/rewards.md.
-"""
+Upstream's rules, eval and data (shipped fixture, or the hub's): see docs/rewards.md."""
 
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ class GSM8K(Env[GSM8KConfig]):
     name = "gsm8k"
     requires: ClassVar[dict[str, str]] = {"math_verify": "envs"}  # checked before a run
     seed = 42  # upstream's shuffle seed
+    answer_marker = "\\boxed"  # none after the thinking: invalid/no_answer (scored -1)
     config_defaults: ClassVar[dict[str, Any]] = {"group_size": 8, "use_wandb": False}
     system_prompt = (
         "You are a careful problem solver. Reason step by step inside <think> </think> tags,"

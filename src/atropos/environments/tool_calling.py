@@ -168,6 +168,10 @@ class ToolCalling(Env[ToolCallingConfig]):
         s = self.config
         return score_item(item, completion, s.partial_credit, s.lenient_types)
 
+    def invalid_reason(self, item: Any, rollout: Rollout) -> str | None:
+        """`malformed_call`: a `<tool_call>` block that cannot be read (scored as usual)."""
+        return "malformed_call" if parse_completion(rollout.text).malformed else None
+
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.evaluation import evaluate_each, report_rows
-from atropos.envs.outcome import truncated, with_outcomes
+from atropos.envs.outcome import invalid, truncated, with_outcomes
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.inference.latency import note
 from atropos.rewards.group import all_equal
@@ -151,6 +151,9 @@ class Env(BaseEnv[ConfigT]):
     # a completion cut by its token limit is `truncated/tokens` (`envs.outcome`): "score" it
     # as it stands, or "mask" it (its advantage zeroed)
     truncated: ClassVar[str] = "score"
+    # what every answer holds (e.g. "\\boxed"): a completion without it after its thinking is
+    # `invalid/no_answer` (`invalid_reason`); None: not checked
+    answer_marker: ClassVar[str | None] = None
 
     @abstractmethod
     def load(self) -> Iterable[Item]:
@@ -239,9 +242,24 @@ class Env(BaseEnv[ConfigT]):
                 f" for {len(rollouts)} rollouts"
             )
         group = rollout_group(rollouts, [messages] * len(rollouts), scores, overrides)
-        cut = [truncated("tokens", self.truncated) if r.finish_reason == "length" else {}
-               for r in rollouts]  # fmt: skip
-        return with_outcomes(group, cut), []
+        return with_outcomes(group, [self.outcome(item, r) for r in rollouts]), []
+
+    def invalid_reason(self, item: Item, rollout: Rollout) -> str | None:
+        """Why `rollout` is the policy's own fault (`no_answer`, `malformed_call`), counted as
+        `invalid/<why>` and scored by `score` as any other; None: it is not. Default:
+        `no_answer` when `answer_marker` is set and absent after the last `</think>`."""
+        marker = self.answer_marker
+        if marker is not None and marker not in rollout.text.rsplit("</think>", 1)[-1]:
+            return "no_answer"
+        return None
+
+    def outcome(self, item: Item, rollout: Rollout) -> dict[str, Any]:
+        """A rollout's outcome entry: `truncated/tokens` when cut by its token limit (under
+        `truncated`), else `invalid/<why>` (`invalid_reason`), else `{}` (scored)."""
+        if rollout.finish_reason == "length":
+            return truncated("tokens", self.truncated)
+        why = self.invalid_reason(item, rollout)
+        return invalid(why) if why else {}
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One completion per `load_eval()` item with `eval_params()`, at most

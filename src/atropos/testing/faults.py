@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException
 
 from atropos.environments.arithmetic import Arithmetic, ArithmeticConfig
 from atropos.envs.judge import JudgeConfig, JudgedEnv, boxed_choice
+from atropos.envs.outcome import failure_reason
 from atropos.envs.types import Message
 
 FAULTS = ("500", "crash", "429", "hang")
@@ -41,6 +42,26 @@ _nonces = itertools.count(1)
 _current: contextvars.ContextVar[int] = contextvars.ContextVar("fault_nonce", default=0)
 
 Responder = Callable[[str], Any]
+
+
+FAILED: dict[int, str] = {}
+"""Each failed item's nonce -> its `failure_reason` (what the runner counts it as), so a failure
+no injected fault explains can be named (`unexplained`)."""
+
+
+async def recorded(nonce: int, work: Awaitable[Any]) -> Any:
+    """`await work`, noting the item's failure reason in `FAILED` when it raises."""
+    try:
+        return await work
+    except Exception as err:
+        FAILED[nonce] = failure_reason(err)
+        raise
+
+
+def unexplained(plans: Iterable[FaultPlan]) -> Counter[str]:
+    """Failed items that no fault of `plans` hit, by reason."""
+    faulted = set().union(*(p.faulted for p in plans))
+    return Counter(r for nonce, r in FAILED.items() if nonce not in faulted)
 
 
 def tag(text: str, nonce: int) -> str:
@@ -130,6 +151,9 @@ class FaultArithmetic(Arithmetic):
     async def get_next_item(self) -> Any:
         return {**(await super().get_next_item()), "nonce": next(_nonces)}
 
+    async def collect_trajectories(self, item: Any) -> Any:
+        return await recorded(item["nonce"], super().collect_trajectories(item))
+
     def prompt(self, item: Any) -> Any:
         messages = super().prompt(item)
         messages[-1] = {**messages[-1], "content": tag(str(messages[-1]["content"]), item["nonce"])}
@@ -167,7 +191,7 @@ def fault_mcp_tools() -> type:
         async def collect_trajectories(self, item: Any) -> Any:
             nonce, task = item
             _current.set(nonce)  # this item's task: its episodes' prompts read it
-            return await super().collect_trajectories(task)
+            return await recorded(nonce, super().collect_trajectories(task))
 
         def prompt(self, task: Any) -> Any:
             messages = super().prompt(task)

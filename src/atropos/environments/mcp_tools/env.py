@@ -10,8 +10,9 @@ server's logprobs. An episode ends at a reply without calls (its final answer), 
 in `max_token_length`; or at a limit of its `RolloutLimits` (`max_turns`, `max_tool_calls`,
 `max_seconds`). How each ended is its outcome (`atropos.envs.outcome`): a limit, a reply cut
 by its token limit or a full budget make it `truncated/<limit>` (scored as it stands, or masked
-under `--env.truncated mask`); a tool server that stops answering fails the group
-(`failed/tool_server`), never scores it.
+under `--env.truncated mask`); an episode that wrote an unreadable `<tool_call>` (and was not
+cut) is `invalid/malformed_call`, scored as usual; a tool server that stops answering fails the
+group (`failed/tool_server`), never scores it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from atropos.environments.mcp_tools.tasks import (
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import ConfigError
 from atropos.envs.evaluation import Report, evaluate_each
-from atropos.envs.outcome import RolloutLimits, truncated, with_outcomes
+from atropos.envs.outcome import RolloutLimits, invalid, truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import DriftKind, SequenceNode
@@ -75,6 +76,7 @@ class Episode:
         errors: tool turns that were errors (unknown tool, bad arguments, a failed tool,
             an unreadable block, a call past `max_calls_per_turn`).
         turns: replies given.
+        malformed: unreadable `<tool_call>` blocks it wrote (`invalid/malformed_call`).
         forks: later turns whose prompt did not extend the held tokens (`DriftKind.FORK`).
         ended: "answer", "max_turns", "max_tool_calls", "max_seconds", "length" (a reply
             cut by its token limit) or "budget" (the next turn would not fit); None while it
@@ -88,6 +90,7 @@ class Episode:
     calls: list[dict[str, Any]] = field(default_factory=list)
     errors: int = 0
     turns: int = 1
+    malformed: int = 0
     forks: int = 0
     ended: str | None = None
     started: float = field(default_factory=time.monotonic)
@@ -296,6 +299,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         ]
         turns += [{"role": "tool", "content": _MALFORMED}] * parsed.malformed
         ep.errors += sum(r.error for r in replies) + parsed.malformed
+        ep.malformed += parsed.malformed
         return turns
 
     async def _reply(
@@ -342,7 +346,14 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
         scores = [self.score(task, ep) for ep in episodes]
         self._record(task, episodes, scores)  # all-equal groups: the runner's rule drops them
         rule = self.config.truncated
-        entries = [truncated(ep.limit, rule) if ep.limit else {} for ep in episodes]
+        entries = [
+            truncated(ep.limit, rule)
+            if ep.limit
+            else invalid("malformed_call")
+            if ep.malformed
+            else {}
+            for ep in episodes
+        ]
         return with_outcomes(_group(episodes, scores), entries), []
 
     # ----- evaluation ---------------------------------------------------------------------------

@@ -129,6 +129,10 @@ class ReasoningGym(Env[ReasoningGymConfig]):
             log.debug("%s: scorer failed on an answer: %r", item["task"], e)
             return 0.0
 
+    def invalid_reason(self, item: Any, rollout: Rollout) -> str | None:
+        """`no_answer`: no `<answer>` to extract (scored 0.0 as before)."""
+        return "no_answer" if extract_answer(rollout.text) is None else None
+
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
     ) -> list[float] | None:
