@@ -36,7 +36,7 @@ from typing import Any
 from atropos.environments.common.tool_calls import parse_text
 from atropos.environments.mcp_tools.servers import ToolReply
 from atropos.environments.mcp_tools.tasks import episode_score
-from atropos.interop.episodes import Adapter, Episode, OneTool, Step, text_argument, tool_spec
+from atropos.interop.stepped import Adapter, Episode, OneTool, Step, text_argument, tool_spec
 
 __all__ = ["Replayed", "ToolUse"]
 
