@@ -492,7 +492,13 @@ class ManagedServer:
     def _fresh_prompt(
         self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
     ) -> tuple[str, list[int]]:
-        """The text and ids of a new conversation's prompt, from `PromptCache` when there."""
+        """The text and ids of a new conversation's prompt, from `PromptCache` when there.
+
+        A session whose `_render` was replaced (the proxy's windowed render) renders through it,
+        so that it sees every prompt it may later continue."""
+        if "_render" in vars(self):
+            text = self._render(msgs, tools, kw)
+            return text, self._encode(text)
         extra = self._template_kwargs(tools, kw)
         cache = PromptCache.of(self.tokenizer)
         key = PromptCache.key(self.tokenizer, msgs, extra) if cache is not None else None
