@@ -164,8 +164,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _raise_open_files(in_flight: int) -> None:
+    """One connection per rollout waiting on a server: the open-file limit must exceed the
+    rollouts in flight (raised to the hard limit; refused when even that is too low)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard != resource.RLIM_INFINITY and hard < in_flight + 1024:
+        raise SystemExit(
+            f"{in_flight} rollouts in flight need more than {in_flight + 1024} open files; the"
+            f" hard limit is {hard}: raise it (ulimit -Hn) or run fewer"
+        )
+
+
 async def env_run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the env at `args.in_flight` workers; the window's figures."""
+    _raise_open_files(args.in_flight)
     from atropos.envs.runner.heap import FrozenHeap
     from atropos.inference.config import APIServerConfig, ServerManagerConfig
     from atropos.inference.manager import ServerManager
