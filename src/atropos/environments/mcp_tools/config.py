@@ -35,6 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from atropos.envs.config import BaseEnvConfig
+from atropos.envs.limits import ToolLimitsConfig
 
 __all__ = ["FIXTURE_MODULE", "MCPServerSpec", "MCPToolsConfig", "fixture_server"]
 
@@ -163,7 +164,7 @@ def fixture_server() -> MCPServerSpec:
     )
 
 
-class MCPToolsConfig(BaseEnvConfig):
+class MCPToolsConfig(BaseEnvConfig, ToolLimitsConfig):
     """`mcp_tools`' settings."""
 
     servers: list[MCPServerSpec] = Field(
@@ -178,17 +179,6 @@ class MCPToolsConfig(BaseEnvConfig):
     )
     max_turns: int = Field(default=6, ge=1, description="policy replies per episode at most")
     max_gen_per_turn: int = Field(default=512, ge=1, description="token limit of one reply")
-    max_tool_calls: int | None = Field(
-        default=None, ge=1, description="tool calls per episode at most (unset: no limit)"
-    )
-    max_seconds: float | None = Field(
-        default=None, gt=0, description="wall seconds per episode at most (unset: no limit)"
-    )
-    truncated: Literal["score", "mask"] = Field(
-        default="score",
-        description="an episode cut by a limit (turns, tokens, tool calls, seconds): scored as"
-        " it stands, or masked (kept with its advantage set to zero)",
-    )
     start_timeout: float = Field(
         default=30.0,
         gt=0,

@@ -206,10 +206,7 @@ class MCPTools(BaseEnv[MCPToolsConfig]):
     @property
     def limits(self) -> RolloutLimits:
         """An episode's bounds from the config (the token bound is `max_token_length`)."""
-        s = self.config
-        return RolloutLimits(
-            max_turns=s.max_turns, max_tool_calls=s.max_tool_calls, max_seconds=s.max_seconds
-        )
+        return self.config.rollout_limits(max_turns=self.config.max_turns)
 
     def _room(self, tokenizer: Any, messages: list[dict[str, Any]]) -> int:
         """Tokens left for the next reply after `messages` (rendered with the tools)."""
