@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from types import TracebackType
+
+from typing_extensions import Self
 
 from atropos.sandbox.providers import open_sandbox
-from atropos.sandbox.spec import Sandbox, SandboxError, SandboxSpec
+from atropos.sandbox.spec import ClosesOnExit, Sandbox, SandboxError, SandboxSpec
 
 
-class SandboxPool:
+class SandboxPool(ClosesOnExit):
     def __init__(
         self,
         spec: SandboxSpec,
@@ -143,13 +144,7 @@ class SandboxPool:
             boxes.append(self.warm.get_nowait())
         await asyncio.gather(*(box.close() for box in boxes), return_exceptions=True)
 
-    async def __aenter__(self) -> SandboxPool:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    async def __aenter__(self) -> Self:
+        """Entering starts the pool (leaving closes it, `ClosesOnExit`)."""
+        await self.start()
+        return self
