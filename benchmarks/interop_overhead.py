@@ -25,20 +25,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from atropos.envs import registry
 from atropos.envs.cli import parse
 from atropos.interop.ors.client import ORSClient
-from atropos.net import free_port
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers beside us
+from procstat import cpu_seconds, free_port  # noqa: E402
 
 
 def native(episodes: int) -> float:
@@ -71,10 +67,10 @@ async def remote(url: str, episodes: int, pid: int) -> tuple[float, float]:
     client = ORSClient(url, "gsm8k")
     count = await client.num_tasks("train")
     await episode(client, 0, "warm-up")
-    start, start_server = time.process_time(), server_cpu(pid)
+    start, start_server = time.process_time(), cpu_seconds(pid)
     for i in range(episodes):
         await episode(client, i % count, f"The answer is \\boxed{{{i}}}")
-    ours, theirs = time.process_time() - start, server_cpu(pid) - start_server
+    ours, theirs = time.process_time() - start, cpu_seconds(pid) - start_server
     await client.aclose()
     return ours / episodes, theirs / episodes
 
@@ -104,13 +100,13 @@ def official(python: str, url: str, episodes: int, pid: int) -> tuple[float, flo
     """(openreward's client CPU per episode, the server's) for the same episodes, the client
     run by `python` (the interop venv's); the server's share includes the client's start."""
     extra = {"OPENREWARD_DISABLE_UPDATE_CHECK": "1", "OPENREWARD_SESSION_URL": url}
-    start_server = server_cpu(pid)
+    start_server = cpu_seconds(pid)
     done = subprocess.run(
         [python, "-c", OFFICIAL, url, str(episodes)], env={**os.environ, **extra},
         capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
     theirs = float(done.stdout.split()[-1])
-    return theirs, (server_cpu(pid) - start_server) / (episodes + 1)
+    return theirs, (cpu_seconds(pid) - start_server) / (episodes + 1)
 
 
 def serve(port: int) -> subprocess.Popen[bytes]:

@@ -22,46 +22,26 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
-from atropos.envs import registry
-from atropos.envs.cli import parse
-from atropos.interop.openenv.launch import free_port
 from atropos.interop.openenv.wire import Session
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def native(episodes: int) -> float:
-    cls = registry.get("gsm8k")
-    resolved = parse(cls, "process", [])
-    env = cls(resolved.env, resolved.servers, manager=resolved.manager)
-    asyncio.run(env.setup())
-    items = env.items
-    env.score(items[0], "warm-up")  # lazy imports and compiled patterns, as the server's warm-up
-    start = time.process_time()
-    for i in range(episodes):
-        item = items[i % len(items)]
-        env.prompt(item)
-        env.score(item, f"The answer is {i}")
-    return (time.process_time() - start) / episodes
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers beside us
+from interop_overhead import native  # noqa: E402
+from procstat import cpu_seconds, free_port  # noqa: E402
 
 
 async def remote(url: str, episodes: int, pid: int) -> float:
     async with Session(url, timeout=30.0) as session:
         await session.reset(seed=0)
         await session.step({"message": "warm-up"})
-        start, start_server = time.process_time(), server_cpu(pid)
+        start, start_server = time.process_time(), cpu_seconds(pid)
         for i in range(episodes):
             await session.reset(seed=i)
             await session.step({"message": f"The answer is {i}"})
-        used = time.process_time() - start + server_cpu(pid) - start_server
+        used = time.process_time() - start + cpu_seconds(pid) - start_server
     return used / episodes
 
 

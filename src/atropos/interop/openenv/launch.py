@@ -18,13 +18,14 @@ import asyncio
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from atropos.net import free_port
 
 __all__ = ["INTEROP_PYTHON", "Launched", "choose_python", "launch"]
 
@@ -76,13 +77,6 @@ def choose_python(target: str, python: str = "") -> str:
         f" {INTEROP_PYTHON} (make interop): install the package or name an interpreter with"
         " --env.python"
     )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
