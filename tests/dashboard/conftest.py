@@ -3,6 +3,7 @@ tests/conftest.py), a seeded run, a tiny PNG reader."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 from collections.abc import Iterator
@@ -11,6 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import expect
+
+from atropos.api import ApiConfig, create_app
+from atropos.testing import serve_in_thread
 
 KEY = "dash+key/0123"  # "+" and "/" survive the #key= fragment
 INJECTION = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
@@ -134,3 +139,18 @@ def png_size_and_colors(data: bytes, limit: int = 64) -> tuple[int, int, int]:
             colors.update(bytes(row[i : i + bpp]) for i in range(0, stride, bpp * 7))
         prev = row
     return width, height, min(len(colors), limit)
+
+
+@contextlib.contextmanager
+def live_dashboard(tab: Tab, posts: list[tuple[str, dict[str, Any]]]) -> Iterator[str]:
+    """The API with a seeded run, `posts` (path, body) sent for its env "alpha-env" (the body's
+    `env_id` filled in), and `tab` showing its dashboard, live; yields the API's URL."""
+    with serve_in_thread(create_app(ApiConfig(api_key=KEY, history_interval=0.1))) as url:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+            env_id = seed_run(client)["alpha-env"]
+            for path, body in posts:
+                reply = client.post(path, json={"env_id": env_id, **body})
+                assert reply.status_code == 200, reply.text
+        tab.page.goto(f"{url}/dashboard?interval=200#key={KEY}")
+        expect(tab.page.locator("#conn")).to_have_text("live")
+        yield url

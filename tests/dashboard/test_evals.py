@@ -3,28 +3,20 @@ version, as it posted them to `/eval_results` (`--env.eval_every`), and the vers
 
 from __future__ import annotations
 
-import httpx
 from playwright.sync_api import expect
 
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
+from .conftest import Tab, live_dashboard
 
-from .conftest import KEY, Tab, seed_run
+EVALS = [
+    ("/eval_results", {"policy_version": version, "seconds": 3.0,
+                       "metrics": {"eval/accuracy": acc}, "skipped": skipped})
+    for version, acc, skipped in ((2, 0.25, 0), (4, 0.5, 1))
+]  # fmt: skip
 
 
 def test_evals_show_metric_by_version(tab: Tab) -> None:
     page = tab.page
-    with serve_in_thread(create_app(ApiConfig(api_key=KEY, history_interval=0.1))) as url:
-        auth = {"Authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth) as client:
-            env_id = seed_run(client)["alpha-env"]
-            for version, acc, skipped in ((2, 0.25, 0), (4, 0.5, 1)):
-                body = {"env_id": env_id, "policy_version": version, "seconds": 3.0,
-                        "metrics": {"eval/accuracy": acc}, "skipped": skipped}  # fmt: skip
-                reply = client.post("/eval_results", json=body)
-                assert reply.status_code == 200, reply.text
-        page.goto(f"{url}/dashboard?interval=200#key={KEY}")
-        expect(page.locator("#conn")).to_have_text("live")
+    with live_dashboard(tab, EVALS):
         rows = page.locator("#evals tbody tr")
         expect(rows).to_have_count(1)
         heads = page.locator("#evals thead th")

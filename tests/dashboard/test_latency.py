@@ -3,13 +3,9 @@ count) and its paced seconds, as its last `/status-env` report gave them."""
 
 from __future__ import annotations
 
-import httpx
 from playwright.sync_api import expect
 
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
-
-from .conftest import KEY, Tab, seed_run
+from .conftest import Tab, live_dashboard
 
 LATENCY = {
     "rollout": {"count": 1200, "sum": 900.0, "p50": 0.61, "p95": 1.9, "p99": 3.2, "max": 4.0},
@@ -20,15 +16,7 @@ LATENCY = {
 
 def test_latency_shows_per_env_and_stage(tab: Tab) -> None:
     page = tab.page
-    with serve_in_thread(create_app(ApiConfig(api_key=KEY, history_interval=0.1))) as url:
-        auth = {"Authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth) as client:
-            env_id = seed_run(client)["alpha-env"]
-            body = {"env_id": env_id, "latency": LATENCY, "paced_seconds": 12.5}
-            reply = client.post("/status-env", json=body)
-            assert reply.status_code == 200, reply.text
-        page.goto(f"{url}/dashboard?interval=200#key={KEY}")
-        expect(page.locator("#conn")).to_have_text("live")
+    with live_dashboard(tab, [("/status-env", {"latency": LATENCY, "paced_seconds": 12.5})]):
         rows = page.locator("#stages tbody tr")
         expect(rows).to_have_count(2)
         first = [rows.nth(0).locator("td").nth(i).inner_text() for i in range(8)]

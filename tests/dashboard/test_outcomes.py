@@ -3,27 +3,16 @@ reason, most first, with their share, as its last `/status-env` report gave them
 
 from __future__ import annotations
 
-import httpx
 from playwright.sync_api import expect
 
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
-
-from .conftest import KEY, Tab, seed_run
+from .conftest import Tab, live_dashboard
 
 OUTCOMES = {"scored": 150, "failed/judge_timeout": 40, "truncated/turns": 10}
 
 
 def test_outcomes_show_per_env_and_reason(tab: Tab) -> None:
     page = tab.page
-    with serve_in_thread(create_app(ApiConfig(api_key=KEY, history_interval=0.1))) as url:
-        auth = {"Authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth) as client:
-            env_id = seed_run(client)["alpha-env"]
-            reply = client.post("/status-env", json={"env_id": env_id, "outcomes": OUTCOMES})
-            assert reply.status_code == 200, reply.text
-        page.goto(f"{url}/dashboard?interval=200#key={KEY}")
-        expect(page.locator("#conn")).to_have_text("live")
+    with live_dashboard(tab, [("/status-env", {"outcomes": OUTCOMES})]):
         rows = page.locator("#outcomes tbody tr")
         expect(rows).to_have_count(3)
         cells = [

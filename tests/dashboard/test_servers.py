@@ -4,13 +4,9 @@ the server's queue and KV cache)."""
 
 from __future__ import annotations
 
-import httpx
 from playwright.sync_api import expect
 
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
-
-from .conftest import KEY, Tab, seed_run
+from .conftest import Tab, live_dashboard
 
 SERVERS = [
     {"url": "http://127.0.0.1:9001/v1", "healthy": True, "in_flight": 12, "capacity": 24,
@@ -22,14 +18,7 @@ SERVERS = [
 
 def test_servers_show_per_env(tab: Tab) -> None:
     page = tab.page
-    with serve_in_thread(create_app(ApiConfig(api_key=KEY, history_interval=0.1))) as url:
-        auth = {"Authorization": f"Bearer {KEY}"}
-        with httpx.Client(base_url=url, headers=auth) as client:
-            env_id = seed_run(client)["alpha-env"]
-            reply = client.post("/status-env", json={"env_id": env_id, "servers": SERVERS})
-            assert reply.status_code == 200, reply.text
-        page.goto(f"{url}/dashboard?interval=200#key={KEY}")
-        expect(page.locator("#conn")).to_have_text("live")
+    with live_dashboard(tab, [("/status-env", {"servers": SERVERS})]):
         rows = page.locator("#servers tbody tr")
         expect(rows).to_have_count(2)
         first = [rows.nth(0).locator("td").nth(i).inner_text() for i in range(9)]
