@@ -49,7 +49,7 @@ def session(whole: bool = False) -> tuple[Session, Stub]:
     managed = ManagedServer(stub, tok)
     s = Session("s", "k", managed=managed, tokenizer=tok)
     if whole:  # the full render every call, as before the window
-        del managed._render
+        managed.renderer = None
         s.template = None
     return s, stub
 

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -42,7 +42,7 @@ from atropos.inference.thinking_budget import sample_within_budget
 from atropos.inference.tokenize import as_token_ids, end_of_turn_ids, trailing_end_of_turn
 from atropos.inference.tokenizer import TokenCodec
 
-__all__ = ["ChatTurn", "DriftKind", "ManagedServer", "SequenceNode"]
+__all__ = ["ChatRenderer", "ChatTurn", "DriftKind", "ManagedServer", "SequenceNode"]
 
 _CHAT_FINISH = {"stop", "length", "tool_calls", "content_filter", "function_call"}
 _TEXT_FINISH = {"stop", "length", "content_filter"}
@@ -52,6 +52,18 @@ _NO_REASONING = TemplatePlan()
 Forced = list["tuple[int, int] | None"] | None
 """Per choice, `(start, count)` of the ids we inserted into its output (None: no budget ran)."""
 Generated = tuple[list[int], list[list[int]], list[list[float]], list[str], "int | None", Forced]
+
+
+class ChatRenderer(Protocol):
+    """What renders a session's chat prompts in place of `ManagedServer.render_whole` (its
+    `renderer`): the text of `msgs` with `tools`, `kw` being the call's sampling kwargs
+    (`chat_template_kwargs` and `skip_reasoning` among them). It must give the text the whole
+    render gives, and may call `render_whole` for it (the proxy's windowed render,
+    `atropos.proxy.incremental`, renders only what a call adds to the previous prompt)."""
+
+    def render(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> str: ...
 
 
 def _as_message(message: Any) -> dict[str, Any]:
@@ -133,6 +145,10 @@ class ManagedServer:
             template, so it must be the one the server's model was trained with.
         reasoning: the reasoning settings of every call: a `Reasoning`, or the
             `TemplatePlan` made from it for this tokenizer (what `ServerManager` passes).
+        renderer: renders every chat prompt (`ChatRenderer`; also settable as the `renderer`
+            attribute). None: `render_whole`, and a new conversation's prompt comes from
+            `PromptCache` when it was rendered before; with a renderer, every prompt goes
+            through it (so it sees each prompt a later call may continue) and none is cached.
 
     Example:
         >>> import asyncio
@@ -154,6 +170,7 @@ class ManagedServer:
         tokenizer: Any = None,
         *,
         reasoning: Reasoning | TemplatePlan | None = None,
+        renderer: ChatRenderer | None = None,
     ) -> None:
         """Bind the server and tokenizer; no sequences are held yet."""
         tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
@@ -165,6 +182,8 @@ class ManagedServer:
             reasoning = TemplatePlan.for_tokenizer(reasoning, tokenizer)
         #: The chat-template kwargs and reasoning budget every call uses.
         self.reasoning: TemplatePlan = reasoning or _NO_REASONING
+        #: What renders the chat prompts (None: `render_whole`, with `PromptCache`).
+        self.renderer: ChatRenderer | None = renderer
         self.nodes: list[SequenceNode] = []
         self._turn_end: frozenset[int] | None = None
         self._token_codec: TokenCodec | None = None
@@ -467,7 +486,16 @@ class ManagedServer:
     def _render(
         self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
     ) -> str:
-        """The chat template over `msgs`, with the reasoning kwargs (unless `kw` says
+        """The prompt text of `msgs`: by the `renderer` when there is one, else `render_whole`."""
+        renderer = self.renderer
+        if renderer is not None:
+            return renderer.render(msgs, tools, kw)
+        return self.render_whole(msgs, tools, kw)
+
+    def render_whole(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> str:
+        """The chat template over all of `msgs`, with the reasoning kwargs (unless `kw` says
         `skip_reasoning`) under the call's own `chat_template_kwargs` (popped from `kw`)."""
         return self._apply(msgs, self._template_kwargs(tools, kw))
 
@@ -494,10 +522,10 @@ class ManagedServer:
     ) -> tuple[str, list[int]]:
         """The text and ids of a new conversation's prompt, from `PromptCache` when there.
 
-        A session whose `_render` was replaced (the proxy's windowed render) renders through it,
-        so that it sees every prompt it may later continue."""
-        if "_render" in vars(self):
-            text = self._render(msgs, tools, kw)
+        A session with a `renderer` renders through it, uncached, so that it sees every prompt
+        it may later continue."""
+        if self.renderer is not None:
+            text = self.renderer.render(msgs, tools, kw)
             return text, self._encode(text)
         extra = self._template_kwargs(tools, kw)
         cache = PromptCache.of(self.tokenizer)

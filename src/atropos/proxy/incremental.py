@@ -1,11 +1,12 @@
 """Incremental chat-template rendering for proxy sessions: a continued conversation renders only
 the messages its call adds.
 
-A session's `ManagedServer` renders the whole conversation every call (`_render`), so an agent's
-sixteenth call renders sixteen turns of history again. `IncrementalRender` takes its place on
-the session's `ManagedServer`: when a call's messages are the previous call's prompt messages
-`H`, then an assistant message (the answer the agent got back), then new messages `A`, the text
-is the previous prompt's text plus what the template writes after it, found on a *window*:
+A session's `ManagedServer` renders the whole conversation every call (`render_whole`), so an
+agent's sixteenth call renders sixteen turns of history again. `IncrementalRender` is the
+session's `ManagedServer.renderer` (`inference.managed.ChatRenderer`): when a call's messages
+are the previous call's prompt messages `H`, then an assistant message (the answer the agent got
+back), then new messages `A`, the text is the previous prompt's text plus what the template
+writes after it, found on a *window*:
 
     head = [H[0]] if it is a system message, else []    (tools go with every render)
     X = render(head + H[-1:], generation prompt)
@@ -164,7 +165,7 @@ class IncrementalRender:
     """One session's renders: the window when it applies, else the whole conversation.
 
     Args:
-        whole: renders a whole conversation (`ManagedServer._render(msgs, tools, kw)`).
+        whole: renders a whole conversation (`ManagedServer.render_whole(msgs, tools, kw)`).
         direct: renders a short window (`_direct`), or None to always render whole.
     """
 
@@ -178,22 +179,23 @@ class IncrementalRender:
 
     @classmethod
     def attach(cls, managed: Any) -> IncrementalRender | None:
-        """Render `managed`'s (a `ManagedServer`) chat prompts through a new instance; None
-        (nothing changed) when its template failed the probe or it has no `_render`."""
-        whole = getattr(managed, "_render", None)
+        """Render `managed`'s (a `ManagedServer`) chat prompts through a new instance (its
+        `renderer`); None (nothing changed) when its template failed the probe or it has no
+        `render_whole`."""
+        whole = getattr(managed, "render_whole", None)
         tokenizer = getattr(managed, "tokenizer", None)
         if whole is None or tokenizer is None or not template_is_stable(tokenizer):
             return None
         window = cls(whole, _direct(tokenizer, _compiled(tokenizer)))
         plan = getattr(managed, "reasoning", None)
         window.plain = not getattr(plan, "kwargs", None)
-        managed._render = window.render
+        managed.renderer = window
         return window
 
     plain = True  # the session's reasoning plan adds no template kwargs
 
     def render(self, msgs: list[Message], tools: Any, kw: dict[str, Any]) -> str:
-        """`ManagedServer._render`'s text for `msgs`: by the window when it applies."""
+        """`ManagedServer.render_whole`'s text for `msgs`: by the window when it applies."""
         text = None
         if self.plain and "chat_template_kwargs" not in kw and not kw.get("skip_reasoning"):
             text = self.extend(msgs, tools)
