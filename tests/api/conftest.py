@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from atropos.api import ApiConfig, create_app
 from atropos.api.hub import Hub, HubConfig
 from atropos.api.store import MemoryStore, SQLiteStore, Store
+from atropos.testing import serve_in_thread
 from atropos.wire import Group, RegisterEnv, Registration
 
 
@@ -87,3 +90,13 @@ def clock() -> Clock:
 @pytest.fixture
 def hub(store_factory, clock) -> Hub:
     return Hub(store_factory(), HubConfig(env_timeout=60.0), clock=clock)
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    """A client of an API served on 127.0.0.1 whose trainer has registered (batch 4) and asked
+    for its first batch, so envs may register. A module wanting a bare API defines its own."""
+    with serve_in_thread(create_app(ApiConfig())) as url, httpx.Client(base_url=url) as c:
+        c.post("/register", json=registration_json(4))
+        c.get("/batch")  # the trainer is there: envs may register
+        yield c

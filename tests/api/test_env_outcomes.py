@@ -4,24 +4,7 @@ failures are (the latest replaces the last, a restart banks it), shown in `/stat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
-import pytest
-
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
-
-from .conftest import registration_json
 from .test_env_reports import ENV, env
-
-
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with serve_in_thread(create_app(ApiConfig())) as url, httpx.Client(base_url=url) as c:
-        c.post("/register", json=registration_json(4))
-        c.get("/batch")
-        yield c
 
 
 def test_outcomes_are_kept_per_env_and_shown_in_stats_and_metrics(client):

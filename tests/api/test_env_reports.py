@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import msgspec
 import pytest
 
-from atropos.api import ApiConfig, create_app
 from atropos.api.openapi import openapi_document
-from atropos.testing import serve_in_thread
 
 from .conftest import Clock, env_request, registration
 
@@ -25,26 +22,6 @@ STATUS_KEYS = {
     "max_group_size",
     "env_weight",
 }
-
-
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with serve_in_thread(create_app(ApiConfig())) as url, httpx.Client(base_url=url) as c:
-        c.post(
-            "/register",
-            json={
-                "wandb_group": "g",
-                "wandb_project": "p",
-                "batch_size": 4,
-                "max_token_len": 2048,
-                "checkpoint_dir": "ckpt",
-                "save_checkpoint_interval": 10,
-                "starting_step": 0,
-                "num_steps": 100,
-            },
-        )
-        c.get("/batch")
-        yield c
 
 
 def env(client: httpx.Client, name: str = "env") -> int:

@@ -5,35 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
-from atropos.api import ApiConfig, create_app
 from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.inference.manager import ServerManager
-from atropos.testing import serve_in_thread
 
 ENV = {"max_token_length": 2048, "desired_name": "env", "weight": 1.0, "group_size": 2}
-TRAINER = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 2048,
-    "checkpoint_dir": "ckpt",
-    "save_checkpoint_interval": 10,
-    "starting_step": 0,
-    "num_steps": 100,
-}
-
-
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with serve_in_thread(create_app(ApiConfig())) as url, httpx.Client(base_url=url) as c:
-        c.post("/register", json=TRAINER)
-        c.get("/batch")  # the trainer is there: envs may register
-        yield c
 
 
 def report() -> list[dict[str, object]]:

@@ -3,27 +3,9 @@ and shown in `/stats` and `/metrics`; a bad body or an unknown env refused, nami
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
-
-from atropos.api import ApiConfig, create_app
-from atropos.testing import serve_in_thread
 
 ENV = {"max_token_length": 2048, "desired_name": "env", "weight": 1.0, "group_size": 2}
-TRAINER = {
-    "wandb_group": "g", "wandb_project": "p", "batch_size": 4, "max_token_len": 2048,
-    "checkpoint_dir": "ckpt", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 9,
-}  # fmt: skip
-
-
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with serve_in_thread(create_app(ApiConfig())) as url, httpx.Client(base_url=url) as c:
-        c.post("/register", json=TRAINER)
-        c.get("/batch")  # the trainer is there: envs may register
-        yield c
 
 
 def test_evals_are_kept_per_env_newest_last(client: httpx.Client) -> None:
