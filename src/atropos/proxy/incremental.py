@@ -48,7 +48,8 @@ __all__ = ["IncrementalRender", "template_is_stable"]
 Message = dict[str, Any]
 Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
-_KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents)
+_KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents); a prompt
+# a later call continued is dropped then (its text is the start of the later one's)
 _STABLE: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
 _TOOL = {
     "type": "function",
@@ -174,6 +175,7 @@ class IncrementalRender:
         self._direct = direct
         self._prompts: list[tuple[list[Message], Any, str]] = []  # most recent last
         self._head: tuple[Message | None, Any, str] | None = None
+        self._continued: tuple[list[Message], Any, str] | None = None  # by the last `extend`
         #: How many renders used the window, and how many rendered the whole conversation.
         self.counts = {"window": 0, "whole": 0}
 
@@ -208,10 +210,12 @@ class IncrementalRender:
         return text
 
     def remember(self, msgs: list[Message], tools: Any, text: str) -> None:
-        """Keep a prompt (not a copy of its messages) that a later call may continue."""
+        """Keep a prompt (not a copy of its messages) that a later call may continue; the
+        prompt this one continued (`extend`) is dropped, its text being this one's start."""
+        continued, self._continued = self._continued, None
         if msgs[-1].get("role") == "assistant":
             return  # a prefilled answer: its continuation is not a new call's prompt
-        kept = [p for p in self._prompts if p[0] is not msgs]
+        kept = [p for p in self._prompts if p[0] is not msgs and p is not continued]
         kept.append((msgs, tools, text))
         self._prompts = kept[-_KEPT:]
 
@@ -219,7 +223,8 @@ class IncrementalRender:
         """The text of `msgs` by the window over a remembered prompt they continue, or None."""
         if self._direct is None:
             return None
-        for held, held_tools, text in reversed(self._prompts):
+        for entry in reversed(self._prompts):
+            held, held_tools, text = entry
             cut = len(held)
             if (
                 len(msgs) > cut + 1
@@ -227,7 +232,10 @@ class IncrementalRender:
                 and msgs[:cut] == held
                 and held_tools == tools
             ):
-                return self._window(msgs, cut, tools, text)
+                found = self._window(msgs, cut, tools, text)
+                if found is not None:
+                    self._continued = entry
+                return found
         return None
 
     def _window(self, msgs: list[Message], cut: int, tools: Any, text: str) -> str | None:

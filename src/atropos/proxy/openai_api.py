@@ -56,6 +56,7 @@ _RANGES = {
     "frequency_penalty": (-2.0, 2.0),
 }
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+_PLAIN_ROLES = frozenset({"system", "user", "assistant"})  # `{role, content: str}` is valid as is
 
 
 def error_body(err: ProxyError) -> dict[str, Any]:
@@ -117,6 +118,10 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         raise ProxyError(400, "messages must be a non-empty list of chat messages")
     out = []
     for i, m in enumerate(value):
+        if type(m) is dict and len(m) == 2 and m.get("role") in _PLAIN_ROLES:
+            if type(m.get("content")) is str:  # what the checks below would build: kept as is
+                out.append(m)
+                continue
         where = f"messages[{i}]"
         if not isinstance(m, Mapping) or m.get("role") not in _ROLES:
             raise ProxyError(400, f"{where} needs a role: one of {', '.join(sorted(_ROLES))}")

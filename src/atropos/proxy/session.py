@@ -247,6 +247,7 @@ class Session:
         self.reward: float | None = None
         self.finished = False
         self._raw_of: dict[str, str] = {}  # assistant_key -> the raw text the model wrote
+        self._raw_plain: dict[str, str] = {}  # the same for answers without calls: text -> raw
         self._by_ids: dict[str, tuple[dict[str, Any], str]] = {}  # call ids -> answer, raw
         self._spans: dict[int, list[Span]] = {}  # id(node) -> its generated spans
         self._conversations: list[list[dict[str, Any]]] = []  # text-only: finished chats
@@ -290,9 +291,13 @@ class Session:
         """The messages to render: an assistant message the proxy answered becomes the raw
         text the model wrote (so its tokens match the held ones)."""
         out = []
+        plain = self._raw_plain
         for message in messages:
             if message.get("role") == "assistant":
-                raw = self._raw_of.get(assistant_key(message)) or self._filled_in(message)
+                if message.get("tool_calls"):
+                    raw = self._raw_of.get(assistant_key(message)) or self._filled_in(message)
+                else:  # `assistant_key` of a message without calls is its stripped text
+                    raw = plain.get(_text(message.get("content")).strip())
                 if raw is not None:
                     message = {"role": "assistant", "content": raw}
             out.append(message)
@@ -318,8 +323,10 @@ class Session:
         self.unparsed_tool_calls += parsed.malformed
         reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
         choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed, stop)
-        self._raw_of[assistant_key(choice.message())] = raw
-        if choice.tool_calls:
+        if not choice.tool_calls:
+            self._raw_plain[_text(parsed.content).strip()] = raw
+        else:
+            self._raw_of[assistant_key(choice.message())] = raw
             self._by_ids[_call_ids(choice.tool_calls)] = (choice.message(), raw)
         return choice
 
