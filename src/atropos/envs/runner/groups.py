@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from atropos import wire
-from atropos.envs.outcome import count_groups, has_failed_row
+from atropos.envs.outcome import Outcome, has_failed_row, row_outcomes
 from atropos.envs.types import DROP_REASONS
 
 if TYPE_CHECKING:  # annotations only: the runner drives an env, never imports its base
@@ -71,15 +71,19 @@ def prepare(
     env_id: int | None,
     drops: Counter[str],
     decode: Any = None,
+    failed: bool | None = None,
 ) -> dict[str, Any] | None:
-    """Check a group; return it ready to send (stamped), or None after counting why not."""
+    """Check a group; return it ready to send (stamped), or None after counting why not.
+    `failed`: whether a row is marked `failed/...`, when the caller knows (None: looked up)."""
     tokens = group.get("tokens") or []
     overrides = group.get("group_overrides") or {}
     expected = overrides.get("group_size", group_size)
     if len(tokens) != expected:
         drops["wrong_group_size"] += 1
         return None
-    if has_failed_row(group):  # a failed rollout never reaches the trainer (envs.outcome)
+    if (
+        has_failed_row(group) if failed is None else failed
+    ):  # a failed rollout never reaches the trainer (envs.outcome)
         drops["failed_rollout"] += 1
         return None
     scores = group.get("scores") or []
@@ -127,12 +131,12 @@ async def ready_groups(
     """
     cfg = env.config
     groups = as_groups(result)
-    if outcomes is not None:
-        count_groups(outcomes, groups)
+    failed = [_count_rows(outcomes, group) for group in groups]
     dropped.count(drops, groups)
     decode = (lambda seq: env.tokenizer.decode(seq)) if cfg.include_messages else None
-    ready = [
-        prepare(
+    kept = []
+    for group, failing in zip(groups, failed, strict=True):
+        ready = prepare(
             group,
             group_size=cfg.group_size,
             max_token_len=max_token_len,
@@ -141,13 +145,31 @@ async def ready_groups(
             env_id=env_id,
             drops=drops,
             decode=decode,
+            failed=failing,
         )
-        for group in groups
-    ]
-    kept = [group for group in ready if group is not None]
+        if ready is not None:
+            kept.append(ready)
     if teacher is not None and kept:
         kept = await teacher.annotate(kept, drops)
     return kept
+
+
+_SCORED = Outcome.SCORED.value
+
+
+def _count_rows(outcomes: Counter[str] | None, group: dict[str, Any]) -> bool:
+    """Count `group`'s rows in `outcomes` by how they ended (`envs.outcome.row_outcomes`) and
+    say whether one is `failed/...`: one pass per group, and for a group without overrides (all
+    scored) no list at all."""
+    if not group.get("overrides"):
+        rows = len(group.get("tokens") or [])
+        if outcomes is not None and rows:
+            outcomes[_SCORED] += rows
+        return False
+    named = row_outcomes(group)
+    if outcomes is not None:
+        outcomes.update(named)
+    return any(o.startswith("failed") for o in named)
 
 
 def plural(n: int, noun: str) -> str:
