@@ -7,6 +7,7 @@ import json
 import uuid
 
 import httpx
+import msgspec
 
 from atropos.api import ApiConfig, create_app
 from atropos.envs.runner.sender import Sender
@@ -237,3 +238,48 @@ def test_group_ids_are_unique_32_hex_digits():
     ids = {new_group_id() for _ in range(10_000)}
     assert len(ids) == 10_000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_bodies_are_msgpack_once_the_api_is_ours_and_the_groups_arrive_the_same(tmp_path):
+    def full(tag: int) -> dict:
+        return {
+            **group(tag),
+            "inference_logprobs": [[1, -0.123456789, -2.5]] * 2,
+            "messages": [[{"role": "user", "content": "é ✓"}]] * 2,
+            "overrides": [{"outcome": "truncated/tokens"}, {}],
+        }
+
+    sent = [full(t) for t in range(6)]
+    with serve_in_thread(create_app(ApiConfig())) as url:
+        registered(url)
+
+        async def main() -> Sender:
+            sender = Sender(url, tmp_path / "spool.jsonl", max_batch=2, max_in_flight=1)
+            await sender.start()
+            assert sender.msgpack is None  # unknown: the first batch goes as JSON
+            for g in sent:
+                sender.submit(g)
+            await sender.close()
+            return sender
+
+        sender = asyncio.run(main())
+        assert sender.msgpack is True  # our API's answers carry Atropos-Contract
+        assert sender.stats.sent == 6 and sender.stats.attempts == 3
+        got = {}
+        while (batch := httpx.get(f"{url}/batch").json()["batch"]) is not None:
+            got.update({g["group_id"]: g for g in batch})
+    for g in sent:  # JSON and msgpack bodies stored alike
+        stored = got[g["group_id"]]
+        for key in ("tokens", "masks", "scores", "inference_logprobs", "messages", "overrides"):
+            assert stored[key] == g[key], key
+
+
+def test_a_batch_msgpack_cannot_hold_goes_as_json(tmp_path):
+    sender = Sender("http://127.0.0.1:8000", tmp_path / "a.jsonl", msgpack=True)
+    body, packed = sender._encode([group(1)])
+    assert packed and msgspec.msgpack.decode(body)[0]["tokens"] == [[1, 1, 2]] * 2
+    body, packed = sender._encode([{"tokens": [[2**70]]}])  # over 64 bits: JSON takes it
+    assert not packed and json.loads(body) == [{"tokens": [[2**70]]}]
+    assert not Sender("http://127.0.0.1:8000", tmp_path / "b.jsonl", msgpack=False)._encode(
+        [group(1)]
+    )[1]

@@ -3,6 +3,11 @@
 `Sender` batches groups (up to `max_batch` per request, or whatever is ready after `linger`
 seconds), gzips bodies over 1 KB unless the API is on this machine (`compress`: on loopback,
 gzip and gunzip cost CPU on both ends and save nothing), and POSTs them to `/scored_data_list`
+as JSON, or as msgpack (`application/msgpack`) once an answer carried our API's
+`Atropos-Contract` header (`msgpack`: auto; upstream's API reads JSON only, so the first batch
+is always JSON). msgpack costs the env about half the CPU of JSON per group, the API about 30%
+less to read, and is a third smaller (logprobs are 9 bytes, not their decimal text); a batch
+msgpack cannot encode (an integer over 64 bits) goes as JSON
 (with the lean keep-alive client of `atropos.inference.http`), with up to `max_in_flight`
 requests at once (so a busy event loop, where every request takes several loop turns, never
 makes the sender the bottleneck and its queue grow). A failed send is retried
@@ -49,6 +54,10 @@ GZIP_MIN = 1024  # bytes; smaller bodies are sent as they are (as upstream's Bas
 
 _JSON = {"Content-Type": "application/json"}
 _GZIPPED_JSON = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+_MSGPACK = {"Content-Type": "application/msgpack"}
+_GZIPPED_MSGPACK = {"Content-Type": "application/msgpack", "Content-Encoding": "gzip"}
+_OURS = wire.CONTRACT_HEADER.lower()  # in every answer of our API (response header names)
+_msgpack_encode = msgspec.msgpack.Encoder().encode
 
 
 class SendError(Exception):
@@ -129,6 +138,7 @@ class Sender:
         timeout: float = 30.0,
         replay_every: float = 2.0,
         compress: bool | None = None,
+        msgpack: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.spool = Spool(spool_path)
@@ -142,6 +152,8 @@ class Sender:
         self.replay_every = replay_every
         # gzip costs both ends CPU to save bandwidth that loopback does not need (None: auto)
         self.compress = not is_loopback_url(self.url) if compress is None else compress
+        # msgpack bodies: None until an answer says whether the API is ours (then True)
+        self.msgpack = msgpack
         self.stats = SenderStats()
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._filling: dict[int, list[dict[str, Any]]] = {}  # batches taking groups, by id
@@ -257,11 +269,11 @@ class Sender:
 
     async def _post(self, batch: list[dict[str, Any]]) -> None:
         assert self._session is not None, "Sender.start() was not awaited"
-        body = wire.encode_plain(batch)  # one JSON pass, the wire's encoder
-        headers = _JSON
+        body, packed = self._encode(batch)
+        headers = _MSGPACK if packed else _JSON
         if self.compress and len(body) >= GZIP_MIN:
             body = _gzip.compress(body, compresslevel=1)
-            headers = _GZIPPED_JSON
+            headers = _GZIPPED_MSGPACK if packed else _GZIPPED_JSON
         self.stats.attempts += 1
         try:
             answer = await self._session.request(
@@ -269,6 +281,8 @@ class Sender:
             )
         except (asyncio.TimeoutError, OSError) as err:
             raise SendError(f"{type(err).__name__}: {err}", retryable=True) from None
+        if self.msgpack is None and answer.headers.get(_OURS):
+            self.msgpack = True  # our API: msgpack from the next batch on
         text = answer.body.decode("utf-8", "replace")
         if answer.status == 200:
             try:
@@ -281,6 +295,15 @@ class Sender:
             return
         retryable = answer.status >= 500 or answer.status in (408, 429)
         raise SendError(f"HTTP {answer.status}: {text[:300]}", retryable)
+
+    def _encode(self, batch: list[dict[str, Any]]) -> tuple[bytes, bool]:
+        """The body of `batch` and whether it is msgpack (else JSON, `wire.encode_plain`)."""
+        if self.msgpack:
+            try:
+                return _msgpack_encode(batch), True
+            except (TypeError, OverflowError, msgspec.EncodeError):
+                pass  # a value msgpack cannot hold: JSON, which takes anything
+        return wire.encode_plain(batch), False
 
     async def _replay(self) -> None:
         while True:
