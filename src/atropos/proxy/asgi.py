@@ -5,17 +5,28 @@ parts replaces a router that tries each route's pattern in turn, and there is no
 stack: the handlers (`atropos.proxy.routes.Routes`, Starlette requests and responses) do their
 own checks. This keeps the proxy's CPU per call small next to the server's (docs/proxy.md,
 benchmarks/proxy_overhead.py). The lifespan runs the sweeper that forgets idle sessions.
+
+The lifespan also holds a `FrozenHeap` (`atropos.envs.runner.heap`: the long-lived objects
+frozen out of the collector's scans, a larger young generation), as env runners do, unless the
+process already froze its heap (an env runner serving an embedded proxy holds its own). After
+startup the proxy holds a few hundred thousand long-lived objects (transformers, the tokenizer)
+and a full collection walked them all: at 256 sessions of 16 calls, collections were about a
+quarter of the proxy's CPU (`benchmarks/proxy_overhead.py`, RESULTS.md). The heap is frozen
+once more after the first request with a session open (the session's compiled chat template
+exists by then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
+from atropos.envs.runner.heap import FrozenHeap
 from atropos.proxy import anthropic_api, openai_api, responses_api
 from atropos.proxy.routes import Handler, Routes, json_response
 from atropos.proxy.turns import ProxyError
@@ -63,6 +74,7 @@ class ProxyApp:
             ("DELETE", ""): r.guard(r.upstream_delete),
         }
         self._sweeper: asyncio.Task[None] | None = None
+        self._heap: FrozenHeap | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -70,6 +82,9 @@ class ProxyApp:
             scope["path_params"] = params
             response = await handler(Request(scope, receive, send))
             await response(scope, receive, send)
+            heap = self._heap
+            if heap is not None and not heap.settled and self.proxy.sessions:
+                heap.settle()  # once: what the first calls loaded is long-lived too
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
@@ -121,6 +136,8 @@ class ProxyApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if gc.get_freeze_count() == 0:  # else the process holds its own FrozenHeap
+                    self._heap = FrozenHeap().__enter__()
                 self._sweeper = asyncio.create_task(self._sweep())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -128,6 +145,9 @@ class ProxyApp:
                     self._sweeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
+                if self._heap is not None:
+                    self._heap.__exit__(None, None, None)
+                    self._heap = None
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
