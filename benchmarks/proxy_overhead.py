@@ -14,8 +14,11 @@ machine, against the same fake inference server process: `atropos.testing.fake_s
 - `sessions` agents run at once, each a conversation of `turns` chat calls (the history grows by
   the reply and a new user message each turn), sent with one shared `httpx.AsyncClient`;
 - `direct`: the calls go to the fake server's `/v1/chat/completions` (it renders the template
-  itself); `ours`: `atropos proxy serve`, a session each (`POST /sessions`, then
-  `/s/ID/v1/chat/completions` with its key); `upstream`: `python -m
+  itself); `floor`: through `benchmarks/proxy_floor.py`, which forwards each chat body to the
+  server as it came (the same uvicorn, HTTP rules, msgspec decode and inference HTTP client as
+  the proxy, none of its work: what any proxy in front of the server costs); `ours`: `atropos
+  proxy serve`, a session each (`POST /sessions`, then `/s/ID/v1/chat/completions` with its
+  key); `upstream`: `python -m
   atroposlib.envs.server_handling.managed_server_proxy` (`POST /sessions/create`, then
   `/UUID/v1/chat/completions`), from the venv of `scripts/upstream_venv.py full`.
 
@@ -56,7 +59,7 @@ from procstat import code_version, cpu_seconds, machine, upstream_python, wait_q
 from atropos.demo.procs import wait_until_up  # noqa: E402
 from atropos.testing import free_port, tiny_tokenizer_path  # noqa: E402
 
-MODES = ("direct", "ours", "before", "upstream")
+MODES = ("direct", "floor", "ours", "before", "upstream")
 RETRIED = (httpx.ReadError, httpx.RemoteProtocolError)  # a kept-alive connection closed under us
 
 
@@ -98,6 +101,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def proxy_command(mode: str, port: int, fake: str, tmp: Path) -> list[str]:
+    if mode == "floor":
+        floor = str(ROOT / "benchmarks" / "proxy_floor.py")
+        return [sys.executable, floor, "--port", str(port), "--server", fake]
     if mode in ("ours", "before"):
         return [
             sys.executable, "-m", "atropos", "proxy", "serve", "--port", str(port),
@@ -142,7 +148,7 @@ async def drive(
         async def session_url(i: int) -> tuple[str, dict[str, str]]:
             if mode == "direct":
                 return f"{base}/v1/chat/completions", {}
-            if mode in ("ours", "before"):
+            if mode in ("ours", "before", "floor"):
                 made = (await client.post(f"{base}/sessions")).json()
                 headers = {"authorization": f"Bearer {made['api_key']}"}
                 return f"{base}/s/{made['id']}/v1/chat/completions", headers

@@ -117,3 +117,20 @@ def test_a_template_that_rewrites_earlier_turns_is_rendered_whole() -> None:
     assert not template_is_stable(tok)
     s = Session("s", "k", managed=ManagedServer(Stub(tok), tok), tokenizer=tok)
     assert s.template is None
+
+
+def test_the_window_is_the_sessions_renderer_and_keeps_only_the_latest_prompt() -> None:
+    s, _ = session()
+    assert s.managed is not None and s.managed.renderer is s.template  # the hook, no patch
+    asyncio.run(converse(s))
+    assert s.template is not None and s.template.counts["window"] >= 4
+    assert len(s.template._prompts) == 1  # each continued prompt was dropped
+
+
+def test_a_managed_server_with_no_renderer_renders_whole() -> None:
+    tok = load_tokenizer("tiny")
+    managed = ManagedServer(Stub(tok), tok)
+    assert managed.renderer is None
+    messages = [{"role": "user", "content": "hi"}]
+    expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert managed.render_whole(messages, None, {}) == expected

@@ -232,10 +232,8 @@ class IncrementalRender:
                 and msgs[:cut] == held
                 and held_tools == tools
             ):
-                found = self._window(msgs, cut, tools, text)
-                if found is not None:
-                    self._continued = entry
-                return found
+                self._continued = entry  # whether the window or the whole render gives it
+                return self._window(msgs, cut, tools, text)
         return None
 
     def _window(self, msgs: list[Message], cut: int, tools: Any, text: str) -> str | None:
