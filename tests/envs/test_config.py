@@ -52,6 +52,7 @@ ADDITIONS = {
     "eval_temperature": 0.0,  # the default `Env.evaluate`'s sampling temperature
     "teacher": TeacherConfig(),  # --teacher.*: off without a base_url
     "pace_staleness": True,  # with an API run with --max-staleness (envs/runner/pacing.py)
+    "eval_every": 0,  # serve: evaluate each N-th published policy version (off)
 }
 
 
