@@ -193,4 +193,7 @@ def test_the_package_installs_passes_its_tests_and_is_listed(tmp_path):
                   "atropos env list in the virtualenv", 120, env=env, cwd=tmp_path)  # fmt: skip
     [row] = [line for line in listing.splitlines() if line.startswith("my-env ")]
     assert row.split()[1:5] == ["plugin", "my-env", "0.1.0", "Answer"], row
-    assert any(line.split()[:3] == ["arithmetic", "built", "in"] for line in listing.splitlines())
+    assert any(
+        line.split()[:4] == ["arithmetic", "builtin", "built", "in"]
+        for line in listing.splitlines()
+    )
