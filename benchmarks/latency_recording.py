@@ -28,7 +28,7 @@ def per_sample(fn, values: list[float]) -> float:
         fn(v)
     spent = time.process_time() - start
     start = time.process_time()
-    for v in values:
+    for _ in values:
         pass
     bare = time.process_time() - start
     return (spent - bare) / len(values) * 1e6
@@ -43,7 +43,8 @@ def main() -> None:
     print(f"Latency.record          {per_sample(lat.record, values):.3f} us")
     with stages.bind():
         print(f"note (bound)            {per_sample(lambda v: note('scoring', v), values):.3f} us")
-        print(f"note_call (two stages)  {per_sample(lambda v: note_call('train', v, v), values):.3f} us")
+        two = per_sample(lambda v: note_call("train", v, v), values)
+        print(f"note_call (two stages)  {two:.3f} us")
     print(f"note (none bound)       {per_sample(lambda v: note('scoring', v), values):.3f} us")
 
     def rollout(v: float) -> None:
