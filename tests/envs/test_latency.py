@@ -104,3 +104,17 @@ def test_a_serving_env_reports_its_stages_to_stats_and_metrics(tmp_path) -> None
     for line in text.splitlines():  # every sample line: name{labels} value
         if line and not line.startswith("#"):
             assert re.fullmatch(r'[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? \S+', line), line
+
+
+def test_an_ending_env_leaves_the_api_its_final_counts(tmp_path) -> None:
+    """Polled once, at the start (before any rollout): what the API shows after the run is the
+    final report an ending env sends once its last group is out."""
+    with FakeInferenceServer(responder=solver) as fake:
+        with serve_in_thread(create_app(ApiConfig())) as url:
+            trainer = Trainer(url)
+            runner = serve_until(fake.base_url, url, trainer, 2, tmp_path, 3600.0,
+                                 max_num_workers=2)  # fmt: skip
+            doc = httpx.get(f"{url}/stats").json()["envs"]["0"]
+    assert runner.outcomes["scored"] >= 8
+    assert doc["env_outcomes"] == dict(runner.outcomes)
+    assert doc["latency"]["rollout"]["count"] >= 1

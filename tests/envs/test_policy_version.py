@@ -143,7 +143,8 @@ def test_an_upstream_style_env_is_stamped_by_the_runner(tmp_path):
 
 def serve_until(fake_url: str, url: str, trainer, batches: int, tmp_path, poll: float, **env):
     """Serve an Addition env against the API at `url` (the fake server at `fake_url`) until
-    `trainer` (a thread, started here) has `batches` batches; the trainer is stopped after."""
+    `trainer` (a thread, started here) has `batches` batches; the trainer is stopped after.
+    Returns the runner, ended."""
     trainer.start()
     env, resolved = make(
         fake_url,
@@ -169,6 +170,7 @@ def serve_until(fake_url: str, url: str, trainer, batches: int, tmp_path, poll: 
     finally:
         trainer.stop.set()
         trainer.join(5)
+    return runner
 
 
 def run_serve(fake_kwargs: dict, tmp_path) -> list[dict]:
