@@ -14,8 +14,9 @@ baseline (`benchmarks/smoke_baseline.json`, with the machine and load it was rec
   not the queue (~1).
 * `packer_us_per_batch`: `packer.pick_batch` over 1,000 groups of mixed sizes (the subset-sum
   path: greedy first-fit cannot land on 64).
-* `sender_encode_us_per_group`: what the env's sender does to a batch of groups before it posts
-  it: `wire.encode_plain` and gzip level 1.
+* `sender_encode_us_per_group` and `sender_msgpack_us_per_group`: what the env's sender does to
+  a batch of groups before it posts it: `wire.encode_plain` and gzip level 1 (an API not ours,
+  or not on this machine), or msgpack (our API on this machine).
 * `proxy_us_per_request`: the rollout proxy process (`atropos proxy serve`) over the fake
   inference server, 32 sessions x 8 turns: its CPU (/proc) per chat request, driven as
   `benchmarks/proxy_overhead.py` drives it.
@@ -51,6 +52,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the helpers beside us
@@ -213,8 +216,10 @@ def measure_packer(calls: int = 20) -> dict[str, float]:
 
 
 def measure_sender(groups: int = 64) -> dict[str, float]:
-    """`sender_encode_us_per_group`: `wire.encode_plain` of a list of groups and gzip level 1
-    (ISA-L when installed), as `envs.runner.sender` does before each post."""
+    """What `envs.runner.sender` does to a batch of 8 groups before it posts it:
+    `sender_encode_us_per_group`, `wire.encode_plain` and gzip level 1 (ISA-L when installed),
+    its body to an API that is not ours or not on this machine; `sender_msgpack_us_per_group`,
+    msgpack with no gzip, its body to our API on this machine."""
     try:
         from isal import igzip as compressor
     except ImportError:  # pragma: no cover
@@ -223,7 +228,15 @@ def measure_sender(groups: int = 64) -> dict[str, float]:
     t0 = time.process_time()
     for start in range(0, groups, 8):
         compressor.compress(wire.encode_plain(batch[start : start + 8]), 1)
-    return {"sender_encode_us_per_group": (time.process_time() - t0) / groups * 1e6}
+    t1 = time.process_time()
+    packed = msgspec.msgpack.Encoder().encode
+    for start in range(0, groups, 8):
+        packed(batch[start : start + 8])
+    t2 = time.process_time()
+    return {
+        "sender_encode_us_per_group": (t1 - t0) / groups * 1e6,
+        "sender_msgpack_us_per_group": (t2 - t1) / groups * 1e6,
+    }
 
 
 # ----- processes: the rollout proxy and the env runtime, over the fake server ----------------
@@ -289,7 +302,8 @@ UNITS = {
     "api_batch_us_per_batch": "us CPU per batch (64 sequences)",
     "api_batch_20k_over_1k": "ratio of /batch CPU at 20k queued groups to 1k",
     "packer_us_per_batch": "us CPU per batch (subset-sum path)",
-    "sender_encode_us_per_group": "us CPU per group",
+    "sender_encode_us_per_group": "us CPU per group (JSON, gzip)",
+    "sender_msgpack_us_per_group": "us CPU per group (msgpack, to our API on loopback)",
     "proxy_us_per_request": "us CPU of the proxy per request",
     "env_us_per_rollout": "us CPU of the env per rollout",
 }
@@ -324,17 +338,25 @@ def load_baseline(path: Path) -> dict[str, Any]:
 def record(path: Path, found: dict[str, float]) -> None:
     """Write the baseline: the figures, their units, and what they were measured on (the
     figures of paths not measured now are kept)."""
-    kept = json.loads(path.read_text())["figures"] if path.exists() else {}
+    before = json.loads(path.read_text()) if path.exists() else {}
+    kept = before.get("figures", {})
+    measured = sorted(found)
     found = {**{n: v for n, v in kept.items() if n in UNITS}, **found}
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    # each figure's own conditions: when, under which load and at which commit it was measured
+    sources = {n: v for n, v in before.get("measured", {}).items() if n in found}
+    now = {"at": when, "load_average_before": os.getloadavg(), "commit": code_version()["commit"]}
+    sources |= {n: now for n in measured}
     doc = {
         "note": "CPU per unit of each hot path (benchmarks/smoke.py); `make bench-smoke` fails"
         f" past {LIMIT:g}x these. Re-record with `make bench-smoke-record` on an idle machine.",
-        "recorded": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "recorded": when,
         "machine": machine(),
         "load_average_before": os.getloadavg(),
         "code": code_version(),
         "units": {n: UNITS[n] for n in found},
         "figures": {n: round(v, 3) for n, v in found.items()},
+        "measured": sources,
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"bench-smoke: wrote {path}")
