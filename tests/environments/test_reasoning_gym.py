@@ -289,3 +289,19 @@ def test_process_against_the_cpu_server(task: str, local_url: str, tmp_path: Pat
         assert [len(lp) for lp in g["inference_logprobs"]] == [len(t) for t in g["tokens"]]
         assert all(0.0 <= s <= 1.0 for s in g["scores"])
         assert g["messages"][0][1]["role"] == "user"
+
+
+def test_a_scorer_failing_on_an_answer_scores_it_0_and_counts_it_invalid(monkeypatch):
+    env = make(tasks="leg_counting", seed=7)
+    state = env.states["leg_counting"]
+    item = state.next_item()
+
+    def choke(answer: str | None, entry: dict[str, Any]) -> float:
+        raise ValueError(f"cannot parse {answer!r}")
+
+    monkeypatch.setattr(state.dataset, "score_answer", choke)
+    text = "<think>Hm.</think>\n<answer>many legs</answer>"
+    assert env.score(item, text) == 0.0
+    assert env.invalid_reason(item, rollout(text=text)) == "unscorable_answer"
+    assert env.invalid_reason(item, rollout(text=text)) is None  # read once, then forgotten
+    assert env.invalid_reason(item, rollout(text="no answer at all")) == "no_answer"

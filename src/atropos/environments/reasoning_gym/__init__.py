@@ -13,6 +13,7 @@ and per-task accuracy in `evaluate` (`eval/accuracy/<task>`). Details: docs/ecos
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ __all__ = ["ReasoningGym", "ReasoningGymConfig", "TaskSpec", "extract_answer"]
 
 log = logging.getLogger(__name__)
 DEFAULT_TASKS = "leg_counting,basic_arithmetic,chain_sum,spell_backward,word_sorting"
+UNSCORABLE_KEPT = 4096  # completions whose scoring failed, awaiting their outcome
 EVAL_SEED_OFFSET = 1_000_003  # eval items come from seed + this: apart from any training index
 
 
@@ -94,6 +96,11 @@ class ReasoningGym(Env[ReasoningGymConfig]):
         states: dict[str, TaskState] = self.__dict__["_states"]
         return states
 
+    @functools.cached_property
+    def _unscorable(self) -> set[str]:
+        """Completions the task's scorer failed on, until `invalid_reason` reads them."""
+        return set()
+
     def load(self) -> list[dict[str, Any]]:
         """One item per task (items are generated as they are asked for)."""
         return [state.next_item() for state in self.states.values()]
@@ -122,16 +129,27 @@ class ReasoningGym(Env[ReasoningGymConfig]):
         ]
 
     def score(self, item: Any, completion: str) -> float:
-        """The task's own verdict on the extracted answer (0.0 where its scorer fails on it)."""
+        """The task's own verdict on the extracted answer (0.0 where its scorer fails on it:
+        the answer is malformed for the task, the policy's fault, counted
+        `invalid/unscorable_answer` by `invalid_reason`)."""
         try:
             return self.states[item["task"]].score(extract_answer(completion), item)
         except Exception as e:  # a scorer choking on a malformed answer: a wrong answer
             log.debug("%s: scorer failed on an answer: %r", item["task"], e)
+            if len(self._unscorable) >= UNSCORABLE_KEPT:  # evaluations never ask: bounded
+                self._unscorable.clear()
+            self._unscorable.add(completion)
             return 0.0
 
     def invalid_reason(self, item: Any, rollout: Rollout) -> str | None:
-        """`no_answer`: no `<answer>` to extract (scored 0.0 as before)."""
-        return "no_answer" if extract_answer(rollout.text) is None else None
+        """`no_answer`: no `<answer>` to extract; `unscorable_answer`: the task's scorer failed
+        on the answer (both scored 0.0)."""
+        if extract_answer(rollout.text) is None:
+            return "no_answer"
+        if rollout.text in self._unscorable:
+            self._unscorable.discard(rollout.text)
+            return "unscorable_answer"
+        return None
 
     def score_group(
         self, item: Any, rollouts: list[Rollout], scores: list[float]
