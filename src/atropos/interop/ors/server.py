@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from atropos.interop.episodes import Adapter, Episode
 from atropos.interop.ors.wire import dumps, sse_event, sse_result, text_blocks
 from atropos.interop.publishing import KEY_VARIABLE
 from atropos.names import is_loopback
+
+log = logging.getLogger("atropos.interop.ors")
 
 __all__ = ["ORSApp", "build_app", "publish"]
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -234,6 +237,7 @@ async def call(app: ORSApp, request: Request) -> Any:
     name, arguments = body.get("name"), body.get("input") or {}
     if not isinstance(name, str) or not isinstance(arguments, dict):
         raise ORSProblem(400, 'the body is {"name": TOOL, "input": {...}}')
+    task_id = uuid.uuid4().hex
     try:
         step = await episode.call(name, arguments)
         output = {"blocks": text_blocks(step.text), "metadata": None}
@@ -244,7 +248,11 @@ async def call(app: ORSApp, request: Request) -> Any:
     except ValueError as e:
         reason = "not_found" if "not a valid tool" in str(e) else "input_validation"
         result = {"ok": False, "error": str(e), "reason": reason}
-    return _stream(list(sse_result(uuid.uuid4().hex, dumps(result))))
+    except Exception as e:  # the tool itself failed (e.g. its MCP server): ORS's `error` event
+        log.warning("ORS tool %s failed: %s: %s", name, type(e).__name__, e)
+        error = sse_event("error", f"{type(e).__name__}: {e}")
+        return _stream([sse_event("task_id", task_id), error])
+    return _stream(list(sse_result(task_id, dumps(result))))
 
 
 def _stream(events: list[bytes]) -> Response:
