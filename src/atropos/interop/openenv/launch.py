@@ -29,7 +29,9 @@ from atropos.net import free_port
 
 __all__ = ["INTEROP_PYTHON", "Launched", "choose_python", "launch"]
 
-INTEROP_PYTHON = Path(".cache/interop-venv/bin/python")
+INTEROP_PYTHON = Path(__file__).resolve().parents[4] / ".cache" / "interop-venv" / "bin" / "python"
+"""The checkout's interop venv (`make interop`), wherever the command runs from (as the
+checkout's vLLM venv in `atropos.engines`)."""
 
 _SERVE = r"""
 import importlib, inspect, sys, typing
