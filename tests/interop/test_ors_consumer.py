@@ -103,20 +103,22 @@ def test_a_tool_that_raises_fails_the_group_never_scores_it(counter: str, tmp_pa
     assert json.dumps(metrics).count('"failed/ors_tool_error"') >= 1
 
 
-def test_an_unreachable_server_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_server_is_one_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from atropos.net import free_port
 
     with FakeInferenceServer(responder=sums_policy) as fake:
-        status = process(f"ors:http://127.0.0.1:{free_port()}", fake.base_url, Path("/tmp/x"))
+        status = process(f"ors:http://127.0.0.1:{free_port()}", fake.base_url, tmp_path / "x.jsonl")
     assert status != 0
     assert "ors_unreachable" in capsys.readouterr().err
 
 
 def test_unknown_env_names_the_ones_served(
-    counter: str, capsys: pytest.CaptureFixture[str]
+    counter: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with FakeInferenceServer(responder=counter_policy) as fake:
-        status = process(f"ors:{counter}#nope", fake.base_url, Path("/nonexistent/x.jsonl"))
+        status = process(f"ors:{counter}#nope", fake.base_url, tmp_path / "x.jsonl")
     assert status != 0
     assert f"ors:{counter}#counter" in capsys.readouterr().err
 
