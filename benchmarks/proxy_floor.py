@@ -26,6 +26,7 @@ import msgspec
 from atropos.cli import listen
 from atropos.http import Rules, Site, guard
 from atropos.inference.http import HTTPClient
+from atropos.testing import answer_lifespan
 
 MAX_BODY = 8 << 20
 _JSON = [(b"content-type", b"application/json")]
@@ -40,10 +41,7 @@ class Floor:
         self.ids = itertools.count()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         raw, more = b"", True
         while more:

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
 from atropos.inference.manager import PinnedServer, ServerManager
-from atropos.testing import free_port, serve_in_thread
+from atropos.testing import answer_lifespan, free_port, serve_in_thread
 
 GENERATION = ("/v1/chat/completions", "/v1/completions")
 
@@ -341,10 +341,7 @@ class LeanStub:
         self.full: asyncio.Event | None = None  # made in the server's loop
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         while (await receive()).get("more_body"):
             pass

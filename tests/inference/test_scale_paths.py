@@ -14,7 +14,7 @@ from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.inference.managed import DriftKind, ManagedServer
 from atropos.inference.manager import ServerManager
 from atropos.inference.tokenizer import TokenCodec
-from atropos.testing import serve_in_thread
+from atropos.testing import answer_lifespan, serve_in_thread
 from atropos.testing.fake_engine import load_tokenizer
 
 TOK = load_tokenizer()
@@ -100,10 +100,7 @@ class SlowHealth:
         self.health_delay = health_delay
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         while (await receive()).get("more_body"):
             pass

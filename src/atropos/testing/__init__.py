@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from atropos.net import free_port
 from atropos.testing.scripts import load_script
-from atropos.testing.serve import send_head, serve_in_thread
+from atropos.testing.serve import answer_lifespan, send_head, serve_in_thread
 from atropos.tiny import tokenizer_path
 
 if TYPE_CHECKING:
     from atropos.testing.fake_server import FakeInferenceServer
 
 __all__ = [
+    "answer_lifespan",
     "FakeInferenceServer",
     "free_port",
     "load_script",

@@ -1,4 +1,5 @@
-"""Loopback servers for tests: `serve_in_thread` (uvicorn in a thread) and `send_head`."""
+"""Loopback servers for tests: `serve_in_thread` (uvicorn in a thread), `send_head`, and
+`answer_lifespan` for the bare ASGI stubs of tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ def send_head(
             pass
         sender.join(timeout=timeout)
         return answer
+
+
+async def answer_lifespan(scope: dict[str, Any], receive: Any, send: Any) -> bool:
+    """For a bare ASGI app: when `scope` is the lifespan's, answer its startup and shutdown
+    and return True (the app returns); else False."""
+    if scope["type"] != "lifespan":
+        return False
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+    return True
 
 
 @contextlib.contextmanager
