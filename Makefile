@@ -129,19 +129,22 @@ harnesses: $(DEV)
 # benchmarks/interop_overhead.py): openreward and openenv-core in a venv of their own on this
 # machine's python3.11 (openreward pins sse-starlette 2.3.6, which ours does not share). mcp is
 # pinned below 2: openenv-core's fastmcp would take mcp 2.3+, whose sse-starlette >= 3 that pin
-# refuses. The stamp holds the package list, so a changed list makes the venv again; a no-op
-# when there.
+# refuses. Installed from its own lock, requirements/interop.txt (the whole venv frozen; pip
+# constraints); the stamp holds the package list and the lock's checksum, so a changed list or
+# lock makes the venv again; a no-op when there.
 INTEROP_PYTHON ?= python3.11
 INTEROP_VENV := .cache/interop-venv
 INTEROP_PACKAGES := openreward==0.1.167 openenv-core==0.3.0 mcp==1.30.0
+INTEROP_LOCK := requirements/interop.txt
+INTEROP_STAMP = $(INTEROP_PACKAGES) $(shell cksum < $(INTEROP_LOCK))
 
 interop:
-	@if [ "$$(cat $(INTEROP_VENV)/.installed 2>/dev/null)" != "$(INTEROP_PACKAGES)" ]; then \
+	@if [ "$$(cat $(INTEROP_VENV)/.installed 2>/dev/null)" != "$(INTEROP_STAMP)" ]; then \
 		echo "creating $(INTEROP_VENV) with $(INTEROP_PACKAGES) ..." && \
 		$(INTEROP_PYTHON) -m venv --clear $(INTEROP_VENV) && \
-		$(INTEROP_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-			$(INTEROP_PACKAGES) && \
-		echo "$(INTEROP_PACKAGES)" > $(INTEROP_VENV)/.installed; fi
+		PIP_CONSTRAINT=$(INTEROP_LOCK) $(INTEROP_VENV)/bin/python -m pip install -q \
+			--disable-pip-version-check $(INTEROP_PACKAGES) && \
+		echo "$(INTEROP_STAMP)" > $(INTEROP_VENV)/.installed; fi
 
 test: $(DEV) chromium slurm docker bubblewrap harnesses interop
 	$(PY) scripts/check
