@@ -136,3 +136,13 @@ def test_batches_in_a_checkpoint_are_not_trained_again_if_the_ack_was_lost(
         train(config(tiny_model_dir, url, out, steps=3, checkpoint_every=2))
         assert [r["api_step"] for r in metrics(out)[before:]] == [3]  # batch 3 only, once
         assert status(url)["queue_size"] == 0
+
+
+def test_a_partial_checkpoint_left_by_a_crash_is_never_resumed_from(tmp_path) -> None:
+    from atropos.trainer.checkpoint import latest_checkpoint
+
+    for name in ("step_2", "step_4.partial"):  # a crash after state.json, before the rename
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "state.json").write_text("{}")
+    (tmp_path / "checkpoints" / "step_6").mkdir()  # no state.json: incomplete
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_2"

@@ -46,8 +46,13 @@ class Resumed:
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint under `out` (one with its ``state.json``)."""
-    found = [p for p in (out / "checkpoints").glob("step_*") if (p / "state.json").exists()]
+    """The newest complete checkpoint under `out`: a ``step_N`` directory with its
+    ``state.json`` (a ``step_N.partial`` one, left by a crash before its rename, is not)."""
+    found = [
+        p
+        for p in (out / "checkpoints").glob("step_*")
+        if p.name[5:].isdigit() and (p / "state.json").exists()
+    ]
     return max(found, key=lambda p: int(p.name[5:]), default=None)
 
 
