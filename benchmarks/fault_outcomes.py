@@ -18,7 +18,6 @@ reason the runner counted (`faults.unexplained`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import tempfile
 import time
@@ -26,10 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from atropos.envs.config import ResolvedConfig
 from atropos.envs.judge import JudgeConfig
-from atropos.envs.runner.process import ProcessRunner
-from atropos.inference.config import APIServerConfig, ServerManagerConfig
 from atropos.testing import FakeInferenceServer
 from atropos.testing.faults import (
     FAILED,
@@ -40,28 +36,16 @@ from atropos.testing.faults import (
     fault_mcp_tools,
     judge_says,
     right_answer,
+    run_process,
     unexplained,
 )
 
 GROUP = 8
 
 
-def run_env(cls: type, policy: str, out: Path, groups: int, **env: Any) -> ProcessRunner:
-    config = cls.env_config_cls(
-        tokenizer_name="tiny",
-        group_size=GROUP,
-        use_wandb=False,
-        total_steps=groups,
-        max_num_workers=32,
-        ensure_scores_are_not_same=False,
-        data_path_to_save_groups=str(out),
-        **env,
-    )
-    servers = [APIServerConfig(base_url=policy, server_type="vllm", model_name="m", timeout=1.0)]
-    manager = ServerManagerConfig(max_attempts=2, retry_backoff=0.01, server_wait=60)
-    resolved = ResolvedConfig(config, servers, manager, "process")  # type: ignore[arg-type]
-    runner = ProcessRunner(cls(config, servers, manager=resolved.manager), resolved)
-    code = asyncio.run(runner.run(show_progress=False))
+def run_env(cls: type, policy: str, out: Path, groups: int, **env: Any) -> Any:
+    code, runner = run_process(cls, policy, out, groups, group_size=GROUP, workers=32,
+                               server_wait=60, **env)  # fmt: skip
     if code != 0:
         raise SystemExit(f"{cls.__name__}: the run ended with status {code}")
     return runner

@@ -38,6 +38,7 @@ from atropos.testing.faults import (
     audit,
     judge_says,
     right_answer,
+    run_process,
 )
 
 # ----- the types ----------------------------------------------------------------------------------
@@ -95,24 +96,12 @@ def test_outcome_entries_and_the_group_checks():
 # ----- runs with faults injected ------------------------------------------------------------------
 
 
-def run(env_cls: type, policy: str, out: Path, groups: int, **env: Any) -> ProcessRunner:
+def run(env_cls: type, policy: str, out: Path, groups: int, **env: Any) -> Any:
     """`env_cls` run by the process runner against the `policy` server until it wrote `groups`
     groups; short deadlines, so a hang costs about a second."""
-    config = env_cls.env_config_cls(
-        tokenizer_name="tiny",
-        group_size=4,
-        use_wandb=False,
-        total_steps=groups,
-        max_num_workers=8,
-        ensure_scores_are_not_same=False,
-        data_path_to_save_groups=str(out),
-        **env,
-    )
-    servers = [APIServerConfig(base_url=policy, server_type="vllm", model_name="m", timeout=1.0)]
-    manager = ServerManagerConfig(max_attempts=2, retry_backoff=0.01, server_wait=30)
-    resolved = ResolvedConfig(config, servers, manager, "process")  # type: ignore[arg-type]
-    runner = ProcessRunner(env_cls(config, servers, manager=resolved.manager), resolved)
-    assert asyncio.run(runner.run(show_progress=False)) == 0
+    code, runner = run_process(env_cls, policy, out, groups, group_size=4, workers=8,
+                               server_wait=30, **env)  # fmt: skip
+    assert code == 0
     return runner
 
 

@@ -64,6 +64,40 @@ def unexplained(plans: Iterable[FaultPlan]) -> Counter[str]:
     return Counter(r for nonce, r in FAILED.items() if nonce not in faulted)
 
 
+def run_process(
+    env_cls: Any,
+    policy: str,
+    out: Path,
+    groups: int,
+    *,
+    group_size: int,
+    workers: int,
+    server_wait: float,
+    **env: Any,
+) -> tuple[int, Any]:
+    """`env_cls` run by the process runner against the `policy` server (vllm-shaped, 1 s a
+    call, two attempts) until it wrote `groups` groups to `out`: (exit status, runner)."""
+    from atropos.envs.config import ResolvedConfig
+    from atropos.envs.runner.process import ProcessRunner
+    from atropos.inference.config import APIServerConfig, ServerManagerConfig
+
+    config = env_cls.env_config_cls(
+        tokenizer_name="tiny",
+        group_size=group_size,
+        use_wandb=False,
+        total_steps=groups,
+        max_num_workers=workers,
+        ensure_scores_are_not_same=False,
+        data_path_to_save_groups=str(out),
+        **env,
+    )
+    servers = [APIServerConfig(base_url=policy, server_type="vllm", model_name="m", timeout=1.0)]
+    manager = ServerManagerConfig(max_attempts=2, retry_backoff=0.01, server_wait=server_wait)
+    resolved = ResolvedConfig(config, servers, manager, "process")
+    runner = ProcessRunner(env_cls(config, servers, manager=resolved.manager), resolved)
+    return asyncio.run(runner.run(show_progress=False)), runner
+
+
 def tag(text: str, nonce: int) -> str:
     """`text` with the nonce written into it."""
     return f"[#{nonce}] {text}"
