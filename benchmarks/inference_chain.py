@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The inference call chain's own CPU per call, against the bare HTTP client (its floor).
+
+A fake inference server (`python -m atropos.testing.fake_server`, zero latency, the vLLM shape)
+runs in its own process; this process makes `--calls` calls at `--concurrency` and reports its
+own CPU per call (`time.process_time`: the client side only). The ways (rows):
+
+* `floor`: the request a token call sends, its body encoded once, posted with the bare
+  `inference.http.HTTPClient` and its answer left unread: what any client pays;
+* `manager`: `ServerManager.tokens_and_logprobs_completion(input_ids=...)`, the same prompt ids
+  each call (manager, pool, backend, HTTP client, the answer read into rows);
+* `single`: `ManagedServer.chat_turn` of a new one-message conversation in a fresh
+  `manager.managed_server()` session (what a single-turn env's rollout makes: render from the
+  prompt cache, generate, decode, build the node);
+* `session`: `--turns` calls of one conversation per session, each continuing the held sequence
+  (the reply and a user message added; what a multi-turn env and the proxy make).
+
+"chain over floor" is a row's CPU per call minus the floor's. Both token APIs of the vLLM
+backend can be measured (`--api generate`, what the env benchmark's servers speak; `--api
+completions`, stock vLLM's, what the proxy benchmark's speak). Each way is warmed up (`--warmup`
+calls, not counted) before its measured calls, and the ways alternate over `--rounds`; the
+table gives the median over rounds.
+
+Usage:
+    nice .venv/bin/python benchmarks/inference_chain.py
+    nice .venv/bin/python benchmarks/inference_chain.py --calls 2000 --rounds 1 --api generate
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers beside us
+from procstat import code_version, free_port, machine  # noqa: E402
+
+from atropos.inference.config import APIServerConfig, ServerManagerConfig  # noqa: E402
+from atropos.inference.http import HTTPClient  # noqa: E402
+from atropos.inference.manager import ServerManager  # noqa: E402
+from atropos.testing.fake_engine import load_tokenizer  # noqa: E402
+
+WAYS = ("floor", "manager", "single", "session")
+MAX_TOKENS = 8
+QUESTION = [{"role": "user", "content": "What is two plus two? Answer briefly."}]
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    """The fake inference server in its own process; returns once `/health` answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the fake inference server did not start within 60 s")
+
+
+async def spread(calls: int, concurrency: int, one: Callable[[], Awaitable[int]]) -> int:
+    """`calls` calls of `one` (each returns how many calls it made) over `concurrency` workers."""
+    left = [calls]
+
+    async def worker() -> int:
+        made = 0
+        while left[0] > 0:
+            left[0] -= 1
+            made += await one()
+        return made
+
+    return sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
+
+
+class Bench:
+    """The ways, sharing one manager and one bare client on one fake server."""
+
+    def __init__(self, url: str, api: str, turns: int) -> None:
+        self.tok = load_tokenizer()
+        config = APIServerConfig(
+            base_url=url + "/v1", server_type="vllm", model_name="atropos-tiny",
+            vllm_token_api=api, num_max_requests_at_once=4096,
+        )  # fmt: skip
+        self.manager = ServerManager([config], ServerManagerConfig(), tokenizer=self.tok)
+        self.turns = turns
+        text = self.tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+        self.ids: list[int] = list(self.tok.encode(text, add_special_tokens=False))
+        self.client = HTTPClient({"Content-Type": "application/json"})
+        if api == "generate":
+            self.floor_url = url + "/generate"
+            body: dict[str, Any] = {"prompt": {"prompt_token_ids": self.ids}, "logprobs": 0}
+        else:
+            self.floor_url = url + "/v1/completions"
+            body = {"prompt": self.ids, "logprobs": 0, "return_token_ids": True,
+                    "return_tokens_as_token_ids": True, "model": "atropos-tiny"}  # fmt: skip
+        self.floor_body = msgspec.json.encode({**body, "n": 1, "max_tokens": MAX_TOKENS})
+
+    async def floor(self) -> int:
+        answer = await self.client.request("POST", self.floor_url, self.floor_body)
+        assert answer.status == 200, answer.body[:200]
+        return 1
+
+    async def manager_call(self) -> int:
+        await self.manager.tokens_and_logprobs_completion(
+            input_ids=self.ids, n=1, max_tokens=MAX_TOKENS
+        )
+        return 1
+
+    async def single(self) -> int:
+        async with self.manager.managed_server(self.tok) as managed:
+            await managed.chat_turn(messages=QUESTION, max_tokens=MAX_TOKENS)
+        return 1
+
+    async def session(self) -> int:
+        async with self.manager.managed_server(self.tok) as managed:
+            msgs = list(QUESTION)
+            for turn in range(self.turns):
+                reply = await managed.chat_turn(messages=msgs, max_tokens=MAX_TOKENS)
+                msgs += [
+                    {"role": "assistant", "content": reply.contents[0]},
+                    {"role": "user", "content": f"And then? ({turn})"},
+                ]
+        return self.turns
+
+    def way(self, name: str) -> Callable[[], Awaitable[int]]:
+        return {
+            "floor": self.floor,
+            "manager": self.manager_call,
+            "single": self.single,
+            "session": self.session,
+        }[name]
+
+
+async def measure(args: argparse.Namespace, url: str, api: str) -> dict[str, list[float]]:
+    """CPU us per call of each way, one figure per round."""
+    bench = Bench(url, api, args.turns)
+    out: dict[str, list[float]] = {w: [] for w in args.ways}
+    try:
+        for way in args.ways:  # warm-up: connections, caches, first calls
+            await spread(args.warmup, args.concurrency, bench.way(way))
+        for r in range(args.rounds):
+            order = args.ways[r % len(args.ways) :] + args.ways[: r % len(args.ways)]
+            for way in order:
+                calls = args.calls if way != "session" else max(1, args.calls // args.turns)
+                cpu = time.process_time()
+                made = await spread(calls, args.concurrency, bench.way(way))
+                out[way].append((time.process_time() - cpu) / made * 1e6)
+                print(f"  {api} round {r + 1} {way}: {out[way][-1]:.1f} us/call", flush=True)
+    finally:
+        await bench.manager.aclose()
+        await bench.client.close()
+    return out
+
+
+def table(results: dict[str, dict[str, list[float]]]) -> str:
+    lines = [
+        "| api | way | CPU us/call (median) | min-max | over floor |",
+        "|---|---|---|---|---|",
+    ]
+    for api, ways in results.items():
+        floor = statistics.median(ways["floor"]) if ways.get("floor") else None
+        for way, figures in ways.items():
+            median = statistics.median(figures)
+            over = f"{median - floor:.1f}" if floor is not None and way != "floor" else "—"
+            lines.append(
+                f"| {api} | {way} | {median:.1f} | {min(figures):.1f}-{max(figures):.1f} | {over} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20_000, help="measured calls per way/round")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=4, help="calls per session ('session')")
+    parser.add_argument("--api", action="append", choices=("generate", "completions"))
+    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    apis = args.api or ["generate", "completions"]
+    port = free_port()
+    server = start_server(port)
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        for api in apis:
+            results[api] = asyncio.run(measure(args, f"http://127.0.0.1:{port}", api))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    print(table(results))
+    if args.json:
+        record = {"args": vars(args) | {"json": str(args.json)}, "results": results}
+        record |= {"machine": machine(), "code": code_version()}
+        args.json.write_text(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
