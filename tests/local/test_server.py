@@ -324,3 +324,27 @@ def test_the_api_key_guards_everything_but_health(model_dir, start_server):
         assert live.get("/v1/models", headers=headers).status_code == 200
         r = live.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=headers)
         assert r.status_code == 200
+
+
+def test_metrics_serve_vllm_ttft_histograms_an_env_reads(server):
+    """`GET /metrics` has vLLM's TTFT and queue-time histograms; an env's reader notes what
+    grew between two reads into its `ttft` and `server_queue` stages."""
+    import asyncio
+
+    from atropos.inference.config import APIServerConfig
+    from atropos.inference.latency import Latencies
+    from atropos.inference.server_metrics import ServerMetrics
+
+    config = APIServerConfig(base_url=server.url + "/v1", server_type="vllm", model_name="tiny")
+    metrics, stages = ServerMetrics([config]), Latencies()
+    asyncio.run(metrics.poll(stages, now=0.0))  # the baseline
+    for _ in range(3):
+        greedy(server, [1, 2, 3], max_tokens=4)
+    text = server.get("/metrics").text
+    assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
+    assert "vllm:request_queue_time_seconds_count" in text
+    asyncio.run(metrics.poll(stages, now=10.0))
+    assert metrics.servers[0].read, "the reader found the histograms"
+    assert stages.stages["ttft"].summary()["count"] == 3
+    assert stages.stages["server_queue"].summary()["count"] == 3
+    assert 0 < stages.stages["ttft"].summary()["max"] < 60

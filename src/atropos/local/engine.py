@@ -29,7 +29,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -76,6 +76,7 @@ class _Job:
     adapter: lora.LoraAdapter | None
     adapter_name: str | None
     future: concurrent.futures.Future[Result]
+    arrived: float = field(default_factory=time.monotonic)
 
     @property
     def rows(self) -> int:
@@ -142,6 +143,10 @@ class Engine:
         self._abort_batch = False  # fail the running batch at its next step
         self._parked = False  # the running batch waits between two steps
         self._batch_requests = 0  # requests in the running batch
+        #: Called with (seconds to the first token, seconds queued) once per request, on the
+        #: generation thread (the server's `/metrics` histograms); None: not timed.
+        self.on_first_token: Callable[[float, float], None] | None = None
+        self._untimed: list[tuple[float, float]] = []  # (arrived, queued) of the batch's jobs
         self._swapping = False  # swap_weights runs
         self._batch_adapter: lora.LoraAdapter | None = None
         self._closing = False
@@ -408,6 +413,7 @@ class Engine:
     def _between_steps(self) -> int:
         """Called by the decoder between two steps: fail the batch (`Aborted`) after an abort,
         park it during a `keep` pause; returns the weight version of the next step."""
+        self._time_first_tokens()  # the step before this one sampled the batch's first token
         with self._cond:
             if self._paused == "keep" and not self._abort_batch and not self._closing:
                 self._parked = True
@@ -441,6 +447,18 @@ class Engine:
         self._jobs = kept
         return taken
 
+    def _time_first_tokens(self) -> None:
+        """Report the batch's requests' first-token and queue times, once per batch.
+
+        A batch's first step samples the first token of every row it holds, so each request's
+        TTFT is from its arrival to the end of that step (rows past `max_batch_size` start in a
+        later chunk of the same batch and are counted at the first, a little early)."""
+        untimed, self._untimed = self._untimed, []
+        if untimed and self.on_first_token is not None:
+            now = time.monotonic()
+            for arrived, queued in untimed:
+                self.on_first_token(now - arrived, queued)
+
     def _use_adapter(self, adapter: lora.LoraAdapter | None) -> None:
         if self._merged is adapter:
             return
@@ -462,6 +480,8 @@ class Engine:
         self._batch_adapter = jobs[0].adapter
         self._use_adapter(jobs[0].adapter)
         version = self.policy_version
+        started = time.monotonic()
+        self._untimed = [(job.arrived, started - job.arrived) for job in jobs]
         rows: list[Row] = []
         for job in jobs:
             s = job.sampling
@@ -483,6 +503,7 @@ class Engine:
                 version=self.policy_version,
                 between=self._between_steps,
             )
+        self._time_first_tokens()  # a batch that ended at its first step
         tokens = sum(len(row.ids) for row in rows)
         self.tokens_generated += tokens
         name = jobs[0].adapter_name

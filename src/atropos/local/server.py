@@ -4,6 +4,8 @@ Endpoints (docs/local.md has every field):
 
 - `GET /health` -> `{"status": "ok", "policy_version": k}`; never generates.
 - `GET /v1/models`: the base model and each loaded LoRA adapter (vLLM's model cards).
+- `GET /metrics`: vLLM's time-to-first-token and queue-time histograms (Prometheus text;
+  `atropos.inference.histograms`), which an env reads for its `ttft` and `server_queue`.
 - `POST /v1/completions`, `POST /v1/chat/completions`: vLLM's shapes plus `policy_version`.
 - `POST /update_weights_from_disk {"model_path", "policy_version"?}` (SGLang's name): reload a
   full checkpoint in place between batches -> `{"success": true, "message", "policy_version"}`;
@@ -43,6 +45,7 @@ from starlette.routing import Route
 
 from atropos.http import Rules, Site, openai_error, server_app
 from atropos.http.errors import classify
+from atropos.inference.histograms import CONTENT_TYPE, ServedHistograms
 from atropos.local.guard import AddressPolicy, PathPolicy
 from atropos.local.protocol import (
     Aborted,
@@ -125,6 +128,8 @@ class LocalServer:
         self.api_key = api_key
         self.shaper = Shaper(engine.codec)
         self.created = int(time.time())
+        self.histograms = ServedHistograms(self.name)
+        engine.on_first_token = self.histograms.observe
         transfer = TransferRoutes(
             engine,
             transfer_backend,
@@ -134,6 +139,7 @@ class LocalServer:
         routes = [
             Route("/health", self._wrap(self.health, public=True), methods=["GET"]),
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
+            Route("/metrics", self._wrap(self.metrics), methods=["GET"]),
             Route("/v1/completions", self._wrap(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._wrap(self.chat), methods=["POST"]),
             Route("/update_weights_from_disk", self._wrap(self.update_weights), methods=["POST"]),
@@ -175,6 +181,10 @@ class LocalServer:
     async def health(self, request: Request) -> Response:
         """`GET /health`."""
         return JSONResponse({"status": "ok", "policy_version": self.engine.policy_version})
+
+    async def metrics(self, request: Request) -> Response:
+        """`GET /metrics`: vLLM's TTFT and queue-time histograms (`inference.histograms`)."""
+        return Response(self.histograms.render(), media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         """`GET /v1/models`."""
