@@ -76,17 +76,7 @@ def test_the_typed_generate_reading_and_the_general_one_agree():
             for seq in odd["logprobs"]
         ]
 
-        async def read(answer: dict[str, Any]) -> Any:
-            async def post(url: str, body: Any, decoder: Any = None) -> Any:
-                return answer
-
-            backend._post = post  # type: ignore[method-assign]
-            try:
-                return await backend._generate_tokens(list(ids), {"n": 4, "max_tokens": 7})
-            finally:
-                await backend.aclose()
-
-        assert asyncio.run(read(odd))[1:3] == (general[0], general[1])
+        assert backend._generated(list(ids), 4, odd)[1:3] == (general[0], general[1])
 
 
 def test_kept_answers_are_the_fresh_answers_and_still_wait_and_count():

@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import importlib
 import sys
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,7 +26,6 @@ from typing_extensions import TypedDict
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
 from atropos.inference.http import HTTPClient
-from atropos.inference.routing import SESSION_HINT
 
 Split = Literal["train", "eval"]
 T = TypeVar("T")
@@ -108,6 +107,40 @@ def note_policy_version(answer: Any) -> None:
         version = _version_of(answer)
         if version is not None:
             box.note(version)
+
+
+class Call:
+    """What the backend request made now belongs to: the manager's call (`ServerManager._call`).
+
+    `deadline`: the call's loop time deadline, absolute (set once per call, at its start; every
+    stage checks it, none re-arms a timer of its own: the HTTP client's one timer per request
+    fires at the sooner of it and the request's `config.timeout`). `headers`: the session hint
+    header lines of the server it goes to (`routing.header_lines`), or None. Backends that read it
+    (`HTTPBackend`, `keeps_deadline = True`) are called without a timer around them; any other
+    backend is awaited under one (`within`).
+    """
+
+    __slots__ = ("deadline", "headers")
+
+    def __init__(self, deadline: float, headers: str | None = None) -> None:
+        self.deadline = deadline
+        self.headers = headers
+
+
+CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
+    "atropos_inference_call", default=None
+)
+"""The `Call` whose backend request is being made now (None outside `ServerManager`)."""
+
+
+class CallDeadline(TimeoutError):
+    """The `Call`'s deadline passed during a backend request (not the request's own timeout):
+    `ServerManager` reports it as the call's deadline, as it did when its own timer fired."""
+
+
+def _expired(call: Call | None) -> bool:
+    """Whether `call`'s deadline has passed (within a millisecond: a timer may run that early)."""
+    return call is not None and asyncio.get_running_loop().time() >= call.deadline - 1e-3
 
 
 class PromptLogprobs(TypedDict):
@@ -222,6 +255,8 @@ def normalize_max_tokens(kwargs: dict[str, Any]) -> int | None:
 
 IGNORED_KWARGS = ("split", "skip_reasoning", "model")
 """Routing hints a backend drops: the manager uses `split`; `model` comes from the config."""
+_NOT_BODY = frozenset((*IGNORED_KWARGS, "extra_headers", "extra_query", "timeout", "extra_body"))
+"""Keys `HTTPBackend._model` removes or merges (a call without any is copied as it is)."""
 
 
 def _encode_hook(obj: Any) -> Any:
@@ -253,6 +288,8 @@ class HTTPBackend:
 
     supports_tokens: ClassVar[bool] = False
     supports_prompt_logprobs: ClassVar[bool] = False
+    keeps_deadline: ClassVar[bool] = True
+    """Every wait of a call reads `CURRENT_CALL`'s deadline: the manager adds no timer."""
     health_path: ClassVar[str] = "/health"
     """GET at the server root; never a generation endpoint, so probes spend no tokens."""
 
@@ -307,11 +344,17 @@ class HTTPBackend:
         """
         total = self.config.timeout if timeout is None else timeout
         data = None if body is None else _ENCODER.encode(body)
+        call = CURRENT_CALL.get()
         try:
-            answer = await self._http().request(
-                method, url, data, timeout=total, headers=SESSION_HINT.get()
-            )
+            if call is None:
+                answer = await self._http().request(method, url, data, timeout=total)
+            else:
+                answer = await self._http().request(
+                    method, url, data, call.headers, timeout=total, deadline=call.deadline
+                )
         except TimeoutError as exc:
+            if _expired(call):
+                raise CallDeadline(f"{method} {url}: the call's deadline passed") from None
             raise InferenceTimeout(
                 f"{method} {url}: no answer within {total:g} s", server=self.base_url
             ) from exc
@@ -348,10 +391,11 @@ class HTTPBackend:
         note_policy_version(data)
         return data
 
-    async def _post(
+    def _post(
         self, url: str, body: Mapping[str, Any], decoder: msgspec.json.Decoder[Any] | None = None
-    ) -> Any:
-        return await self._request("POST", url, body, decoder=decoder)
+    ) -> Awaitable[Any]:
+        """`_request("POST", ...)` (its coroutine: no frame of its own)."""
+        return self._request("POST", url, body, decoder=decoder)
 
     async def check_health(self, timeout: float = 5.0) -> bool:
         """True when `GET health_url` answers 2xx within `timeout` seconds. Spends no tokens.
@@ -380,6 +424,10 @@ class HTTPBackend:
 
     def _model(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """kwargs for the wire: routing hints dropped, `extra_body` merged, our model name set."""
+        if _NOT_BODY.isdisjoint(kwargs):  # the usual call: sampling fields only
+            body = dict(kwargs)
+            body["model"] = self.config.model_name
+            return body
         body = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
         for key in ("extra_headers", "extra_query", "timeout"):
             body.pop(key, None)  # OpenAI-client options that are not part of the body
@@ -392,11 +440,15 @@ class HTTPBackend:
         if self.tokenizer is None:
             name = self.config.tokenizer_name
             name = self.config.model_name if name == "none" else name
+            call = CURRENT_CALL.get()  # the call's deadline bounds the load too
             try:
                 from atropos.inference.tokenizer import load_tokenizer
 
-                self.tokenizer = await asyncio.to_thread(load_tokenizer, name)
+                loading = asyncio.to_thread(load_tokenizer, name)
+                self.tokenizer = await (loading if call is None else within(call.deadline, loading))
             except Exception as exc:  # any loader failure means: no tokenizer for this server
+                if isinstance(exc, TimeoutError) and _expired(call):
+                    raise CallDeadline(f"loading the tokenizer {name!r}") from None
                 raise UnsupportedOperation(
                     f"{type(self).__name__} needs a tokenizer here and could not load {name!r} "
                     f"({type(exc).__name__}: {exc}); pass tokenizer= or set tokenizer_name",
@@ -415,13 +467,18 @@ class HTTPBackend:
         if input_ids is None and prompt is None:
             raise ValueError("pass prompt= or input_ids=")
         if input_ids is not None:
-            ids = input_ids  # taken as is when it is a list of ints (checked by its first)
-            if type(ids) is not list or (ids and type(ids[0]) is not int):
-                ids = [int(t) for t in input_ids]
-        elif require or self.tokenizer is not None or self.config.tokenizer_name != "none":
+            return self._given_ids(input_ids)
+        if require or self.tokenizer is not None or self.config.tokenizer_name != "none":
             ids = list((await self._get_tokenizer()).encode(prompt))
         else:
             return None
+        return strip_double_bos(ids, self._bos_id())
+
+    def _given_ids(self, input_ids: list[int]) -> list[int]:
+        """`_prompt_ids` of given ids (no await: the usual call's path)."""
+        ids = input_ids  # taken as is when it is a list of ints (checked by its first)
+        if type(ids) is not list or (ids and type(ids[0]) is not int):
+            ids = [int(t) for t in input_ids]
         return strip_double_bos(ids, self._bos_id())
 
     def _bos_id(self) -> int | None:
@@ -444,7 +501,7 @@ class HTTPBackend:
         """An OpenAI text completion."""
         raise self._unsupported("completion", "use an OpenAI-compatible backend")
 
-    async def tokens_and_logprobs_completion(
+    def tokens_and_logprobs_completion(
         self,
         *,
         prompt: str | None = None,
@@ -452,15 +509,15 @@ class HTTPBackend:
         n: int = 1,
         max_tokens: int | None = None,
         **sampling: Any,
-    ) -> TokensAndLogprobs:
-        """Sample `n` completions; return exact token ids and their logprobs.
+    ) -> Coroutine[Any, Any, TokensAndLogprobs]:
+        """Sample `n` completions; return exact token ids and their logprobs (await it).
 
         `max_tokens` joins the sampling kwargs (where an alias of it may already be); the
-        backend's `_sample_tokens` does the rest.
+        backend's `_sample_tokens` does the rest (its coroutine is returned: no frame here).
         """
         if max_tokens is not None:
             sampling["max_tokens"] = max_tokens
-        return await self._sample_tokens(prompt, input_ids, n, sampling)
+        return self._sample_tokens(prompt, input_ids, n, sampling)
 
     async def _sample_tokens(
         self, prompt: str | None, input_ids: list[int] | None, n: int, sampling: dict[str, Any]

@@ -286,14 +286,20 @@ class HTTPClient:
         method: str,
         url: str,
         body: bytes | None = None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | str | None = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> HTTPResponse:
         """Send one request and read the whole answer (any status).
 
+        `headers`: a dict, or header lines already formatted (`"Name: value\\r\\n"` each).
+        `deadline` (loop time, absolute) bounds it as `timeout` does, whichever comes first:
+        one timer either way.
+
         Raises:
-            TimeoutError: no whole answer within `timeout` seconds (connecting included).
+            TimeoutError: no whole answer within `timeout` seconds or by `deadline`
+                (connecting included).
             ConnectionError, OSError: the server could not be reached or dropped the connection.
 
         Long because connecting, sending and reading one answer run under one deadline and share the
@@ -303,7 +309,10 @@ class HTTPClient:
             raise RuntimeError("this HTTPClient is closed")
         origin, target = self._route(url)
         if headers:
-            extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            if isinstance(headers, str):
+                extra = headers
+            else:
+                extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
             head = self._head(method, target, origin, extra)
         else:
             cached = self._heads.get((method, url))
@@ -320,7 +329,9 @@ class HTTPClient:
         if loop is not self._loop:  # connections belong to the loop that opened them
             self._forget_idle()
             self._loop = loop
-        deadline = None if timeout is None else loop.time() + timeout
+        if timeout is not None:
+            ends = loop.time() + timeout
+            deadline = ends if deadline is None or ends < deadline else deadline
         for attempt in (1, 2):
             conn = self._idle(origin, loop) or await self._connect(origin, loop, deadline)
             reused = conn.requests > 0

@@ -49,6 +49,8 @@ _TEXT_FINISH = {"stop", "length", "content_filter"}
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _NO_DRIFT: dict[DriftKind, int] = dict.fromkeys(DriftKind, 0)
 _NO_REASONING = TemplatePlan()
+_TURN_END: dict[int, tuple[Any, frozenset[int]]] = {}
+"""`ManagedServer._turn_end_ids` per tokenizer (by id; the tokenizer is kept, so the id holds)."""
 Forced = list["tuple[int, int] | None"] | None
 """Per choice, `(start, count)` of the ids we inserted into its output (None: no budget ran)."""
 Generated = tuple[list[int], list[list[int]], list[list[float]], list[str], "int | None", Forced]
@@ -624,13 +626,18 @@ class ManagedServer:
 
     def _turn_end_ids(self) -> frozenset[int]:
         """Ids an end of turn can end with (the template's turn suffix and eos): a completion
-        ending in none of them has no trailing end of turn, and needs no closer look."""
+        ending in none of them has no trailing end of turn, and needs no closer look. Made
+        once per tokenizer (a session is made per rollout)."""
         if self._turn_end is None:
-            ids = set(end_of_turn_ids(self.tokenizer))
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            self._turn_end = frozenset(ids)
+            tokenizer = self.tokenizer
+            held = _TURN_END.get(id(tokenizer))
+            if held is None or held[0] is not tokenizer:
+                ids = set(end_of_turn_ids(tokenizer))
+                eos = getattr(tokenizer, "eos_token_id", None)
+                if isinstance(eos, int):
+                    ids.add(eos)
+                held = _TURN_END[id(tokenizer)] = (tokenizer, frozenset(ids))
+            self._turn_end = held[1]
         return self._turn_end
 
     def _decode(self, ids: list[int]) -> str:

@@ -30,6 +30,8 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from atropos.inference.base import (
+    CURRENT_CALL,
+    Call,
     InferenceServer,
     PromptLogprobs,
     Split,
@@ -40,12 +42,11 @@ from atropos.inference.base import (
 )
 from atropos.inference.config import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
-from atropos.inference.latency import note_call
 from atropos.inference.openai import merge_completions
 from atropos.inference.pool import SPLITS, ServerPool, ServerSlot
 from atropos.inference.reasoning import ChatPlan, Reasoning, TemplatePlan, WarnOnce
 from atropos.inference.retry import RetryPolicy
-from atropos.inference.routing import SESSION_HINT, SessionHomes, hint_headers, new_session_key
+from atropos.inference.routing import SessionHomes, header_lines, new_session_key
 from atropos.inference.server_metrics import ServerMetrics
 from atropos.inference.slurm import resolve_server_configs
 
@@ -81,6 +82,8 @@ class PinnedServer:
         self.slot = slot
         self.held = held
         self.session = session
+        self._hint_kind = ""
+        self._hint: str | None = None
 
     @property
     def config(self) -> APIServerConfig:
@@ -101,31 +104,33 @@ class PinnedServer:
         mode = f"holding a {self.held} unit" if self.held else "preferred"
         return f"<PinnedServer {mode} {self.slot!r}>"
 
-    async def chat_completion(self, *, split: str = "train", **kwargs: Any) -> ChatCompletion:
+    # The four calls return the manager's coroutine (await it): no frame of their own.
+
+    def chat_completion(self, *, split: str = "train", **kwargs: Any) -> Awaitable[ChatCompletion]:
         """`ServerManager.chat_completion` on this server."""
-        result: ChatCompletion = await self._manager._dispatch(
-            "chat_completion", split, kwargs, self
-        )
-        return result
+        return self._manager._dispatch("chat_completion", split, kwargs, self)
 
-    async def completion(self, *, split: str = "train", **kwargs: Any) -> Completion:
+    def completion(self, *, split: str = "train", **kwargs: Any) -> Awaitable[Completion]:
         """`ServerManager.completion` on this server."""
-        result: Completion = await self._manager._dispatch("completion", split, kwargs, self)
-        return result
+        return self._manager._dispatch("completion", split, kwargs, self)
 
-    async def tokens_and_logprobs_completion(
+    def tokens_and_logprobs_completion(
         self, *, split: str = "train", **kwargs: Any
-    ) -> TokensAndLogprobs:
+    ) -> Awaitable[TokensAndLogprobs]:
         """`ServerManager.tokens_and_logprobs_completion` on this server."""
-        result: TokensAndLogprobs = await self._manager._dispatch(
-            "tokens_and_logprobs_completion", split, kwargs, self
-        )
-        return result
+        return self._manager._dispatch("tokens_and_logprobs_completion", split, kwargs, self)
 
-    async def get_logprobs(self, *, split: str = "train", **kwargs: Any) -> PromptLogprobs:
+    def get_logprobs(self, *, split: str = "train", **kwargs: Any) -> Awaitable[PromptLogprobs]:
         """`ServerManager.get_logprobs` on this server."""
-        result: PromptLogprobs = await self._manager._dispatch("get_logprobs", split, kwargs, self)
-        return result
+        return self._manager._dispatch("get_logprobs", split, kwargs, self)
+
+    def hint(self, slot: ServerSlot) -> str | None:
+        """The session hint header lines for `slot`'s server (made once per server type)."""
+        kind = slot.config.server_type
+        if self._hint_kind != kind:
+            self._hint = header_lines(kind, self.session) if self.session is not None else None
+            self._hint_kind = kind
+        return self._hint
 
 
 class _Session:
@@ -218,6 +223,7 @@ class ServerManager:
         self._weight = 1.0
         self._closed = False
         self._only: dict[str, frozenset[int]] = {}
+        self._most = self.config.max_n_completions
 
     def __repr__(self) -> str:
         slots = self._pool.slots
@@ -439,19 +445,33 @@ class ServerManager:
             )
         return only
 
-    async def _dispatch(
+    def _dispatch(
         self,
         method: str,
         split: str,
         kwargs: dict[str, Any],
         pin: PinnedServer | None,
         session: str | None = None,
+    ) -> Awaitable[Any]:
+        """The call's coroutine: `_call`, or, for `n` above `max_n_completions`, `_chunked`."""
+        n = kwargs.get("n")
+        if method == "get_logprobs" or n is None or (type(n) is int and n <= self._most):
+            return self._call(method, split, kwargs, pin, session)
+        return self._chunked(method, split, kwargs, pin, session)
+
+    async def _chunked(
+        self,
+        method: str,
+        split: str,
+        kwargs: dict[str, Any],
+        pin: PinnedServer | None,
+        session: str | None,
     ) -> Any:
-        """`n` above `max_n_completions` becomes concurrent chunks, merged in order."""
-        split = self._check_open(split)
+        """`n` above `max_n_completions` as concurrent chunks, merged in order."""
+        self._check_open(split)
         n = int(kwargs.get("n") or 1)
-        most = self.config.max_n_completions
-        if method == "get_logprobs" or n <= most:
+        most = self._most
+        if n <= most:
             return await self._call(method, split, kwargs, pin, session)
         sizes = [most] * (n // most) + ([n % most] if n % most else [])
         parts = await gather_or_cancel(
@@ -473,12 +493,44 @@ class ServerManager:
         result: Awaitable[Any] = getattr(slot.backend, method)(**kwargs)
         return result
 
-    def _home(self, key: str) -> ServerSlot | None:
-        """The session's home server (None: sticky routing is off, or its first call)."""
-        index = self.homes.get(key) if self._sticky else None
-        return None if index is None else self._pool.slots[index]
+    def _home(self, key: str | None, tried: set[int]) -> ServerSlot | None:
+        """The session's home server, unless it failed this call (None: sticky routing is off,
+        no session, or its first call)."""
+        index = self.homes.get(key) if key is not None and self._sticky else None
+        return None if index is None or index in tried else self._pool.slots[index]
 
-    async def _take(
+    def _placed(self, slot: ServerSlot, pin: PinnedServer | None, key: str | None) -> None:
+        """The attempt goes to `slot`: the pin follows, and it becomes the session's home."""
+        if pin is not None:
+            pin.slot = slot
+        if key is not None and self._sticky:
+            self.homes.set(key, slot.index)
+
+    def _take(
+        self,
+        split: Split,
+        pin: PinnedServer | None,
+        key: str | None,
+        tried: set[int],
+        only: frozenset[int],
+    ) -> ServerSlot | None:
+        """The server of one attempt when one has room now (a unit of budget taken on it),
+        else None (`_wait_for_room`): the session's home (`routing`) or the least-loaded server,
+        which becomes the session's home. Not for a dedicated pin (its unit is held)."""
+        home = self._home(key, tried)
+        slot = self._pool.take(
+            split,
+            prefer=home,
+            avoid=tried,
+            only=only,
+            ratio=self._ratio if home is not None else math.inf,
+            spread=self.homes.per_server if key is not None and self._sticky else None,
+        )
+        if slot is not None:
+            self._placed(slot, pin, key)
+        return slot
+
+    async def _wait_for_room(
         self,
         split: Split,
         deadline: float,
@@ -486,16 +538,9 @@ class ServerManager:
         key: str | None,
         tried: set[int],
         only: frozenset[int],
-    ) -> tuple[ServerSlot, bool]:
-        """The server of one attempt, and whether a unit of budget was taken on it: a dedicated
-        pin's own server (its unit is already held), else the session's home (`routing`) or
-        the least-loaded server, which becomes the session's home."""
-        if pin is not None and pin.held is not None:
-            return pin.slot, False
-        home = self._home(key) if key is not None else None
-        if home is not None and home.index in tried:
-            home = None
-        sticky = key is not None and self._sticky
+    ) -> ServerSlot:
+        """`_take` when no server had room: wait for a unit until `deadline`."""
+        home = self._home(key, tried)
         slot = await self._pool.acquire(
             split,
             deadline,
@@ -503,52 +548,51 @@ class ServerManager:
             avoid=tried,
             only=only,
             ratio=self._ratio if home is not None else math.inf,
-            spread=self.homes.per_server if sticky else None,
+            spread=self.homes.per_server if key is not None and self._sticky else None,
         )
-        if pin is not None:
-            pin.slot = slot
-        if key is not None and sticky:
-            self.homes.set(key, slot.index)
-        return slot, True
+        self._placed(slot, pin, key)
+        return slot
 
     async def _call(
         self,
         method: str,
-        split: Split,
+        split_name: str,
         kwargs: dict[str, Any],
         pin: PinnedServer | None,
         session: str | None = None,
     ) -> Any:
-        """One call: pick a server, try, fail over and back off on retryable errors."""
+        """One call: pick a server, try, fail over and back off on retryable errors, all under
+        one deadline (`base.Call`: set here once, read by every wait below, no timer re-armed)."""
+        split = self._check_open(split_name)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline
+        asked = loop.time()
+        deadline = asked + self.deadline
         only = self._eligible(method)
         tried: set[int] = set()
         attempt = 0
-        pool = self._pool
         key = pin.session if pin is not None else session
+        held = pin is not None and pin.held is not None
         while True:
             attempt += 1
-            wait, asked = 0.0, loop.time()
-            slot, owned = await self._take(split, deadline, pin, key, tried, only)
+            slot = (
+                pin.slot if held and pin is not None else self._take(split, pin, key, tried, only)
+            )
+            if slot is None:
+                slot = await self._wait_for_room(split, deadline, pin, key, tried, only)
             tried.add(slot.index)
             started = loop.time()
-            headers = hint_headers(slot.config.server_type, key) if key is not None else None
-            hint = SESSION_HINT.set(headers) if headers else None
+            if key is None:
+                hint = None
+            elif pin is not None:
+                hint = pin.hint(slot)
+            else:
+                hint = header_lines(slot.config.server_type, key)
+            scope = CURRENT_CALL.set(Call(deadline, hint))
             try:
                 call = self._invoke(slot, method, kwargs)
-                result = await within(deadline, call)
+                result = await (call if slot.keeps_deadline else within(deadline, call))
             except InferenceError as error:
-                slot.stats.errors[error.kind] += 1
-                self._pool.mark_failed(slot, error)
-                if not error.retryable or attempt >= self.retry.max_attempts:
-                    raise
-                failover = any(
-                    s.healthy and s.index in only and s.index not in tried for s in self._pool.slots
-                )
-                wait = 0.0 if failover else self.retry.delay(attempt, error.retry_after)
-                if loop.time() + wait >= deadline:
-                    raise
+                wait = self._after_error(slot, error, attempt, only, tried, deadline)
             except TimeoutError:
                 slot.stats.errors["timeout"] += 1
                 raise InferenceTimeout(
@@ -557,17 +601,38 @@ class ServerManager:
                     server=slot.config.base_url,
                 ) from None
             else:
-                served = loop.time() - started
-                slot.stats.record(split, served, attempt)
-                note_call(split, started - asked, served)  # the env's latency stages
+                slot.stats.record(split, loop.time() - started, attempt, started - asked)
                 slot.answered = True
                 return result
             finally:
-                if hint is not None:
-                    SESSION_HINT.reset(hint)
-                if owned:
+                CURRENT_CALL.reset(scope)
+                if not held:
                     slot.in_flight[split] -= 1
-                    if pool.waiting(split):  # wake one waiter for the unit given back
-                        await pool.notify(split)
+                    if self._pool.waiting(split):  # wake one waiter for the unit given back
+                        await self._pool.notify(split)
             if wait:
                 await asyncio.sleep(wait)
+            asked = loop.time()
+
+    def _after_error(
+        self,
+        slot: ServerSlot,
+        error: InferenceError,
+        attempt: int,
+        only: frozenset[int],
+        tried: set[int],
+        deadline: float,
+    ) -> float:
+        """Count a failed attempt, and how long to wait before the next (0: fail over now);
+        re-raises `error` when it is final: not retryable, out of attempts or of time."""
+        slot.stats.errors[error.kind] += 1
+        self._pool.mark_failed(slot, error)
+        if not error.retryable or attempt >= self.retry.max_attempts:
+            raise error
+        failover = any(
+            s.healthy and s.index in only and s.index not in tried for s in self._pool.slots
+        )
+        wait = 0.0 if failover else self.retry.delay(attempt, error.retry_after)
+        if asyncio.get_running_loop().time() + wait >= deadline:
+            raise error
+        return wait

@@ -39,6 +39,7 @@ from atropos.inference.base import InferenceServer, Split, within
 from atropos.inference.concurrency import AdaptiveLimit, Pacer
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError
+from atropos.inference.latency import note_call
 from atropos.inference.routing import within_ratio
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,15 @@ class ServerStats:
         self.requests: Counter[Split] = Counter()
         self.errors: Counter[str] = Counter()
 
-    def record(self, split: Split, latency: float, attempts: int) -> None:
-        """One successful call: the successful attempt's latency and the call's attempts."""
+    def record(self, split: Split, latency: float, attempts: int, waited: float = 0.0) -> None:
+        """One successful call: the successful attempt's latency and the call's attempts here,
+        and its wait for a slot and the server's time in the env's stages (`latency.note_call`,
+        training calls only): every sample of a call in one call."""
         self.latency[split].append(latency)
         self.attempts[split].append(attempts)
         self.requests[split] += 1
+        if split == "train":
+            note_call(split, waited, latency)
 
     def snapshot(self, prefix: str) -> dict[str, float]:
         """Upstream's W&B names (`server/server_{i}_request_time_avg`, ...) plus errors."""
@@ -93,6 +98,8 @@ class ServerSlot:
         self.in_flight: Counter[Split] = Counter()
         #: The adaptive cap on training requests (`atropos.inference.concurrency`), when on.
         self.limit: AdaptiveLimit | None = None
+        #: The backend bounds its waits by the call's deadline (`base.Call`): no timer around it.
+        self.keeps_deadline = bool(getattr(backend, "keeps_deadline", False))
 
     @property
     def config(self) -> APIServerConfig:
@@ -258,12 +265,32 @@ class ServerPool:
         slot = self.pick(split, prefer, avoid, only, ratio, spread)
         if slot is None:
             slot = await self._wait(split, deadline, prefer, avoid, only, ratio, spread)
+        self._count(slot, split)
+        return slot
+
+    def take(
+        self,
+        split: Split,
+        *,
+        prefer: ServerSlot | None = None,
+        avoid: Set[int] = frozenset(),
+        only: Set[int] | None = None,
+        ratio: float = math.inf,
+        spread: Mapping[int, int] | None = None,
+    ) -> ServerSlot | None:
+        """`acquire` without waiting: the unit on the server `pick` chooses, or None when no
+        server has room now (then `acquire` waits for one)."""
+        slot = self.pick(split, prefer, avoid, only, ratio, spread)
+        if slot is not None:
+            self._count(slot, split)
+        return slot
+
+    def _count(self, slot: ServerSlot, split: Split) -> None:
         count = slot.in_flight[split] + 1
         slot.in_flight[split] = count
         limit = slot.limit
         if limit is not None and split == "train" and count > limit.peak:
             limit.peak = count
-        return slot
 
     async def _wait(
         self,

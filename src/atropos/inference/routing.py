@@ -54,7 +54,6 @@ not know is an error on some (SGLang's `/generate` refuses unknown sampling fiel
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import uuid
 from collections import Counter, OrderedDict
@@ -68,12 +67,6 @@ HINT_HEADERS: dict[str, tuple[str, ...]] = {
     "sglang": ("X-SMG-Routing-Key",),
 }
 """The headers that carry a session's key, by `server_type` (none for the others)."""
-
-SESSION_HINT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "atropos_session_hint", default=None
-)
-"""Extra headers of the backend request being made now (`HTTPBackend._request` sends them);
-set by `ServerManager` around one call of a session, on the one server it goes to."""
 
 DEFAULT_SESSION_LIMIT = 1 << 17
 """Session homes remembered at most (least recently used forgotten first): 131,072 keys."""
@@ -97,6 +90,16 @@ def hint_headers(server_type: str, key: str) -> dict[str, str] | None:
     """
     names = HINT_HEADERS.get(server_type)
     return {name: key for name in names} if names else None
+
+
+def header_lines(server_type: str, key: str) -> str | None:
+    """`hint_headers` as HTTP header lines, what `http.HTTPClient.request` sends as they are.
+
+    >>> header_lines("sglang", "k1")
+    'X-SMG-Routing-Key: k1\r\n'
+    """
+    headers = hint_headers(server_type, key)
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else None
 
 
 REHOME_MIN_LOAD = 0.5

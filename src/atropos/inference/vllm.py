@@ -71,6 +71,55 @@ class _GenerateAnswer(msgspec.Struct):
 _GENERATE_DECODER = msgspec.json.Decoder(_GenerateAnswer)
 
 
+class _ChoiceLogprobs(msgspec.Struct):
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+
+
+class _Choice(msgspec.Struct):
+    """The fields of a `/completions` choice the token call reads (the others are skipped)."""
+
+    index: int = 0
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: _ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class _CompletionsAnswer(msgspec.Struct):
+    """The usual `/completions` answer to a token call, read in one typed pass; anything else
+    fails this shape and is read by the general path."""
+
+    choices: list[_Choice]
+    policy_version: int | None = None
+
+
+_COMPLETIONS_DECODER = msgspec.json.Decoder(_CompletionsAnswer)
+
+
+def _typed_rows(
+    choices: list[_Choice],
+) -> tuple[list[list[int]], list[list[float]], list[str], list[int] | None]:
+    """Outputs, logprobs, finish reasons and prompt ids of typed choices (sorted by index)."""
+    if any(c.index != i for i, c in enumerate(choices)):
+        choices = sorted(choices, key=lambda c: c.index)
+    outputs: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    finish: list[str] = []
+    for choice in choices:
+        lp = choice.logprobs or _ChoiceLogprobs()
+        ids = choice.token_ids
+        if ids is None:
+            ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+        outputs.append(ids)
+        values: Any = lp.token_logprobs
+        if None in values:
+            values = [MISSING_LOGPROB if v is None else v for v in values]
+        logprobs.append(values)  # no None left
+        finish.append(choice.finish_reason or "unknown")
+    return outputs, logprobs, finish, choices[0].prompt_token_ids if choices else None
+
+
 def _sampled(
     logprobs: list[list[list[dict[int, float]]]],
 ) -> tuple[list[list[int]], list[list[float]]]:
@@ -144,8 +193,15 @@ class VLLMBackend(OpenAIBackend):
         if limit is not None:
             body["max_tokens"] = limit
         if self.config.vllm_token_api == "generate":
-            ids = await self._prompt_ids(prompt, input_ids, require=True)
-            return await self._generate_tokens(ids or [], body)
+            if input_ids is not None:
+                given = self._given_ids(input_ids)
+            else:
+                given = await self._prompt_ids(prompt, input_ids, require=True) or []
+            body.pop("model", None)  # /generate takes sampling fields only
+            body["prompt"] = {"prompt_token_ids": given}
+            body["logprobs"] = 0
+            data = await self._post(self.root + "/generate", body, _GENERATE_DECODER)
+            return self._generated(given, n, data)
         ids = await self._prompt_ids(prompt, input_ids)
         body.update(
             prompt=ids if ids is not None else prompt,
@@ -153,18 +209,11 @@ class VLLMBackend(OpenAIBackend):
             return_token_ids=True,
             return_tokens_as_token_ids=True,
         )
-        data = await self._post(self.base_url + "/completions", body)
-        choices = sorted(self._choices(data), key=lambda c: int(c.get("index", 0)))
-        outputs, logprobs, finish = [], [], []
-        for choice in choices:
-            lp = choice.get("logprobs") or {}
-            token_ids = choice.get("token_ids")
-            if token_ids is None:
-                token_ids = [int(str(t).removeprefix("token_id:")) for t in lp.get("tokens", [])]
-            outputs.append([int(t) for t in token_ids])
-            logprobs.append([_logprob(v) for v in lp.get("token_logprobs") or []])
-            finish.append(str(choice.get("finish_reason") or "unknown"))
-        prompt_ids = choices[0].get("prompt_token_ids") if choices else None
+        data = await self._post(self.base_url + "/completions", body, _COMPLETIONS_DECODER)
+        if isinstance(data, _CompletionsAnswer) and data.choices:
+            outputs, logprobs, finish, prompt_ids = _typed_rows(data.choices)
+        else:
+            outputs, logprobs, finish, prompt_ids = self._read_completions(data)
         if prompt_ids is None:
             if ids is None:
                 raise InferenceError(
@@ -175,7 +224,25 @@ class VLLMBackend(OpenAIBackend):
             prompt_ids = ids
         check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
-        return [int(t) for t in prompt_ids], outputs, logprobs, finish
+        if type(prompt_ids) is not list or (prompt_ids and type(prompt_ids[0]) is not int):
+            prompt_ids = [int(t) for t in prompt_ids]
+        return prompt_ids, outputs, logprobs, finish
+
+    def _read_completions(
+        self, data: Any
+    ) -> tuple[list[list[int]], list[list[float]], list[str], list[int] | None]:
+        """The general reading of a `/completions` answer (any shape of its choices)."""
+        choices = sorted(self._choices(data), key=lambda c: int(c.get("index", 0)))
+        outputs, logprobs, finish = [], [], []
+        for choice in choices:
+            lp = choice.get("logprobs") or {}
+            token_ids = choice.get("token_ids")
+            if token_ids is None:
+                token_ids = [int(str(t).removeprefix("token_id:")) for t in lp.get("tokens", [])]
+            outputs.append([int(t) for t in token_ids])
+            logprobs.append([_logprob(v) for v in lp.get("token_logprobs") or []])
+            finish.append(str(choice.get("finish_reason") or "unknown"))
+        return outputs, logprobs, finish, choices[0].get("prompt_token_ids") if choices else None
 
     async def get_logprobs(self, **kwargs: Any) -> PromptLogprobs:
         """Top-k logprobs of every prompt position (`prompt=` or `input_ids=`, `top_k=1`)."""
@@ -205,10 +272,8 @@ class VLLMBackend(OpenAIBackend):
             prompt_topk_logprobs=[t[1] for t in top],
         )
 
-    async def _generate_tokens(self, ids: list[int], body: dict[str, Any]) -> TokensAndLogprobs:
-        body.pop("model", None)  # /generate takes sampling fields only
-        body.update(prompt={"prompt_token_ids": ids}, logprobs=0)
-        data = await self._post(self.root + "/generate", body, _GENERATE_DECODER)
+    def _generated(self, ids: list[int], n: int, data: Any) -> TokensAndLogprobs:
+        """The rows of a `/generate` answer to a request for `n` choices of prompt `ids`."""
         try:
             if not isinstance(data, _GenerateAnswer):
                 raise ValueError("not the usual shape")
@@ -218,7 +283,7 @@ class VLLMBackend(OpenAIBackend):
             outputs, logprobs, reasons = self._read_generate(data)
         finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
         check_not_aborted(self.base_url, finish)
-        check_choice_counts(self.base_url, int(body["n"]), outputs, logprobs, finish)
+        check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         return ids, outputs, logprobs, finish
 
     def _read_generate(self, data: Any) -> tuple[list[list[int]], list[list[float]], list[Any]]:
