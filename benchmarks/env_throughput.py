@@ -460,15 +460,19 @@ async def measure_run(
     hooks: Hooks,
     profile_dir: Path | None = None,
     repeat: int = 1,
+    ours_src: Path | None = None,
 ) -> RunResult:
     """Start the servers and the env, measure the window, stop everything. `repeat` (1, 2, ...)
-    names the run's directory (logs, data, profile) when a configuration runs more than once."""
+    names the run's directory (logs, data, profile) when a configuration runs more than once;
+    `ours_src`: our env imports `atropos` from there (a `git archive` of another commit)."""
     label = f"{runtime} {mode} {workers}"
     suffix = "" if repeat == 1 else f"-r{repeat}"
     run_dir = workdir / f"{runtime}-{mode}-{workers}{suffix}"
     run_dir.mkdir(parents=True)
     child_env = {**os.environ, "BENCH_MAX_TOKENS": str(w.max_tokens), "PYTHONUNBUFFERED": "1"}
     child_env.pop("PYTHONPATH", None)
+    if ours_src is not None and runtime == "ours":
+        child_env["PYTHONPATH"] = str(ours_src.resolve())
     fake_port = free_port()
     fake = Proc(
         "fake-server",
@@ -951,6 +955,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run the whole plan this many times; tables show each configuration's run that"
         " other processes disturbed least, and the spread over the repeats",
     )
+    p.add_argument(
+        "--ours-src",
+        type=Path,
+        metavar="DIR",
+        help="our env imports atropos from DIR (e.g. the src/ of a `git archive` of another"
+        " commit, to measure before and after on a tree others are editing); default: this"
+        " checkout",
+    )
     p.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir, removed)")
     p.add_argument(
         "--report",
@@ -1000,7 +1012,16 @@ async def run_all(
 
             hooks = Hooks(log=bar.log, status=status)
             r = await measure_run(
-                runtime, mode, workers, w, pythons[runtime], work, hooks, args.profile, repeat
+                runtime,
+                mode,
+                workers,
+                w,
+                pythons[runtime],
+                work,
+                hooks,
+                args.profile,
+                repeat,
+                args.ours_src,
             )
         s = r.summary()
         console.log(

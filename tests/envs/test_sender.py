@@ -283,3 +283,56 @@ def test_a_batch_msgpack_cannot_hold_goes_as_json(tmp_path):
     assert not Sender("http://127.0.0.1:8000", tmp_path / "b.jsonl", msgpack=False)._encode(
         [group(1)]
     )[1]
+
+
+def test_groups_are_encoded_at_submit_once_bodies_are_msgpack(tmp_path):
+    """A group submitted once bodies are msgpack is encoded at once (changing the dict after
+    `submit` changes nothing sent); an outage spools it as its dict, and the replay stores it
+    as it was; `on_done` hears each group's policy version."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    sent = [{**group(t), "inference_logprobs": [[1.0, -0.5, -2.25]] * 2} for t in range(3)]
+    sent[0]["policy_version"] = 0
+    done: list = []
+
+    async def run() -> None:
+        sender = Sender(url, tmp_path / "s.jsonl", retries=0, replay_every=3600, msgpack=True)
+        sender.on_done = done.extend
+        await sender.start()
+        for g in sent:
+            copy = dict(g, scores=list(g["scores"]))
+            sender.submit(copy)
+            copy["scores"][0] = 99.0  # after submit: not what is sent
+        await sender.flush()
+        await sender.close()
+        assert sender.stats.spooled == 3 and sender.spool.read() == sent
+        with serve_in_thread(create_app(ApiConfig()), port=port):
+            registered(url)
+            await sender.start()
+            assert await sender.replay_once() == 3
+            await sender.close()
+            stored = {g["group_id"]: g for g in await asyncio.to_thread(_batches, url)}
+        for g in sent:
+            for key in ("tokens", "masks", "scores", "inference_logprobs"):
+                assert stored[g["group_id"]][key] == g[key], key
+
+    asyncio.run(run())
+    assert sorted(done, key=str) == [0, None, None]
+
+
+def _batches(url: str) -> list[dict]:
+    out = []
+    while (batch := httpx.get(f"{url}/batch").json()["batch"]) is not None:
+        out += batch
+    return out
+
+
+def test_a_batch_of_packed_groups_and_one_msgpack_cannot_hold_goes_as_json(tmp_path):
+    sender = Sender("http://127.0.0.1:8000", tmp_path / "a.jsonl", msgpack=True)
+    sender.submit(group(1))
+    sender.submit({"tokens": [[2**70]]})  # kept as its dict: msgpack cannot hold it
+    queued = [sender._queue.get_nowait() for _ in range(2)]
+    assert not isinstance(queued[0], dict) and isinstance(queued[1], dict)
+    body, packed = sender._encode(queued)
+    assert not packed and json.loads(body)[1] == {"tokens": [[2**70]]}
+    assert json.loads(body)[0]["tokens"] == [[1, 1, 2]] * 2

@@ -18,6 +18,13 @@ groups go to a spool file on disk; a background task replays the spool, oldest f
 API answers again. `close()` flushes what is queued and leaves the rest in the spool, so a
 restart of the env picks it up.
 
+Once bodies are msgpack, `submit` encodes each group at once (`Packed`), while the objects it
+was just built from are still in the CPU's caches, and the batch body is those encodings put
+together: at 256 workers on a busy machine, encoding 24 groups at the pump, long after they
+were built, cost ~23 us per group, against ~5 us right at `submit`. The group's objects are
+then freed by its maker, also while warm, not by the pump. The spool, a JSON batch and the
+replay decode a packed group back into its dict (only on those rare paths).
+
 Upstream (atroposlib 0.4.0) made three attempts over about 20 s and then dropped the data.
 """
 
@@ -29,7 +36,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +65,36 @@ _MSGPACK = {"Content-Type": "application/msgpack"}
 _GZIPPED_MSGPACK = {"Content-Type": "application/msgpack", "Content-Encoding": "gzip"}
 _OURS = wire.CONTRACT_HEADER.lower()  # in every answer of our API (response header names)
 _msgpack_encode = msgspec.msgpack.Encoder().encode
+
+
+class Packed:
+    """A group encoded as msgpack when submitted (`msgspec.Raw`: put into a batch's body as it
+    is), and its `policy_version` (what `Sender.on_done` reports)."""
+
+    __slots__ = ("raw", "policy_version")
+
+    def __init__(self, raw: msgspec.Raw, policy_version: Any) -> None:
+        self.raw = raw
+        self.policy_version = policy_version
+
+    def group(self) -> dict[str, Any]:
+        """The group as a dict again (for the spool and JSON bodies)."""
+        group: dict[str, Any] = msgspec.msgpack.decode(self.raw)
+        return group
+
+
+Queued = dict[str, Any] | Packed
+"""A group waiting for the sender: as submitted, or already encoded (`Packed`)."""
+
+
+def plain(items: Sequence[Queued]) -> list[dict[str, Any]]:
+    """`items` as group dicts (packed ones decoded)."""
+    return [i.group() if isinstance(i, Packed) else i for i in items]
+
+
+def versions(items: Sequence[Queued]) -> list[Any]:
+    """The `policy_version` of each of `items` (None where it has none)."""
+    return [i.policy_version if isinstance(i, Packed) else i.get("policy_version") for i in items]
 
 
 class SendError(Exception):
@@ -155,15 +192,16 @@ class Sender:
         # msgpack bodies: None until an answer says whether the API is ours (then True)
         self.msgpack = msgpack
         self.stats = SenderStats()
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._filling: dict[int, list[dict[str, Any]]] = {}  # batches taking groups, by id
+        self._queue: asyncio.Queue[Queued] = asyncio.Queue()
+        self._filling: dict[int, list[Queued]] = {}  # batches taking groups, by id
         self._session: HTTPClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._spool_lock = asyncio.Lock()
         self.in_flight = 0  # groups in requests that have not been answered yet
-        # called with each batch once it is done with: acknowledged, spooled or refused
-        # (staleness pacing counts a group as in flight until then: groups overtake each other)
-        self.on_done: Callable[[list[dict[str, Any]]], None] | None = None
+        # called with the policy versions of each batch's groups (None where a group has
+        # none) once the batch is done with: acknowledged, spooled or refused (staleness
+        # pacing counts a group as in flight until then: groups overtake each other)
+        self.on_done: Callable[[list[Any]], None] | None = None
 
     async def start(self) -> None:
         self._session = HTTPClient(self.headers)
@@ -171,7 +209,16 @@ class Sender:
         self._tasks = [*pumps, asyncio.create_task(self._replay())]
 
     def submit(self, group: dict[str, Any]) -> None:
-        """Queue a group for sending (returns at once)."""
+        """Queue a group for sending (returns at once); encoded now when bodies are msgpack
+        (`Packed`), so the caller may change or drop `group` afterwards."""
+        if self.msgpack:
+            try:
+                packed = Packed(msgspec.Raw(_msgpack_encode(group)), group.get("policy_version"))
+            except (TypeError, OverflowError, msgspec.EncodeError):
+                pass  # a value msgpack cannot hold: queued as it is, its batch goes as JSON
+            else:
+                self._queue.put_nowait(packed)
+                return
         self._queue.put_nowait(group)
 
     @property
@@ -180,7 +227,7 @@ class Sender:
         (pacing counts every group not yet at the API)."""
         return self._queue.qsize() + sum(len(b) for b in self._filling.values())
 
-    async def _fill(self, batch: list[dict[str, Any]]) -> None:
+    async def _fill(self, batch: list[Queued]) -> None:
         """Wait for a group, then take up to `max_batch`: whatever is queued at once (no loop
         turn per group), then what arrives within `linger` seconds. Fills `batch` in place, so
         a cancelled caller still knows which groups it took."""
@@ -208,7 +255,7 @@ class Sender:
                     batch.append(await queue.get())
                     self._take_queued(batch)
 
-    def _take_queued(self, batch: list[dict[str, Any]]) -> None:
+    def _take_queued(self, batch: list[Queued]) -> None:
         queue = self._queue
         while len(batch) < self.max_batch and not queue.empty():
             batch.append(queue.get_nowait())
@@ -216,7 +263,7 @@ class Sender:
     async def _pump(self) -> None:
         """One of `max_in_flight` loops: take a batch, deliver it, repeat."""
         while True:
-            batch: list[dict[str, Any]] = []
+            batch: list[Queued] = []
             try:
                 self._filling[id(batch)] = batch
                 try:
@@ -232,29 +279,29 @@ class Sender:
                 # stopped while batching or sending: keep the groups taken (a copy that did
                 # land is deduplicated by group_id)
                 if batch:
-                    self.spool.append(batch)
+                    self.spool.append(plain(batch))
                     self.stats.spooled += len(batch)
                 raise
             finally:
                 for _ in batch:
                     self._queue.task_done()
                 if self.on_done is not None and batch:
-                    self.on_done(batch)
+                    self.on_done(versions(batch))
 
-    async def _deliver(self, batch: list[dict[str, Any]]) -> None:
+    async def _deliver(self, batch: list[Queued]) -> None:
         try:
             await self._send_with_retries(batch)
         except SendError as err:
             if err.retryable:
                 log.warning("API unreachable (%s): spooling %d groups", err, len(batch))
                 async with self._spool_lock:
-                    self.spool.append(batch)
+                    self.spool.append(plain(batch))
                 self.stats.spooled += len(batch)
             else:
                 self.stats.rejected += len(batch)
                 log.error("API refused %d groups, dropped: %s", len(batch), err)
 
-    async def _send_with_retries(self, batch: list[dict[str, Any]]) -> None:
+    async def _send_with_retries(self, batch: Sequence[Queued]) -> None:
         for attempt in range(self.retries + 1):
             try:
                 await self._post(batch)
@@ -267,7 +314,7 @@ class Sender:
                 delay = self.backoff * 2**attempt * (0.5 + random.random())
                 await asyncio.sleep(delay)
 
-    async def _post(self, batch: list[dict[str, Any]]) -> None:
+    async def _post(self, batch: Sequence[Queued]) -> None:
         assert self._session is not None, "Sender.start() was not awaited"
         body, packed = self._encode(batch)
         headers = _MSGPACK if packed else _JSON
@@ -296,14 +343,15 @@ class Sender:
         retryable = answer.status >= 500 or answer.status in (408, 429)
         raise SendError(f"HTTP {answer.status}: {text[:300]}", retryable)
 
-    def _encode(self, batch: list[dict[str, Any]]) -> tuple[bytes, bool]:
-        """The body of `batch` and whether it is msgpack (else JSON, `wire.encode_plain`)."""
+    def _encode(self, batch: Sequence[Queued]) -> tuple[bytes, bool]:
+        """The body of `batch` and whether it is msgpack (else JSON, `wire.encode_plain`);
+        a packed group goes in as it was encoded."""
         if self.msgpack:
             try:
-                return _msgpack_encode(batch), True
+                return _msgpack_encode([i.raw if type(i) is Packed else i for i in batch]), True
             except (TypeError, OverflowError, msgspec.EncodeError):
                 pass  # a value msgpack cannot hold: JSON, which takes anything
-        return wire.encode_plain(batch), False
+        return wire.encode_plain(plain(batch)), False
 
     async def _replay(self) -> None:
         while True:
@@ -346,12 +394,12 @@ class Sender:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        leftover = []
+        leftover: list[Queued] = []
         while self._queue.qsize():
             leftover.append(self._queue.get_nowait())
             self._queue.task_done()
         if leftover:
-            self.spool.append(leftover)
+            self.spool.append(plain(leftover))
             self.stats.spooled += len(leftover)
         if self._session is not None:
             await self._session.close()

@@ -315,10 +315,10 @@ class ServeRunner:
             self.stall_noted = now
             log.warning("staleness pacing: %s", reason)
 
-    def _delivered(self, groups: list[dict[str, Any]]) -> None:
-        """The sender is done with `groups`: pacing no longer counts them in flight."""
-        for group in groups:
-            version = group.get("policy_version")
+    def _delivered(self, versions: list[Any]) -> None:
+        """The sender is done with groups of these policy versions: pacing no longer counts
+        them in flight."""
+        for version in versions:
             if isinstance(version, int):
                 self.pacer.release(version)
 
