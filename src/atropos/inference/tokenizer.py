@@ -157,11 +157,11 @@ class TokenCodec:
 
         return as_token_ids(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids`, special tokens skipped."""
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`, special tokens skipped (unless `skip_special_tokens` is False)."""
         if self._backend is not None:
-            return str(self._backend.decode(ids, skip_special_tokens=True))
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+            return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     # --- pieces -----------------------------------------------------------------------------
 
