@@ -67,7 +67,7 @@ class HeldTexts:
         entry = self._held.get(id(node))
         if entry is None:
             return None
-        return entry[0] + str(self.tokenizer.decode(entry[2], skip_special_tokens=False))
+        return entry[0] + TokenCodec.of(self.tokenizer).decode(entry[2], False)
 
     def extend(self, parent: SequenceNode, text: str) -> tuple[DriftKind, list[int]] | None:
         """The drift and ids of prompt `text` continuing `parent`, by encoding only what `text`
@@ -76,14 +76,15 @@ class HeldTexts:
         if entry is None:
             return None
         prompt_text, prompt, out, drift = entry
-        out_text = str(self.tokenizer.decode(out, skip_special_tokens=False))
+        codec = TokenCodec.of(self.tokenizer)
+        out_text = codec.decode(out, False)
         held = prompt_text + out_text
         if not text.startswith(held):
             return None
         canonical = drift is not DriftKind.REALIGN and self._canonical(
             prompt_text, prompt, out, out_text
         )
-        ids = parent.tokens + TokenCodec.of(self.tokenizer).encode(text[len(held) :])
+        ids = parent.tokens + codec.encode(text[len(held) :])
         return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
 
     def _canonical(self, text: str, prompt: list[int], out: list[int], out_text: str) -> bool:
