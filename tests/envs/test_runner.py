@@ -13,6 +13,7 @@ import pytest
 
 from atropos.api import ApiConfig, create_app
 from atropos.envs.runner import run_loop
+from atropos.envs.runner.deadline import Deadlines
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.process import ProcessRunner
 from atropos.envs.runner.serve import ServeRunner
@@ -329,3 +330,35 @@ def test_jsonl_sink_writes_one_flushed_utf8_line_per_group(tmp_path):
     raw = sink.path.read_bytes()
     assert "é <b>".encode() in raw
     assert [json.loads(line) for line in raw.splitlines()] == groups
+
+
+def test_deadlines_time_out_late_awaits_with_one_timer_and_leave_other_cancels_alone():
+    deadlines = Deadlines(0.05)
+
+    async def one(forever: bool) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            await deadlines.within(task, time.monotonic(), asyncio.sleep(3600 if forever else 0))
+        except TimeoutError:
+            return "timeout"
+        return "done"
+
+    async def main() -> None:
+        watch = asyncio.create_task(deadlines.watch())
+        started = time.monotonic()
+        assert await asyncio.gather(one(True), one(False), one(True)) == [
+            "timeout",
+            "done",
+            "timeout",
+        ]
+        assert time.monotonic() - started < 30  # a limit of 0.05 s, with a wide margin
+        stopped = asyncio.create_task(one(True))
+        await asyncio.sleep(0.01)
+        stopped.cancel()  # a shutdown's cancel stays a cancel
+        with pytest.raises(asyncio.CancelledError):
+            await stopped
+        watch.cancel()
+        assert not deadlines._due and not deadlines._expired
+
+    asyncio.run(main())

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from atropos.envs.config import ResolvedConfig
 from atropos.envs.outcome import outcome_metrics
 from atropos.envs.runner.control import ApiError, ControlClient
+from atropos.envs.runner.deadline import Deadlines
 from atropos.envs.runner.evaluate import VersionEvals
 from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
@@ -148,6 +149,7 @@ class ServeRunner:
         self.scores: list[float] = []
         self.durations: dict[str, list[float]] = {"succeeded": [], "failed": []}
         self.heap = FrozenHeap()
+        self.deadlines = Deadlines(None)  # worker_timeout: set in `_run`, from the final config
         self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
         self.latency = Latencies()  # p50/p95/p99 by stage, sent with each status poll
         self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
@@ -214,6 +216,9 @@ class ServeRunner:
                 self.sink = JsonlSink(Path(self.config.data_path_to_save_groups))
             await self.sender.start()
             poller = asyncio.create_task(self._poll_status())
+            timeout = self.config.worker_timeout
+            self.deadlines = Deadlines(timeout if timeout > 0 else None)
+            watch = asyncio.create_task(self.deadlines.watch())  # also while draining
             try:
                 with self.heap, self.latency.bind():  # rollouts' tasks note their stages
                     await self._admit()
@@ -221,7 +226,10 @@ class ServeRunner:
                 poller.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await poller
-                await self._shutdown()
+                try:
+                    await self._shutdown()
+                finally:
+                    watch.cancel()
         if self.errors.fatal is not None or self.failed:
             return 1
         return stopper.exit_code
@@ -381,10 +389,12 @@ class ServeRunner:
         """Roll out `item`, then, while admission allows, the next items in the same task: a
         finished rollout's slot is refilled at once instead of a few loop turns later through
         `_admit` (at 256 workers those turns left ~4% of the slots empty)."""
+        task: asyncio.Task[Any] | None = asyncio.current_task()  # once per task, not per item
+        assert task is not None
         while True:
             flight = self.pacer.start(self.version_now())
             try:
-                await self._handle(item, flight)
+                await self._handle(item, flight, task)
             finally:
                 self.pacer.finish(flight)
             # this task holds one of the slots counted by capacity()
@@ -397,15 +407,16 @@ class ServeRunner:
                 if item is None:
                     return
 
-    async def _handle(self, item: Any, flight: Flight) -> None:
+    async def _handle(self, item: Any, flight: Flight, task: asyncio.Task[Any]) -> None:
         env, cfg = self.env, self.config
-        timeout = cfg.worker_timeout if cfg.worker_timeout > 0 else None
         started = time.monotonic()
         try:
             # what the servers report for this rollout's calls, and why the env dropped it
             with PolicyVersions() as seen, EnvDrops() as dropped:
                 flight.seen = seen  # pacing counts the rollout at the oldest version reported
-                result, more = await _within(timeout, env.collect_trajectories(item))
+                result, more = await self.deadlines.within(
+                    task, started, env.collect_trajectories(item)
+                )
                 self.backlog.extend(more or [])
                 result = await env.postprocess_histories(result)
             # outside the block: the teacher's answers say nothing about the policy's version
