@@ -25,7 +25,7 @@ from typing_extensions import TypedDict
 
 from atropos.inference.config import APIServerConfig
 from atropos.inference.errors import InferenceError, InferenceTimeout, UnsupportedOperation
-from atropos.inference.http import HTTPClient
+from atropos.inference.http import HTTPClient, HTTPResponse
 
 Split = Literal["train", "eval"]
 T = TypeVar("T")
@@ -365,6 +365,16 @@ class HTTPBackend:
                 kind="connection",
                 server=self.base_url,
             ) from exc
+        return self._read(method, url, answer, decoder)
+
+    def _read(
+        self,
+        method: str,
+        url: str,
+        answer: HTTPResponse,
+        decoder: msgspec.json.Decoder[Any] | None,
+    ) -> Any:
+        """`_request`'s answer as JSON data (an `InferenceError` for a failed status)."""
         status, raw = answer.status, answer.body
         if status >= 400:
             raise InferenceError.from_status(
