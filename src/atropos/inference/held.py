@@ -40,7 +40,9 @@ class HeldTexts:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._held: dict[int, tuple[str, list[int], list[int], DriftKind | None]] = {}
+        #: id(node) -> (prompt text, the prompt's last added token's text (None: it has none),
+        #: the prompt ids after it, the completion ids, the prompt's drift)
+        self._held: dict[int, tuple[str, str | None, list[int], list[int], DriftKind | None]] = {}
         self._added: dict[int, str] | None = None
 
     def clear(self) -> None:
@@ -58,16 +60,23 @@ class HeldTexts:
         drift: DriftKind | None,
     ) -> None:
         """Remember `node` (prompt ids `prompt` rendered from `text`, completion `out`) when
-        its ids end with an added token, so that its next turn can extend it by text."""
-        if out and out[-1] in self._added_tokens():
-            self._held[id(node)] = (text, prompt, out, drift)
+        its ids end with an added token, so that its next turn can extend it by text. Of the
+        prompt's ids only those after its last added token are kept (what `_canonical` reads;
+        the node holds them all)."""
+        added = self._added_tokens()
+        if out and out[-1] in added:
+            start = len(prompt)
+            while start and prompt[start - 1] not in added:
+                start -= 1
+            mark = added[prompt[start - 1]] if start else None
+            self._held[id(node)] = (text, mark, prompt[start:], out, drift)
 
     def text(self, node: SequenceNode) -> str | None:
         """The text of the node's ids, special tokens kept (None: not noted)."""
         entry = self._held.get(id(node))
         if entry is None:
             return None
-        return entry[0] + TokenCodec.of(self.tokenizer).decode(entry[2], False)
+        return entry[0] + TokenCodec.of(self.tokenizer).decode(entry[3], False)
 
     def extend(self, parent: SequenceNode, text: str) -> tuple[DriftKind, list[int]] | None:
         """The drift and ids of prompt `text` continuing `parent`, by encoding only what `text`
@@ -75,31 +84,27 @@ class HeldTexts:
         entry = self._held.get(id(parent))
         if entry is None:
             return None
-        prompt_text, prompt, out, drift = entry
+        prompt_text, mark, tail, out, drift = entry
         codec = TokenCodec.of(self.tokenizer)
         out_text = codec.decode(out, False)
-        held = prompt_text + out_text
-        if not text.startswith(held):
+        cut = len(prompt_text)  # `text` must start with the parent's text: compared in place
+        if not (text.startswith(prompt_text) and text.startswith(out_text, cut)):
             return None
         canonical = drift is not DriftKind.REALIGN and self._canonical(
-            prompt_text, prompt, out, out_text
+            prompt_text, mark, tail, out, out_text
         )
-        ids = parent.tokens + codec.encode(text[len(held) :])
+        ids = parent.tokens + codec.encode(text[cut + len(out_text) :])
         return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
 
-    def _canonical(self, text: str, prompt: list[int], out: list[int], out_text: str) -> bool:
+    def _canonical(
+        self, text: str, mark: str | None, tail: list[int], out: list[int], out_text: str
+    ) -> bool:
         """Whether canonical prompt ids plus `out` still are: the ids since the prompt's last
-        added token, plus `out`, are the encoding of their text."""
-        added = self._added_tokens()
-        start = len(prompt)
-        while start and prompt[start - 1] not in added:
-            start -= 1
-        tail = text
-        if start:
-            mark = added[prompt[start - 1]]
-            tail = text[text.rfind(mark) + len(mark) :]
-        encoded = TokenCodec.of(self.tokenizer).encode(tail + out_text)
-        return encoded == prompt[start:] + out
+        added token (`mark`; `tail`), plus `out`, are the encoding of their text."""
+        if mark is not None:
+            text = text[text.rfind(mark) + len(mark) :]
+        encoded = TokenCodec.of(self.tokenizer).encode(text + out_text)
+        return encoded == tail + out
 
     def _added_tokens(self) -> dict[int, str]:
         """Added token id -> its text, where the codec cuts text at them (else empty: off)."""

@@ -23,9 +23,10 @@ int64, `stop` a string or strings, `stream` a boolean, `stream_options` an objec
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -57,6 +58,13 @@ _RANGES = {
 }
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})  # `{role, content: str}` is valid as is
+_ID_PREFIX = secrets.token_hex(8)  # an answer's id: this process's random prefix and a counter
+_ID_COUNT = itertools.count()
+
+
+def _new_id() -> str:
+    """32 hex digits, unique per answer (as `uuid4().hex`, without a random read per call)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNT):016x}"
 
 
 def error_body(err: ProxyError) -> dict[str, Any]:
@@ -256,7 +264,7 @@ def _usage(result: TurnResult) -> dict[str, int]:
 def chat_from_turn(result: TurnResult) -> dict[str, Any]:
     """The `chat.completion` answer."""
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": f"chatcmpl-{_new_id()}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": result.model,
@@ -279,7 +287,7 @@ def _pieces(text: str, size: int = 64) -> list[str]:
 def chat_stream(result: TurnResult, include_usage: bool = False) -> Iterator[bytes]:
     """The `chat.completion.chunk` events of a finished result, then `[DONE]`."""
     head = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": f"chatcmpl-{_new_id()}",
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": result.model,
@@ -310,7 +318,7 @@ def completion_from_turn(result: TurnResult) -> dict[str, Any]:
     """The `text_completion` answer (the raw text up to its stop string: no tool calls are read
     from it)."""
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
+        "id": f"cmpl-{_new_id()}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": result.model,
