@@ -257,8 +257,7 @@ class Session:
 
     async def complete(self, request: TurnRequest) -> TurnResult:
         """Generate one call's completions; raises `ProxyError` when a limit is reached."""
-        max_tokens = self._admit(request)
-        self.last_used = time.monotonic()
+        max_tokens = self._admit(request)  # (an admitted call sets `last_used`)
         if self.managed is not None:
             result = await self._complete_tokens(request, max_tokens)
         else:
@@ -273,11 +272,13 @@ class Session:
         """The `max_tokens` this call may have, or ProxyError naming the limit it would pass."""
         if self.finished:
             raise ProxyError(410, f"session {self.id} is finished: create a new one", "gone")
-        limits, seconds = self.limits, time.monotonic() - self.created
+        now = time.monotonic()
+        limits, seconds = self.limits, now - self.created
         hit = limits.exceeded(turns=self.turns, tokens=self.completion_tokens, seconds=seconds)
         if hit is not None:
             bound = getattr(limits, f"max_{hit}")
             raise ProxyError(400, f"session {self.id} reached max_{hit}={bound:g}")
+        self.last_used = now
         left = self.tokens_left()
         if request.max_tokens is None:  # the rest of the context: `_RestOfContext`
             return None
