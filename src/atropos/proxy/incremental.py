@@ -27,14 +27,18 @@ window's checks and still differ from the full render. So each template is probe
 reasoning block, tool calls and grouped tool results are rendered both ways at every cut, and
 the window is used only if every cut gives the full render's text (and the direct Jinja render
 below gives `apply_chat_template`'s). Calls with `chat_template_kwargs`, a reasoning plan's
-template kwargs, or a `skip_reasoning` render are always rendered whole.
+template kwargs, or a `skip_reasoning` render are always rendered whole, by `render_whole`.
 
 The windows are rendered with the tokenizer's compiled Jinja template directly (transformers'
 own compiled template, with the special tokens as variables), which skips
-`apply_chat_template`'s per-message normalisation; the probe checks it agrees.
+`apply_chat_template`'s per-message normalisation; the probe checks it agrees. A session whose
+call has no template kwargs renders a whole conversation (its first call, an edited history)
+the same way: the messages the dialects build are plain dicts (strings, lists, None; no
+reasoning fields), for which `apply_chat_template`'s normalisation changes nothing.
 
 Measured (benchmarks/proxy_overhead.py, RESULTS.md): the render of a 16-call conversation cost
-~0.23 ms in `apply_chat_template` at its last call; the window costs three short renders.
+~0.23 ms in `apply_chat_template` at its last call; the window costs two short renders (the
+head's is kept while the head and tools stay).
 """
 
 from __future__ import annotations
@@ -76,8 +80,8 @@ def _direct(tokenizer: Any, template: Any) -> Callable[..., str]:
     The context is built as `Template.render` builds it, less its per-call costs: the
     template's globals (a `ChainMap` of the template's and the environment's, walked key by
     key on every render) are flattened once, and the root render function is called directly
-    (half the time of `Template.render` for a window of one to three messages). A template
-    error propagates as raised (`Template.render` only rewrites its traceback)."""
+    (about two thirds of `Template.render`'s time for a window of one to three messages). A
+    template error propagates as raised (`Template.render` only rewrites its traceback)."""
     tokens = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
     flat = dict(template.globals)
     env, root, blocks, name = (
