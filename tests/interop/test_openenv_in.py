@@ -93,6 +93,18 @@ def test_multi_tool_env_steps_each_call_and_scores_the_return(tmp_path: Path, in
             assert messages[3]["content"] == str(int(messages[3]["content"]))
 
 
+def test_evaluate_reports_the_names_ors_reports(tmp_path: Path, interop_python: Path):
+    with FakeInferenceServer(responder=tools_responder) as fake:
+        argv = ["env", "evaluate", TOOLS, "--openai.base_url", fake.base_url]
+        argv += ["--openai.server_type", "vllm", "--env.eval_episodes", "2", "--env.max_turns", "4"]
+        argv += ["--env.python", str(Path(".cache/interop-venv/bin/python").absolute())]
+        assert main([*argv, f"--env.data_dir_to_save_evals={tmp_path}"]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())["results"]["all"]
+    assert metrics == {"eval/avg_score": pytest.approx(1.2), "eval/finished": 1.0}
+    samples = [json.loads(s) for s in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sorted(s["seed"] for s in samples) == [1_000_000, 1_000_001]
+
+
 def test_a_remote_failure_fails_the_group_and_an_unreachable_server_is_named(
     tmp_path: Path, interop_python: Path
 ):

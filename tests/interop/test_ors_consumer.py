@@ -92,6 +92,8 @@ def test_evaluate_plays_the_test_split(sums: str, tmp_path: Path) -> None:
     samples = [json.loads(s) for s in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert sorted(s["index"] for s in samples) == [0, 1]  # the test split's two tasks
     assert all(s["score"] == 1.0 for s in samples)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())["results"]["all"]
+    assert metrics == {"eval/avg_score": 1.0, "eval/finished": 1.0}  # the names OpenEnv's has
 
 
 def test_a_tool_that_raises_fails_the_group_never_scores_it(counter: str, tmp_path: Path) -> None:

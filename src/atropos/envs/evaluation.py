@@ -9,13 +9,14 @@ summed up by the env, the metrics and sample rows written by `evaluate_log`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from atropos.envs.base import BaseEnv
 
-__all__ = ["Report", "evaluate_each", "report_rows"]
+__all__ = ["EpisodeLike", "Report", "episode_report", "evaluate_each", "report_rows"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -66,5 +67,46 @@ def report_rows(
     def report(played: list[tuple[Any, dict[str, Any]]]) -> Report:
         rows = [row for _, row in played]
         return metrics_of(rows), rows
+
+    return report
+
+
+class EpisodeLike(Protocol):
+    """An episode of a remote environment (ORS, OpenEnv): its return and how it ended."""
+
+    messages: list[dict[str, Any]]
+
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def ended(self) -> str | None: ...
+
+
+def episode_report(key: str, finished: str) -> Callable[[list[tuple[Any, Any]]], Report]:
+    """The `report` of remote-environment episodes (`EpisodeLike`): `eval/avg_score`, the mean
+    return, and `eval/finished`, the share the environment ended itself (`ended == finished`)
+    rather than a limit; one row per episode, its item under `key`, anything a remote server
+    sent that JSON cannot hold written as its `str`. Every remote consumer reports these two
+    names, so an ORS and an OpenEnv evaluation read alike.
+
+    >>> from types import SimpleNamespace as E
+    >>> played = [(0, E(messages=[], score=1.0, ended="done")), (1, E(messages=[], score=0.0,
+    ...     ended="max_turns"))]
+    >>> episode_report("seed", "done")(played)[0]
+    {'eval/avg_score': 0.5, 'eval/finished': 0.5}
+    """
+
+    def report(played: list[tuple[Any, EpisodeLike]]) -> Report:
+        rows: list[dict[str, Any]] = [
+            {key: item, "messages": ep.messages, "score": ep.score, "ended": ep.ended}
+            for item, ep in played
+        ]
+        n = len(played)
+        metrics = {
+            "eval/avg_score": sum(ep.score for _, ep in played) / n,
+            "eval/finished": sum(ep.ended == finished for _, ep in played) / n,
+        }
+        return metrics, json.loads(json.dumps(rows, default=str))
 
     return report

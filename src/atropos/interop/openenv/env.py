@@ -22,7 +22,6 @@ group (`failed/openenv_*`), never a 0.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,7 +30,7 @@ from pydantic import Field, SecretStr
 from atropos.environments.common.multiturn import node_group, reply_room, require_token_servers
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig, ConfigError
-from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.evaluation import episode_report, evaluate_each
 from atropos.envs.outcome import truncated, with_outcomes
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import SequenceNode
@@ -278,11 +277,12 @@ class OpenEnv(BaseEnv[OpenEnvConfig]):
     # ----- evaluation ---------------------------------------------------------------------------
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One episode per eval seed at `eval_temperature`: `eval/mean_return`, `eval/done`."""
+        """One episode per eval seed at `eval_temperature`: `eval/avg_score` (the mean return),
+        `eval/finished` (the share the environment ended: `done`)."""
         s = self.config
         seeds = list(range(s.eval_seed, s.eval_seed + s.eval_episodes))
         params = {"temperature": s.eval_temperature, "max_tokens": s.reply_tokens}
-        return await evaluate_each(self, seeds, self._eval_one, _eval_report, params)
+        return await evaluate_each(self, seeds, self._eval_one, _EVAL_REPORT, params)
 
     async def _eval_one(self, seed: int) -> Episode:
         return await self.play_one(seed, "eval", temperature=self.config.eval_temperature)
@@ -303,14 +303,4 @@ def _group(episodes: list[Episode]) -> ScoredDataGroup:
     return with_outcomes(group, entries)
 
 
-def _eval_report(played: list[tuple[int, Episode]]) -> Report:
-    samples: list[dict[str, Any]] = [
-        {"seed": seed, "messages": ep.messages, "score": ep.score, "ended": ep.ended}
-        for seed, ep in played
-    ]
-    n = len(played)
-    metrics = {
-        "eval/mean_return": sum(ep.score for _, ep in played) / n,
-        "eval/done": sum(1.0 for _, ep in played if ep.ended == "done") / n,
-    }
-    return metrics, json.loads(json.dumps(samples, default=str))
+_EVAL_REPORT = episode_report("seed", finished="done")

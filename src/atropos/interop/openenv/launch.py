@@ -142,5 +142,9 @@ async def launch(target: str, python: str, sessions: int, timeout: float) -> Lau
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.1)
+    text = launched.output()
     await launched.stop()
-    raise ValueError(f"openenv: the server of {target} did not answer within {timeout:g} s")
+    raise ValueError(
+        f"openenv: the server of {target} did not answer within {timeout:g} s"
+        f" (--env.start_timeout); its output: {text or '(none)'}"
+    )

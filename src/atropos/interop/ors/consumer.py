@@ -40,7 +40,7 @@ from atropos.environments.common.multiturn import (
 from atropos.environments.common.tool_calls import parse_text
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig, ConfigError
-from atropos.envs.evaluation import Report, evaluate_each
+from atropos.envs.evaluation import episode_report, evaluate_each
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
 from atropos.inference.sequence import SequenceNode
@@ -299,28 +299,20 @@ class ORSEnv(BaseEnv[ORSConfig]):
         return node_group(nodes, scores, [ep.messages for ep in episodes]), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One episode per task of the evaluation split at `eval_temperature`."""
+        """One episode per task of the evaluation split at `eval_temperature`: `eval/avg_score`
+        (the mean return), `eval/finished` (the share a tool ended: `finished`)."""
         s = self.config
         count = await self.client.num_tasks(self.test_split)
         tasks = list(range(count))[: s.eval_limit or None]
         params = {"temperature": s.eval_temperature, "max_tokens": s.max_gen_per_turn}
-        return await evaluate_each(self, tasks, self._eval_one, self._eval_report, params)
+        return await evaluate_each(self, tasks, self._eval_one, _EVAL_REPORT, params)
 
     async def _eval_one(self, index: int) -> Episode | None:
         played = await self.play(self.test_split, index, 1, self.config.eval_temperature)
         return played[0] if played else None
 
-    def _eval_report(self, played: list[tuple[int, Episode]]) -> Report:
-        samples: list[dict[str, Any]] = [
-            {"index": i, "messages": ep.messages, "score": ep.score, "ended": ep.ended}
-            for i, ep in played
-        ]
-        n = len(played)
-        metrics = {
-            "eval/avg_score": sum(ep.score for _, ep in played) / n,
-            "eval/finished": sum(ep.ended == "finished" for _, ep in played) / n,
-        }
-        return metrics, samples
+
+_EVAL_REPORT = episode_report("index", finished="finished")
 
 
 def _tool_turn(name: str, result: ToolResult) -> dict[str, Any]:
