@@ -16,7 +16,7 @@ from atropos.envs.runner import run_loop
 from atropos.envs.runner.deadline import Deadlines
 from atropos.envs.runner.heap import FrozenHeap
 from atropos.envs.runner.process import ProcessRunner
-from atropos.envs.runner.serve import ServeRunner
+from atropos.envs.runner.serve import ServeRunner, _overrides_cleanup
 from atropos.testing import free_port, serve_in_thread
 
 from .synth import SynthEnv, resolved
@@ -362,3 +362,12 @@ def test_deadlines_time_out_late_awaits_with_one_timer_and_leave_other_cancels_a
         assert not deadlines._due and not deadlines._expired
 
     asyncio.run(main())
+
+
+def test_serve_calls_cleanup_only_for_an_env_that_has_its_own():
+    class Cleaning(SynthEnv):
+        async def cleanup(self) -> None:
+            return None
+
+    assert not _overrides_cleanup(SynthEnv.__new__(SynthEnv))  # the base's no-op: skipped
+    assert _overrides_cleanup(Cleaning.__new__(Cleaning))

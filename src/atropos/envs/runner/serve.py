@@ -98,6 +98,14 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
+def _overrides_cleanup(env: BaseEnv) -> bool:
+    """Whether `env` has a `cleanup` of its own (the base's does nothing; the runner does not
+    import the base, so it is recognised by name)."""
+    own = getattr(type(env), "cleanup", None)
+    name = (getattr(own, "__module__", None), getattr(own, "__qualname__", None))
+    return name != ("atropos.envs.base", "BaseEnv.cleanup")
+
+
 class ServeRunner:
     """Runs one env in serve mode."""
 
@@ -150,6 +158,7 @@ class ServeRunner:
         self.durations: dict[str, list[float]] = {"succeeded": [], "failed": []}
         self.heap = FrozenHeap()
         self.deadlines = Deadlines(None)  # worker_timeout: set in `_run`, from the final config
+        self.cleans_up = _overrides_cleanup(env)  # else no coroutine per group for the no-op
         self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
         self.latency = Latencies()  # p50/p95/p99 by stage, sent with each status poll
         self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
@@ -457,8 +466,9 @@ class ServeRunner:
             self.submitted += 1
             env.items_sent_this_step += 1
         self.heap.settle()
-        with contextlib.suppress(Exception):
-            await env.cleanup()
+        if self.cleans_up:
+            with contextlib.suppress(Exception):
+                await env.cleanup()
 
     # ----- status, evaluations, checkpoints -----------------------------------------------------
 
