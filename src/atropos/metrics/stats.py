@@ -15,8 +15,20 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and population standard deviation of non-empty `values`, in floats (two
+    `math.fsum` passes: `statistics.pstdev` computes in exact fractions, ~10x the CPU, and the
+    runner summarises every step's sequences).
+
+    >>> mean_std([1, 3]), mean_std([2.5])
+    ((2.0, 1.0), (2.5, 0.0))
+    """
+    n = len(values)
+    mean = math.fsum(values) / n
+    return mean, math.sqrt(math.fsum([(x - mean) * (x - mean) for x in values]) / n)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -40,9 +52,10 @@ def summary(values: Sequence[float], name: str) -> dict[str, float]:
     """
     if not values:
         return {}
+    mean, std = mean_std(values)
     return {
-        f"{name}_mean": statistics.fmean(values),
-        f"{name}_std": statistics.pstdev(values),
+        f"{name}_mean": mean,
+        f"{name}_std": std,
         f"{name}_max": float(max(values)),
         f"{name}_min": float(min(values)),
     }
@@ -55,9 +68,10 @@ def completion_stats(
     share longer than 95% of `max_token_len` (left out when the limit is unknown, <= 0)."""
     if not lengths:
         return {}
+    mean, std = mean_std(lengths)
     out = {
-        name: statistics.fmean(lengths),
-        f"{name}_std": statistics.pstdev(lengths),
+        name: mean,
+        f"{name}_std": std,
         f"{name}_max": float(max(lengths)),
         f"{name}_min": float(min(lengths)),
         f"{name}_p95": percentile(lengths, 95),
