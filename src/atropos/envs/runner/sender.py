@@ -225,7 +225,7 @@ class Sender:
     def pending(self) -> int:
         """Groups submitted and not yet in a request: queued, or in a batch still filling
         (pacing counts every group not yet at the API)."""
-        return self._queue.qsize() + sum(len(b) for b in self._filling.values())
+        return self._queue.qsize() + sum(map(len, self._filling.values()))  # no generator
 
     async def _fill(self, batch: list[Queued]) -> None:
         """Wait for a group, then take up to `max_batch`: whatever is queued at once (no loop
