@@ -49,10 +49,12 @@ def fake_trainer(url: str, runner: ServeRunner, versions: int, every: int) -> No
     at a multiple of `every`, once that version's evaluation is in)."""
     with httpx.Client(base_url=url, timeout=10) as c:
         c.post("/register", json=REGISTRATION)
+        c.get("/batch")  # the trainer's first /batch opens env registration
+        evals = lambda: runner.version_evals  # noqa: E731
+        wait_for(lambda: evals() is not None and 0 in evals().done, "the baseline's evaluation")
         for v in range(1, versions + 1):
             wait_for(lambda: c.get("/batch").json()["batch"] is not None, f"batch {v}")
             c.post("/policy_version", json={"version": v})
-            evals = lambda: runner.version_evals  # noqa: E731
             wait_for(lambda: evals() is not None and evals().last == v, f"env seeing {v}")  # noqa: B023
             if v % every == 0:
                 wait_for(lambda: v in evals().done, f"evaluation of {v}")  # noqa: B023
@@ -89,9 +91,9 @@ def test_each_nth_version_is_evaluated_while_rollouts_go_on(tmp_path) -> None:
             trainer.join(5)
             doc = httpx.get(f"{url}/stats").json()["envs"]["0"]
             text = httpx.get(f"{url}/metrics").text
-    assert runner.version_evals is not None and runner.version_evals.done == [2, 4, 6]
+    assert runner.version_evals is not None and runner.version_evals.done == [0, 2, 4, 6]
     evals = doc["evals"]
-    assert [e["policy_version"] for e in evals] == [2, 4, 6]
+    assert [e["policy_version"] for e in evals] == [0, 2, 4, 6]  # the untrained one, then each 2nd
     assert all(e["metrics"]["groups_during"] >= 2 for e in evals)  # rollouts went on
     assert all({"eval/accuracy", "eval/mean_score"} <= set(e["metrics"]) for e in evals)
     assert all(e["skipped"] == 0 and e["seconds"] > 0 for e in evals)
@@ -122,6 +124,21 @@ class Gate:
         self.posts.append((version, metrics, skipped))
 
 
+def test_the_untrained_policy_is_evaluated_once_at_the_first_poll() -> None:
+    async def main() -> list[int]:
+        fake = Gate()
+        fake.gate.set()
+        evals = VersionEvals(fake, fake, every=3)
+        evals.seen(0)  # the first poll, before the trainer published anything: the baseline
+        await asyncio.wait_for(evals.task, 5)  # type: ignore[arg-type]
+        for version in (0, 1, 2, 3):
+            evals.seen(version)
+        await asyncio.wait_for(evals.task, 5)  # type: ignore[arg-type]
+        return evals.done
+
+    assert asyncio.run(main()) == [0, 3]
+
+
 def test_one_evaluation_at_a_time_the_rest_skipped_and_counted() -> None:
     async def main() -> tuple[VersionEvals, Gate]:
         fake = Gate()
@@ -143,4 +160,5 @@ def test_one_evaluation_at_a_time_the_rest_skipped_and_counted() -> None:
 
     evals, fake = asyncio.run(main())
     assert evals.done == [2, 10, 11] and evals.skipped == 2  # stamped with what answered
+    # (the first poll saw 1, not the untrained policy: an env started mid-run waits for 2)
     assert fake.posts[:2] == [(2, {"accuracy": 0.75}, 2), (10, {"accuracy": 0.75}, 2)]

@@ -113,8 +113,9 @@ class VersionEvals:
     published, while rollouts go on, and send the results to the API stamped with it.
 
     The runner calls `seen(version)` at every status poll with the version rollouts start at
-    now (the trainer's last `POST /policy_version`, else the step). When it crosses a multiple
-    of N (a jump over several multiples evaluates once, the version now served), one
+    now (the trainer's last `POST /policy_version`, else the step). When the first poll sees
+    version 0 (the untrained policy: the baseline of every curve), or a later one crosses a
+    multiple of N (a jump over several multiples evaluates once, the version now served), one
     evaluation (`env.evaluate()`) starts in its own task. Its calls go to the servers' eval
     budget (`split="eval"`: `ServerManager`'s own per-server concurrency for evaluation,
     `APIServerConfig.num_requests_for_eval`), so training rollouts keep their slots, and
@@ -140,7 +141,10 @@ class VersionEvals:
     def seen(self, version: int) -> None:
         """A status poll says rollouts now start at `version`."""
         last, self.last = self.last, version
-        if last is None or version // self.every <= last // self.every:
+        if last is None:  # the first poll: only the untrained policy, every curve's baseline
+            if version != 0:  # an env (re)started mid-run: the next multiple, as usual
+                return
+        elif version // self.every <= last // self.every:
             return
         if self.task is not None and not self.task.done():
             self.skipped += 1
