@@ -216,7 +216,9 @@ class BaseEnvConfig(BaseModel):
         default=None, ge=0, le=1, description="minimum share of every batch reserved for this env"
     )
     worker_timeout: float = Field(
-        default=600, description="seconds before a rollout is cancelled (<= 0: never)"
+        default=600,
+        description="seconds before a rollout is cancelled, to within a quarter of it and at"
+        " most 1 s late (<= 0: never)",
     )
     thinking_mode: bool = Field(
         default=False, description="ask the model to reason before answering"
