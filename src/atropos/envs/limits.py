@@ -25,16 +25,21 @@ from pydantic import BaseModel, Field
 from atropos.envs.outcome import RolloutLimits
 
 
-class LimitsConfig(BaseModel):
-    """`max_seconds` and `truncated`, shared by the multi-turn envs."""
+class TruncatedConfig(BaseModel):
+    """`truncated`: what becomes of an episode a limit cut (every multi-turn env, agents too)."""
 
-    max_seconds: float | None = Field(
-        default=None, gt=0, description="wall seconds per episode at most (unset: no limit)"
-    )
     truncated: Literal["score", "mask"] = Field(
         default="score",
         description="an episode cut by a limit (turns, tokens, tool calls, seconds): scored as"
         " it stands, or masked (kept with its advantage set to zero)",
+    )
+
+
+class LimitsConfig(TruncatedConfig):
+    """`max_seconds` and `truncated`, shared by the multi-turn envs."""
+
+    max_seconds: float | None = Field(
+        default=None, gt=0, description="wall seconds per episode at most (unset: no limit)"
     )
 
     def rollout_limits(

@@ -62,7 +62,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field
 from typing_extensions import TypeVar
@@ -70,6 +70,7 @@ from typing_extensions import TypeVar
 from atropos.envs.base import BaseEnv
 from atropos.envs.config import BaseEnvConfig
 from atropos.envs.evaluation import evaluate_each, report_rows
+from atropos.envs.limits import TruncatedConfig
 from atropos.envs.outcome import RolloutFailed, invalid, truncated, with_outcomes
 from atropos.envs.simple import ShuffledPasses
 from atropos.envs.types import Item, ScoredDataGroup
@@ -82,8 +83,9 @@ from atropos.rewards.group import group_advantages
 __all__ = ["AgentClient", "AgentEnv", "AgentEnvConfig", "AgentRun"]
 
 
-class AgentEnvConfig(BaseEnvConfig):
-    """Settings of an agent environment (on top of every environment's)."""
+class AgentEnvConfig(BaseEnvConfig, TruncatedConfig):
+    """Settings of an agent environment (on top of every environment's); its time limit is
+    `agent_timeout`, so of `LimitsConfig` it takes only `truncated`."""
 
     agent_command: str | None = Field(
         default=None, description="an external agent to run per rollout (shell words)"
@@ -98,11 +100,6 @@ class AgentEnvConfig(BaseEnvConfig):
         default=None,
         description="opt-in: train on failed rollouts with this score, marked invalid/agent_failed"
         " (unset: a failed rollout fails its group, counted failed/<reason>, never scored)",
-    )
-    truncated: Literal["score", "mask"] = Field(
-        default="score",
-        description="a rollout cut by a limit (turns, tokens, seconds): score (as it stands) or"
-        " mask (kept with its advantage set to zero)",
     )
 
 
