@@ -12,6 +12,8 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
 * `single`: `ManagedServer.chat_turn` of a new one-message conversation in a fresh
   `manager.managed_server()` session (what a single-turn env's rollout makes: render from the
   prompt cache, generate, decode, build the node);
+* `group`: `single` with `n=8` completions of the prompt in one call (one request, eight
+  nodes: what a single-turn env's group makes); counted as one call;
 * `session`: `--turns` calls of one conversation per session, each continuing the held sequence
   (the reply and a user message added; what a multi-turn env and the proxy make).
 
@@ -50,7 +52,8 @@ from atropos.inference.http import HTTPClient  # noqa: E402
 from atropos.inference.manager import ServerManager  # noqa: E402
 from atropos.testing.fake_engine import load_tokenizer  # noqa: E402
 
-WAYS = ("floor", "manager", "single", "session")
+WAYS = ("floor", "manager", "single", "group", "session")
+GROUP = 8
 MAX_TOKENS = 8
 QUESTION = [{"role": "user", "content": "What is two plus two? Answer briefly."}]
 
@@ -126,6 +129,11 @@ class Bench:
             await managed.chat_turn(messages=QUESTION, max_tokens=MAX_TOKENS)
         return 1
 
+    async def group(self) -> int:
+        async with self.manager.managed_server(self.tok) as managed:
+            await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=MAX_TOKENS)
+        return 1
+
     async def session(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
             msgs = list(QUESTION)
@@ -142,6 +150,7 @@ class Bench:
             "floor": self.floor,
             "manager": self.manager_call,
             "single": self.single,
+            "group": self.group,
             "session": self.session,
         }[name]
 

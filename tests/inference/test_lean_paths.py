@@ -15,6 +15,7 @@ from atropos.inference.base import PolicyVersions
 from atropos.inference.config import APIServerConfig
 from atropos.inference.managed import ManagedServer
 from atropos.inference.openai import OpenAIBackend
+from atropos.inference.sequence import build_node, build_nodes
 from atropos.inference.vllm import VLLMBackend
 from atropos.testing import FakeInferenceServer
 from atropos.testing.fake_engine import load_tokenizer
@@ -131,3 +132,78 @@ def test_versions_reach_calls_replies_and_nodes():
     assert got["first"] == (4, 4)
     assert got["second"] == 5
     assert got["nodes"] == [4]  # the second turn extends the first: its oldest tokens are v4
+
+
+def test_a_groups_nodes_are_each_choices_node_and_share_no_rows():
+    """`build_nodes` (one prompt's choices at once) gives what `build_node` gives per choice,
+    end-of-turn and inserted ids included, and no two nodes share a row."""
+    parent = build_node(
+        prompt_tokens=[1, 2, 3], output=[4, 5], output_logprobs=[-0.1, -0.2],
+        finish_reason="stop", parent=None, policy_version=3,
+    )  # fmt: skip
+    prompt = [*parent.tokens, 6, 7]
+    outs = [[8, 9, 10], [11], [12, 13]]
+    lps = [[-0.3, -0.4, -0.5], (-0.6,), [-0.7, -0.8]]
+    eots, spliced = [1, 0, 0], [None, None, (0, 1)]
+    for prefixed in (False, True):
+        group = build_nodes(
+            prompt_tokens=prompt, outputs=outs, output_logprobs=lps,
+            finish_reasons=["length", "stop", "stop"], full_texts=["a", "b", "c"],
+            parent=parent, prefixed=prefixed, end_of_turn=eots, policy_version=5,
+            unlearned=spliced,
+        )  # fmt: skip
+        one_by_one = [
+            build_node(
+                prompt_tokens=prompt,
+                output=outs[i],
+                output_logprobs=lps[i],
+                finish_reason=["length", "stop", "stop"][i],
+                parent=parent,
+                end_of_turn=eots[i],
+                full_text="abc"[i],
+                policy_version=5,
+                unlearned=spliced[i],
+            )  # fmt: skip
+            for i in range(3)
+        ]
+        assert group == one_by_one
+        assert group[0].masked_tokens == [-100] * 3 + [4, 5] + [-100] * 2 + [8, 9, -100]
+        assert group[2].logprobs[-2:] == [1, -0.8] and group[0].policy_version == 3
+        rows = [id(r) for n in [parent, *group] for r in (n.tokens, n.masked_tokens, n.logprobs)]
+        assert len(set(rows)) == len(rows)
+    fork = build_nodes(
+        prompt_tokens=[1, 9], outputs=[[2]], output_logprobs=[[-1.0]], finish_reasons=["stop"],
+        full_texts=[""], parent=parent,
+    )  # fmt: skip
+    assert fork[0].masked_tokens == [-100, -100, 2] and fork[0].policy_version is None
+
+
+def test_a_continued_groups_nodes_keep_the_parents_rows_and_share_none():
+    """n=4 continuing a held conversation: each node starts with the parent's rows, owns its
+    own lists, and the parent's lists are left as they were."""
+    with FakeInferenceServer() as fake:
+
+        async def main() -> tuple[Any, list[Any]]:
+            backend = vllm(fake.base_url, vllm_token_api="generate")
+            try:
+                managed = ManagedServer(backend, TOK)
+                first = await managed.chat_turn(messages=CHAT, max_tokens=6, seed=1)
+                parent = first.nodes[0]
+                rows = (list(parent.tokens), list(parent.masked_tokens), list(parent.logprobs))
+                msgs = [*CHAT, {"role": "assistant", "content": first.contents[0]}]
+                msgs.append({"role": "user", "content": "And 3 + 3?"})
+                turn = await managed.chat_turn(messages=msgs, n=4, max_tokens=6, seed=2)
+                assert (parent.tokens, parent.masked_tokens, parent.logprobs) == rows
+                return parent, turn.nodes
+            finally:
+                await backend.aclose()
+
+        parent, nodes = asyncio.run(main())
+    held = len(parent.tokens)
+    for node in nodes:
+        assert node.tokens[:held] == parent.tokens
+        assert node.masked_tokens[:held] == parent.masked_tokens
+        assert node.logprobs[:held] == parent.logprobs
+        assert node.metadata == {"finish_reason": node.finish_reason}
+    rows = [id(r) for n in [parent, *nodes] for r in (n.tokens, n.masked_tokens, n.logprobs)]
+    assert len(set(rows)) == len(rows)

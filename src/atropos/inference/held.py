@@ -53,23 +53,29 @@ class HeldTexts:
 
     def note(
         self,
-        node: SequenceNode,
+        nodes: list[SequenceNode],
         text: str,
         prompt: list[int],
-        out: list[int],
+        outs: list[list[int]],
         drift: DriftKind | None,
     ) -> None:
-        """Remember `node` (prompt ids `prompt` rendered from `text`, completion `out`) when
-        its ids end with an added token, so that its next turn can extend it by text. Of the
-        prompt's ids only those after its last added token are kept (what `_canonical` reads;
-        the node holds them all)."""
+        """Remember each of `nodes` (one prompt's choices: prompt ids `prompt` rendered from
+        `text`, completions `outs`) whose ids end with an added token, so that its next turn can
+        extend it by text. Of the prompt's ids only those after its last added token are kept
+        (what `_canonical` reads; the node holds them all), found once for all the choices."""
         added = self._added_tokens()
-        if out and out[-1] in added:
-            start = len(prompt)
-            while start and prompt[start - 1] not in added:
-                start -= 1
-            mark = added[prompt[start - 1]] if start else None
-            self._held[id(node)] = (text, mark, prompt[start:], out, drift)
+        if not added:
+            return
+        entry: tuple[str, str | None, list[int]] | None = None
+        for node, out in zip(nodes, outs, strict=True):
+            if out and out[-1] in added:
+                if entry is None:
+                    start = len(prompt)
+                    while start and prompt[start - 1] not in added:
+                        start -= 1
+                    mark = added[prompt[start - 1]] if start else None
+                    entry = (text, mark, prompt[start:])  # shared: read only
+                self._held[id(node)] = (*entry, out, drift)
 
     def text(self, node: SequenceNode) -> str | None:
         """The text of the node's ids, special tokens kept (None: not noted)."""

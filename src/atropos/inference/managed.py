@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from operator import eq
 from typing import Any, Protocol
 
 from openai.types import Completion, CompletionChoice, CompletionUsage
@@ -37,7 +38,13 @@ from atropos.inference.base import PolicyVersions, normalize_max_tokens
 from atropos.inference.held import HeldTexts
 from atropos.inference.prompts import PromptCache
 from atropos.inference.reasoning import Reasoning, TemplatePlan
-from atropos.inference.sequence import DriftKind, SequenceNode, build_node, classify_drift
+from atropos.inference.sequence import (
+    DriftKind,
+    SequenceNode,
+    build_node,
+    build_nodes,
+    classify_drift,
+)
 from atropos.inference.thinking_budget import sample_within_budget
 from atropos.inference.tokenize import as_token_ids, end_of_turn_ids, trailing_end_of_turn
 from atropos.inference.tokenizer import TokenCodec
@@ -68,9 +75,16 @@ class ChatRenderer(Protocol):
     ) -> str: ...
 
 
+def _messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The messages of a call as a list of plain dicts: a plain dict is taken as it is (the
+    session's nodes keep it: a caller must not change a message after the call), any other
+    mapping or pydantic message is copied into one (`_as_message`)."""
+    return [m if type(m) is dict else _as_message(m) for m in messages]
+
+
 def _as_message(message: Any) -> dict[str, Any]:
     """A chat message as a plain dict (accepts mappings and pydantic messages)."""
-    if type(message) is dict or isinstance(message, Mapping):
+    if isinstance(message, Mapping):
         return dict(message)
     dump = getattr(message, "model_dump", None)
     if callable(dump):
@@ -124,13 +138,6 @@ def _ints(row: Any) -> list[int]:
     if type(row) is list and (not row or type(row[0]) is int):
         return row
     return [int(t) for t in row]
-
-
-def _floats(row: Any) -> list[float]:
-    """`row` as a list of Python floats (taken as it is when it is a list of them, as `_ints`)."""
-    if type(row) is list and (not row or type(row[0]) is float):
-        return row
-    return [float(x) for x in row]
 
 
 class ManagedServer:
@@ -249,7 +256,7 @@ class ManagedServer:
     ) -> ChatTurn:
         """`chat_completion` without the OpenAI response object: the completions, their finish
         reasons and their nodes (what an environment reads), for a fraction of the CPU."""
-        msgs = [_as_message(m) for m in messages]
+        msgs = _messages(messages)
         if not msgs:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
@@ -268,27 +275,32 @@ class ManagedServer:
         prompt, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
-        decode = self._codec().decode
-        contents = [decode(out) for out in outs]
-        nodes = []
-        for i, (out, lp, finish, content) in enumerate(
-            zip(outs, lps, finishes, contents, strict=True)
-        ):
-            spliced = forced[i] if forced is not None else None
-            node = self._node(
-                prompt, out, lp, finish, parent, text + content, drift, version, spliced
-            )
+        contents = self._codec().decode_all(outs)
+        same = prompt is input_ids or prompt == input_ids  # then it extends `parent` (if any)
+        nodes = build_nodes(
+            prompt_tokens=prompt,
+            outputs=outs,
+            output_logprobs=lps,
+            finish_reasons=finishes,
+            full_texts=[text + content for content in contents],
+            parent=parent,
+            prefixed=same,
+            end_of_turn=self._ends_of_turn(outs, finishes),
+            drift=drift,
+            policy_version=version,
+            unlearned=forced,
+        )
+        for node, content in zip(nodes, contents, strict=True):
             node.messages = [*msgs, {"role": "assistant", "content": content}]
-            nodes.append(node)
-            if prompt is input_ids or prompt == input_ids:
-                self._held.note(node, text, prompt, out, drift)
+        if same:
+            self._held.note(nodes, text, prompt, outs, drift)
         self._store(parent, nodes)
         return ChatTurn(
             contents=contents,
             finish_reasons=[f if f in _CHAT_FINISH else "stop" for f in finishes],
             nodes=nodes,
             prompt_tokens=prompt,
-            completion_tokens=sum(len(o) for o in outs),
+            completion_tokens=sum(map(len, outs)),
             policy_version=version,
         )
 
@@ -327,7 +339,15 @@ class ManagedServer:
             )
         added = self._decode(input_ids[len(node.tokens) :]) + self._decode(outs[0])
         extended = self._node(
-            prompt, outs[0], lps[0], finishes[0], node, node.full_text + added, None, version
+            prompt,
+            outs[0],
+            lps[0],
+            finishes[0],
+            node,
+            node.full_text + added,
+            None,
+            version,
+            prefixed=True,
         )
         if node.messages and node.messages[-1].get("role") == "assistant":
             last = node.messages[-1]
@@ -382,7 +402,7 @@ class ManagedServer:
     ) -> Any:
         """The server's `get_logprobs` for messages (rendered here), a prompt or token ids."""
         if messages is not None:
-            msgs = [_as_message(m) for m in messages]
+            msgs = _messages(messages)
             text = self._render(msgs, None, kwargs) if msgs else ""
             input_ids = self._encode(text)
         if input_ids is not None:
@@ -419,7 +439,10 @@ class ManagedServer:
             depth = len(held)
             if msgs[depth - 1].get("role") != "assistant":
                 continue
-            if not all(map(_same, islice(held, depth - 1), msgs)):
+            # equal dicts (the same objects, often) compare in C; `_same` only where they differ
+            if not all(map(eq, islice(held, depth - 1), msgs)) and not all(
+                map(_same, islice(held, depth - 1), msgs)
+            ):
                 continue
             rank = (_same(msgs[depth - 1], held[-1]), depth)
             if best is None or rank > best:
@@ -457,6 +480,8 @@ class ManagedServer:
         drift: DriftKind | None,
         policy_version: int | None = None,
         forced: tuple[int, int] | None = None,
+        *,
+        prefixed: bool = False,
     ) -> SequenceNode:
         eot = 0
         if finish == "length" and out and out[-1] in self._turn_end_ids():
@@ -472,7 +497,20 @@ class ManagedServer:
             drift=drift,
             policy_version=policy_version,
             unlearned=forced,
+            prefixed=prefixed,
         )
+
+    def _ends_of_turn(self, outs: list[list[int]], finishes: list[str]) -> list[int] | None:
+        """Per choice, how many trailing ids of a "length" completion are an end of turn
+        (None: no choice has any; the common case costs one scan of the finish reasons)."""
+        if "length" not in finishes:
+            return None
+        ends, tokenizer = self._turn_end_ids(), self.tokenizer
+        counts = [
+            trailing_end_of_turn(out, tokenizer) if f == "length" and out and out[-1] in ends else 0
+            for out, f in zip(outs, finishes, strict=True)
+        ]
+        return counts if any(counts) else None
 
     def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
         """Put the new nodes where the parent was (it is their prefix), or at the end."""
@@ -608,8 +646,11 @@ class ManagedServer:
             )
         return (
             _ints(prompt),
-            [_ints(out) for out in outs],
-            [_floats(lp) for lp in lps],
+            [
+                out if type(out) is list and out and type(out[0]) is int else _ints(out)
+                for out in outs
+            ],
+            lps,  # made lists of floats where nodes are built (`build_nodes`)
             [f if type(f) is str else _finish(f) for f in finishes],
             version,
             forced,

@@ -15,6 +15,7 @@ tokenizer whose template is replaced gets fresh renders. Callers get a copy of t
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Hashable
 from typing import Any, ClassVar
@@ -48,7 +49,7 @@ class PromptCache:
     def key(tokenizer: Any, msgs: list[dict[str, Any]], extra: dict[str, Any]) -> Hashable | None:
         """The key of this render, or None when it may not be cached."""
         template = getattr(tokenizer, "chat_template", None)
-        if not isinstance(template, str) or "strftime_now" in template or "tools" in extra:
+        if not isinstance(template, str) or "tools" in extra or _reads_clock(template):
             return None
         parts: list[Any] = [template]
         for m in msgs:
@@ -84,3 +85,10 @@ class PromptCache:
                 del entries[next(iter(entries))]
             except (RuntimeError, KeyError, StopIteration):  # another thread may be here too
                 pass
+
+
+@functools.lru_cache(maxsize=64)
+def _reads_clock(template: str) -> bool:
+    """Whether a chat template may print the date (`strftime_now`): searched once per template
+    (a template is thousands of characters; the lookup hashes a string that keeps its hash)."""
+    return "strftime_now" in template

@@ -167,61 +167,135 @@ def build_node(
     drift: DriftKind | None = None,
     policy_version: int | None = None,
     unlearned: tuple[int, int] | None = None,
+    prefixed: bool = False,
 ) -> SequenceNode:
     """The node of one choice: prompt masked, completion trainable, logprobs aligned 1:1.
 
     When `parent` is given and the server's prompt starts with its tokens, the parent's masks and
     logprobs are kept (earlier completions stay trainable) and only the new prompt tokens are
-    masked. `end_of_turn` trailing output tokens are kept but masked (a "length" completion that
-    ended in an end-of-turn token must not teach the model to stop). `unlearned` is
-    `(start, count)`: output ids we inserted ourselves (a reasoning block closed at its budget,
-    `thinking_budget.py`), kept but masked like prompt ids. The node's `policy_version` is the
-    lowest of `policy_version` and the parent's (when kept).
+    masked (`prefixed=True`: the caller knows the prompt starts with them, and they are not
+    compared again). `end_of_turn` trailing output tokens are kept but masked (a "length"
+    completion that ended in an end-of-turn token must not teach the model to stop).
+    `unlearned` is `(start, count)`: output ids we inserted ourselves (a reasoning block closed
+    at its budget, `thinking_budget.py`), kept but masked like prompt ids. The node's
+    `policy_version` is the lowest of `policy_version` and the parent's (when kept).
 
     Raises:
         ValueError: the server's logprobs do not match its output ids one to one.
-
-    Long because its keyword-only signature and docstring are half of it; the body, a hot path, is
-    30 lines.
     """
-    if len(output_logprobs) != len(output):
-        raise ValueError(
-            f"the server returned {len(output_logprobs)} logprobs for {len(output)} output tokens"
-        )
+    node = build_nodes(
+        prompt_tokens=prompt_tokens,
+        outputs=[output],
+        output_logprobs=[output_logprobs],
+        finish_reasons=[finish_reason],
+        full_texts=[full_text],
+        parent=parent,
+        prefixed=prefixed,
+        end_of_turn=[end_of_turn] if end_of_turn else None,
+        drift=drift,
+        policy_version=policy_version,
+        unlearned=[unlearned] if unlearned is not None else None,
+    )[0]
+    node.messages = messages
+    return node
+
+
+def build_nodes(
+    *,
+    prompt_tokens: Sequence[int],
+    outputs: Sequence[Sequence[int]],
+    output_logprobs: Sequence[Sequence[float]],
+    finish_reasons: Sequence[str],
+    full_texts: Sequence[str],
+    parent: SequenceNode | None,
+    prefixed: bool = False,
+    end_of_turn: Sequence[int] | None = None,
+    drift: DriftKind | None = None,
+    policy_version: int | None = None,
+    unlearned: Sequence[tuple[int, int] | None] | None = None,
+) -> list[SequenceNode]:
+    """`build_node` for every choice of one prompt (a group's `n` completions): the prompt's
+    mask and logprob rows are made once and each node's rows are one concatenation of them
+    with its completion (no node shares a list with another). `end_of_turn` and `unlearned`
+    are per choice (None: none anywhere).
+
+    Long because its keyword-only signature and docstring are most of it; the body is a hot path.
+    """
     prompt = prompt_tokens if type(prompt_tokens) is list else list(prompt_tokens)
-    output = output if type(output) is list else list(output)
-    lps = output_logprobs
-    if type(lps) is not list or (lps and type(lps[0]) is not float):
-        lps = [float(x) for x in lps]
-    if parent is not None and prompt[: len(parent.tokens)] == parent.tokens:
+    if parent is not None and (prefixed or _starts_with(prompt, parent.tokens)):
         new = len(prompt) - len(parent.tokens)
         masked = parent.masked_tokens + [MASKED] * new
-        logprobs = parent.logprobs + [PROMPT_LOGPROB] * new
+        logprobs: list[Any] = parent.logprobs + [PROMPT_LOGPROB] * new
         if parent.policy_version is not None:
             if policy_version is None or parent.policy_version < policy_version:
                 policy_version = parent.policy_version
     else:
         masked, logprobs = [MASKED] * len(prompt), [PROMPT_LOGPROB] * len(prompt)
-    if end_of_turn:
-        keep = len(output) - end_of_turn
-        masked += output[:keep]
-        masked += [MASKED] * end_of_turn
-        logprobs += lps[:keep]
-        logprobs += [PROMPT_LOGPROB] * end_of_turn
-    else:
-        masked += output
-        logprobs += lps
+    nodes = []
+    for i, out in enumerate(outputs):
+        out = out if type(out) is list else list(out)
+        lps = output_logprobs[i]
+        if len(lps) != len(out) or type(lps) is not list or (lps and type(lps[0]) is not float):
+            lps = _logprob_row(lps, len(out))
+        eot = end_of_turn[i] if end_of_turn is not None else 0
+        spliced = unlearned[i] if unlearned is not None else None
+        if eot or spliced is not None:
+            row, lp_row = _masked_rows(masked, logprobs, len(prompt), out, lps, eot, spliced)
+        else:
+            row, lp_row = masked + out, logprobs + lps
+        node = _NEW_NODE(SequenceNode)  # rows aligned by construction: no __post_init__ check
+        finish = finish_reasons[i]
+        node.__dict__.update(
+            tokens=prompt + out,
+            masked_tokens=row,
+            logprobs=lp_row,
+            finish_reason=finish,
+            full_text=full_texts[i],
+            token_source="server",
+            messages=None,
+            drift=drift,
+            metadata={"finish_reason": finish},
+            policy_version=policy_version,
+        )
+        nodes.append(node)
+    return nodes
+
+
+_NEW_NODE = object.__new__
+
+
+def _starts_with(ids: list[int], prefix: list[int]) -> bool:
+    """Whether `ids` starts with `prefix` (compared in place when `ids` is no longer)."""
+    if len(ids) == len(prefix):
+        return ids == prefix
+    return len(ids) > len(prefix) and ids[: len(prefix)] == prefix
+
+
+def _logprob_row(lps: Sequence[float], n: int) -> list[Any]:
+    """The server's logprobs of an output of `n` ids as a list of floats, checked 1:1."""
+    if len(lps) != n:
+        raise ValueError(f"the server returned {len(lps)} logprobs for {n} output tokens")
+    if type(lps) is not list or (lps and type(lps[0]) is not float):
+        return [float(x) for x in lps]
+    return lps
+
+
+def _masked_rows(
+    masked: list[int],
+    logprobs: list[Any],
+    at: int,
+    out: list[int],
+    lps: list[Any],
+    end_of_turn: int,
+    unlearned: tuple[int, int] | None,
+) -> tuple[list[int], list[Any]]:
+    """A node's mask and logprob rows when some of its output is not learned: `end_of_turn`
+    trailing ids, `unlearned` (`(start, count)` within the output, which begins at `at`)."""
+    keep = len(out) - end_of_turn
+    row = masked + out[:keep] + [MASKED] * end_of_turn
+    lp_row = logprobs + lps[:keep] + [PROMPT_LOGPROB] * end_of_turn
     if unlearned is not None:
-        start = len(prompt) + unlearned[0]
+        start = at + unlearned[0]
         for i in range(start, start + unlearned[1]):
-            masked[i], logprobs[i] = MASKED, PROMPT_LOGPROB
-    return SequenceNode(
-        tokens=prompt + output,
-        masked_tokens=masked,
-        logprobs=logprobs,
-        finish_reason=finish_reason,
-        full_text=full_text,
-        messages=messages,
-        drift=drift,
-        policy_version=policy_version,
-    )
+            row[i], lp_row[i] = MASKED, PROMPT_LOGPROB
+    return row, lp_row
