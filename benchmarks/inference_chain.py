@@ -14,6 +14,8 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
   prompt cache, generate, decode, build the node);
 * `group`: `single` with `n=8` completions of the prompt in one call (one request, eight
   nodes: what a single-turn env's group makes); counted as one call;
+* `local`: `group` over an in-process answer (a fixed completion per choice, no manager, no
+  HTTP): `ManagedServer`'s own work per group (render from the cache, nodes, texts);
 * `session`: `--turns` calls of one conversation per session, each continuing the held sequence
   (the reply and a user message added; what a multi-turn env and the proxy make).
 
@@ -49,10 +51,11 @@ from procstat import code_version, free_port, machine  # noqa: E402
 
 from atropos.inference.config import APIServerConfig, ServerManagerConfig  # noqa: E402
 from atropos.inference.http import HTTPClient  # noqa: E402
+from atropos.inference.managed import ManagedServer  # noqa: E402
 from atropos.inference.manager import ServerManager  # noqa: E402
 from atropos.testing.fake_engine import load_tokenizer  # noqa: E402
 
-WAYS = ("floor", "manager", "single", "group", "session")
+WAYS = ("floor", "manager", "single", "group", "session", "local")
 GROUP = 8
 MAX_TOKENS = 8
 QUESTION = [{"role": "user", "content": "What is two plus two? Answer briefly."}]
@@ -90,6 +93,19 @@ async def spread(calls: int, concurrency: int, one: Callable[[], Awaitable[int]]
     return sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
 
 
+class Answer:
+    """An inference server in process: `output` (and its logprobs) for every choice."""
+
+    def __init__(self, output: list[int]) -> None:
+        self.output = output
+
+    async def tokens_and_logprobs_completion(
+        self, *, input_ids: list[int], n: int, **kw: Any
+    ) -> Any:
+        out = self.output
+        return input_ids, [list(out) for _ in range(n)], [[-0.5] * len(out)] * n, ["stop"] * n
+
+
 class Bench:
     """The ways, sharing one manager and one bare client on one fake server."""
 
@@ -104,6 +120,7 @@ class Bench:
         text = self.tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
         self.ids: list[int] = list(self.tok.encode(text, add_special_tokens=False))
         self.client = HTTPClient({"Content-Type": "application/json"})
+        self.answer = Answer(self.tok.encode(" It is four.") + [self.tok.eos_token_id])
         if api == "generate":
             self.floor_url = url + "/generate"
             body: dict[str, Any] = {"prompt": {"prompt_token_ids": self.ids}, "logprobs": 0}
@@ -134,6 +151,11 @@ class Bench:
             await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=MAX_TOKENS)
         return 1
 
+    async def local(self) -> int:
+        managed = ManagedServer(self.answer, self.tok)
+        await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=MAX_TOKENS)
+        return 1
+
     async def session(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
             msgs = list(QUESTION)
@@ -151,6 +173,7 @@ class Bench:
             "manager": self.manager_call,
             "single": self.single,
             "group": self.group,
+            "local": self.local,
             "session": self.session,
         }[name]
 
@@ -185,7 +208,11 @@ def table(results: dict[str, dict[str, list[float]]]) -> str:
         floor = statistics.median(ways["floor"]) if ways.get("floor") else None
         for way, figures in ways.items():
             median = statistics.median(figures)
-            over = f"{median - floor:.1f}" if floor is not None and way != "floor" else "—"
+            over = (
+                f"{median - floor:.1f}"
+                if floor is not None and way not in ("floor", "local")
+                else "—"
+            )
             lines.append(
                 f"| {api} | {way} | {median:.1f} | {min(figures):.1f}-{max(figures):.1f} | {over} |"
             )

@@ -245,18 +245,18 @@ def build_nodes(
             row, lp_row = masked + out, logprobs + lps
         node = _NEW_NODE(SequenceNode)  # rows aligned by construction: no __post_init__ check
         finish = finish_reasons[i]
-        node.__dict__.update(
-            tokens=prompt + out,
-            masked_tokens=row,
-            logprobs=lp_row,
-            finish_reason=finish,
-            full_text=full_texts[i],
-            token_source="server",
-            messages=None,
-            drift=drift,
-            metadata={"finish_reason": finish},
-            policy_version=policy_version,
-        )
+        node.__dict__ = {
+            "tokens": prompt + out,
+            "masked_tokens": row,
+            "logprobs": lp_row,
+            "finish_reason": finish,
+            "full_text": full_texts[i],
+            "token_source": "server",
+            "messages": None,
+            "drift": drift,
+            "metadata": {"finish_reason": finish},
+            "policy_version": policy_version,
+        }
         nodes.append(node)
     return nodes
 
