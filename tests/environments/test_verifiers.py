@@ -31,6 +31,9 @@ from atropos.testing import FakeInferenceServer, load_script
 ROOT = Path(__file__).resolve().parents[2]
 TASKSETS = Path(__file__).resolve().parent / "verifiers_tasksets"
 VENV_SCRIPT = ROOT / "scripts" / "upstream_venv.py"
+# the first test makes the venv (its fixture allows 25 minutes; ~3 on a quiet machine, past
+# the suite's 300 s per test on a busy one)
+pytestmark = pytest.mark.timeout(1800)
 UV_CUTOFF = "2026-11-26T00:00:00Z"  # the harness programs' own dependencies, resolved as of
 
 
