@@ -262,10 +262,10 @@ class ServerPool:
 
         `avoid` is read when a waiter wakes up, not copied: pass a set nobody changes meanwhile.
         """
-        slot = self.pick(split, prefer, avoid, only, ratio, spread)
+        slot = self.take(split, prefer=prefer, avoid=avoid, only=only, ratio=ratio, spread=spread)
         if slot is None:
             slot = await self._wait(split, deadline, prefer, avoid, only, ratio, spread)
-        self._count(slot, split)
+            self._count(slot, split)
         return slot
 
     def take(
