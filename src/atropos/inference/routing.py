@@ -93,7 +93,7 @@ def hint_headers(server_type: str, key: str) -> dict[str, str] | None:
 
 
 def header_lines(server_type: str, key: str) -> str | None:
-    """`hint_headers` as HTTP header lines, what `http.HTTPClient.request` sends as they are.
+    r"""`hint_headers` as HTTP header lines, what `http.HTTPClient.request` sends as they are.
 
     >>> header_lines("sglang", "k1")
     'X-SMG-Routing-Key: k1\r\n'
