@@ -77,16 +77,13 @@ async def _json_body(request: Request, limit: int) -> dict[str, Any]:
         message = await receive()
         if message["type"] != "http.request":  # http.disconnect
             raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        if not data and not message.get("more_body", False):  # the whole body at once
-            if len(chunk) > limit:
-                raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
-            return fields.decode(chunk)
-        data += chunk
-        if len(data) > limit:
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        if data or more:  # in pieces: gathered (the whole body at once is decoded as it came)
+            data += chunk
+        if len(data or chunk) > limit:
             raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
-        if not message.get("more_body", False):
-            return fields.decode(bytes(data))
+        if not more:
+            return fields.decode(bytes(data) if data else chunk)
 
 
 def inference_failure(err: InferenceError) -> ProxyError:
