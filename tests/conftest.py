@@ -63,12 +63,14 @@ def upstream_python(flavour: str) -> Path:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "upstream_venv.py"), flavour],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
+        capture_output=True,
         text=True,
         timeout=1800,
     )
+    sys.stderr.write(done.stderr)
     lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, f"could not make the {flavour} venv (see stderr)"
+    said = "\n".join(done.stderr.strip().splitlines()[-15:])
+    assert done.returncode == 0 and lines, f"could not make the {flavour} venv; it said:\n{said}"
     print(f"[{flavour}] venv ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return Path(lines[-1])
 
