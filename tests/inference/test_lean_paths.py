@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 
 from atropos.inference.base import PolicyVersions
 from atropos.inference.config import APIServerConfig
@@ -78,6 +79,22 @@ def test_the_typed_generate_reading_and_the_general_one_agree():
         ]
 
         assert backend._generated(list(ids), 4, odd)[1:3] == (general[0], general[1])
+
+
+def test_the_typed_generate_reading_takes_each_positions_first_entry_untracked():
+    """Alternatives after the sampled entry are skipped; positions are not GC-tracked."""
+    import gc
+
+    from atropos.inference.vllm import _GENERATE_DECODER, _sampled
+
+    raw = b'{"logprobs": [[[{"5": -0.1}, {"9": -2.0}], [{"7": -0.5}]], [[{"3": -1.5}]]]}'
+    typed = _GENERATE_DECODER.decode(raw)
+    assert _sampled(typed.logprobs) == ([[5, 7], [3]], [[-0.1, -0.5], [-1.5]])
+    assert not gc.is_tracked(typed.logprobs[0][0])
+    with pytest.raises(msgspec.ValidationError):  # an empty position: the general path's
+        _GENERATE_DECODER.decode(b'{"logprobs": [[[]]]}')
+    with pytest.raises(ValueError, match="without a sampled token"):
+        _sampled(_GENERATE_DECODER.decode(b'{"logprobs": [[[{}]]]}').logprobs)
 
 
 def test_kept_answers_are_the_fresh_answers_and_still_wait_and_count():

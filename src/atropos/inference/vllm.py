@@ -58,12 +58,22 @@ from atropos.inference.errors import InferenceError
 from atropos.inference.openai import OpenAIBackend, check_not_aborted
 
 
+class _Position(msgspec.Struct, array_like=True, gc=False):
+    """One generated position of a `/generate` answer, `[{"<id>": lp}, ...]`: its first entry
+    (the sampled token; any alternatives after it are skipped unread). A struct read from the
+    array, untracked by the garbage collector (it holds one dict of numbers, no cycle): a list
+    per position was one tracked object per generated token, and reading it cost about twice
+    as much for a group of long completions."""
+
+    first: dict[int, float]
+
+
 class _GenerateAnswer(msgspec.Struct):
     """The usual `/generate` answer, read in one typed pass (`dict[int, float]`: msgspec turns
     the id keys into ints). Anything else (null logprobs, `{"logprob": ...}` values, positions
-    as bare objects) fails this shape and is read by the general path."""
+    as bare objects or empty) fails this shape and is read by the general path."""
 
-    logprobs: list[list[list[dict[int, float]]]]
+    logprobs: list[list[_Position]]
     finish_reasons: list[Any] = []
     policy_version: int | None = None
 
@@ -71,13 +81,14 @@ class _GenerateAnswer(msgspec.Struct):
 _GENERATE_DECODER = msgspec.json.Decoder(_GenerateAnswer)
 
 
-class _ChoiceLogprobs(msgspec.Struct):
+class _ChoiceLogprobs(msgspec.Struct, gc=False):
     token_logprobs: list[float | None] = []
     tokens: list[str] = []
 
 
-class _Choice(msgspec.Struct):
-    """The fields of a `/completions` choice the token call reads (the others are skipped)."""
+class _Choice(msgspec.Struct, gc=False):
+    """The fields of a `/completions` choice the token call reads (the others are skipped);
+    untracked by the garbage collector, as `_Position` (it holds lists of numbers, no cycle)."""
 
     index: int = 0
     token_ids: list[int] | None = None
@@ -120,16 +131,14 @@ def _typed_rows(
     return outputs, logprobs, finish, choices[0].prompt_token_ids if choices else None
 
 
-def _sampled(
-    logprobs: list[list[list[dict[int, float]]]],
-) -> tuple[list[list[int]], list[list[float]]]:
+def _sampled(logprobs: list[list[_Position]]) -> tuple[list[list[int]], list[list[float]]]:
     """Per choice, the sampled ids and their logprobs: the first entry of every position."""
     outputs, values = [], []
     for seq in logprobs:
         ids: list[int] = []
         lps: list[float] = []
         for position in seq:
-            for token, lp in position[0].items():
+            for token, lp in position.first.items():
                 ids.append(token)
                 lps.append(lp)
                 break
