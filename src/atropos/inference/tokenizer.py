@@ -15,8 +15,9 @@ import re
 import sys
 import weakref
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
+from atropos.inference.bytelevel import ByteTable
 from atropos.inference.errors import FatalError
 
 TINY = "tiny"
@@ -93,6 +94,8 @@ class TokenCodec:
     code, the backend has no truncation or padding of its own, special tokens are not split,
     no clean-up of tokenization spaces is configured, and a probe text (with the special
     tokens) encodes and decodes the same both ways. Otherwise the tokenizer's methods are used.
+    A byte-level tokenizer's ids are decoded by a table of each id's bytes where that gives the
+    Rust decoder's text (`bytelevel.ByteTable`: 2-4x less CPU than the Rust call).
 
     Pieces: a tokenizer cuts its input at its added tokens (`<|im_start|>`, `<|im_end|>`, ...)
     before anything else, and tokenizes the text between them piece by piece. A rendered chat
@@ -123,6 +126,8 @@ class TokenCodec:
         self._splitter: re.Pattern[str] | None = None
         self._added: dict[str, int] = {}
         self._pieces: dict[str, tuple[int, ...]] = {}
+        self._bytes: ByteTable | None = None
+        self._bytes_made = False
         self.direct = False
         backend = _backend_of(tokenizer)
         if backend is not None and _agrees(tokenizer, backend):
@@ -160,6 +165,10 @@ class TokenCodec:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`, special tokens skipped (unless `skip_special_tokens` is False)."""
         if self._backend is not None:
+            if skip_special_tokens and (table := self._byte_table()) is not None:
+                text = table.decode(ids)
+                if text is not None:
+                    return text
             return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
@@ -168,9 +177,20 @@ class TokenCodec:
         per row: the backend's `decode_batch` gives the same texts but runs them on its thread
         pool, several times the CPU for a group's few short rows."""
         if self._backend is not None:
+            table = self._byte_table()
+            if table is not None:
+                texts = [table.decode(row) for row in rows]
+                if None not in texts:
+                    return cast("list[str]", texts)
             decode = self._backend.decode
             return [decode(row, skip_special_tokens=True) for row in rows]
         return [self.decode(row) for row in rows]
+
+    def _byte_table(self) -> ByteTable | None:
+        """The byte-level table of the backend (`bytelevel.py`), made at the first decode."""
+        if not self._bytes_made:
+            self._bytes, self._bytes_made = ByteTable.of(self._backend), True
+        return self._bytes
 
     # --- pieces -----------------------------------------------------------------------------
 
