@@ -552,6 +552,8 @@ def check_choice_counts(
             f"lists and {len(finish)} finish reasons",
             server=server,
         )
+    if list(map(len, outputs)) == list(map(len, logprobs)):
+        return
     for i, (ids, lps) in enumerate(zip(outputs, logprobs, strict=True)):
         if len(ids) != len(lps):
             raise InferenceError(

@@ -55,7 +55,7 @@ from atropos.inference.base import (
     normalize_max_tokens,
 )
 from atropos.inference.errors import InferenceError
-from atropos.inference.openai import OpenAIBackend, check_not_aborted
+from atropos.inference.openai import ABORTED, OpenAIBackend, check_not_aborted
 
 
 class _Position(msgspec.Struct, array_like=True, gc=False):
@@ -74,7 +74,7 @@ class _GenerateAnswer(msgspec.Struct):
     as bare objects or empty) fails this shape and is read by the general path."""
 
     logprobs: list[list[_Position]]
-    finish_reasons: list[Any] = []
+    finish_reasons: list[str] = []  # SGLang-style {"type": ...}: the general path
     policy_version: int | None = None
 
 
@@ -231,7 +231,8 @@ class VLLMBackend(OpenAIBackend):
                     server=self.base_url,
                 )
             prompt_ids = ids
-        check_not_aborted(self.base_url, finish)
+        if ABORTED in finish:  # strings only, here
+            check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         if type(prompt_ids) is not list or (prompt_ids and type(prompt_ids[0]) is not int):
             prompt_ids = [int(t) for t in prompt_ids]
@@ -287,11 +288,12 @@ class VLLMBackend(OpenAIBackend):
             if not isinstance(data, _GenerateAnswer):
                 raise ValueError("not the usual shape")
             outputs, logprobs = _sampled(data.logprobs)
-            reasons = data.finish_reasons
+            finish: list[str] = data.finish_reasons
         except (ValueError, IndexError):
             outputs, logprobs, reasons = self._read_generate(data)
-        finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
-        check_not_aborted(self.base_url, finish)
+            finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
+        if ABORTED in finish:  # strings only, here
+            check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         return ids, outputs, logprobs, finish
 
