@@ -19,8 +19,9 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
 * `session`: `--turns` calls of one conversation per session, each continuing the held sequence
   (the reply and a user message added; what a multi-turn env and the proxy make).
 
-"chain over floor" is a row's CPU per call minus the floor's. Both token APIs of the vLLM
-backend can be measured (`--api generate`, what the env benchmark's servers speak; `--api
+`--max-tokens` is every call's completion length (8: the env benchmark's; a longer one weighs
+the answer's reading and decoding). "chain over floor" is a row's CPU per call minus the
+floor's. Both token APIs of the vLLM backend can be measured (`--api generate`, what the env benchmark's servers speak; `--api
 completions`, stock vLLM's, what the proxy benchmark's speak). Each way is warmed up (`--warmup`
 calls, not counted) before its measured calls, and the ways alternate over `--rounds`; the
 table gives the median over rounds.
@@ -28,6 +29,7 @@ table gives the median over rounds.
 Usage:
     nice .venv/bin/python benchmarks/inference_chain.py
     nice .venv/bin/python benchmarks/inference_chain.py --calls 2000 --rounds 1 --api generate
+    nice .venv/bin/python benchmarks/inference_chain.py --ways floor group local --max-tokens 256
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class Answer:
 class Bench:
     """The ways, sharing one manager and one bare client on one fake server."""
 
-    def __init__(self, url: str, api: str, turns: int) -> None:
+    def __init__(self, url: str, api: str, turns: int, max_tokens: int = MAX_TOKENS) -> None:
         self.tok = load_tokenizer()
         config = APIServerConfig(
             base_url=url + "/v1", server_type="vllm", model_name="atropos-tiny",
@@ -117,10 +119,12 @@ class Bench:
         )  # fmt: skip
         self.manager = ServerManager([config], ServerManagerConfig(), tokenizer=self.tok)
         self.turns = turns
+        self.max_tokens = max_tokens
         text = self.tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
         self.ids: list[int] = list(self.tok.encode(text, add_special_tokens=False))
         self.client = HTTPClient({"Content-Type": "application/json"})
-        self.answer = Answer(self.tok.encode(" It is four.") + [self.tok.eos_token_id])
+        reply = self.tok.encode(" It is four. " * max(1, max_tokens // 4))[: max_tokens - 1]
+        self.answer = Answer(reply + [self.tok.eos_token_id])
         if api == "generate":
             self.floor_url = url + "/generate"
             body: dict[str, Any] = {"prompt": {"prompt_token_ids": self.ids}, "logprobs": 0}
@@ -128,7 +132,7 @@ class Bench:
             self.floor_url = url + "/v1/completions"
             body = {"prompt": self.ids, "logprobs": 0, "return_token_ids": True,
                     "return_tokens_as_token_ids": True, "model": "atropos-tiny"}  # fmt: skip
-        self.floor_body = msgspec.json.encode({**body, "n": 1, "max_tokens": MAX_TOKENS})
+        self.floor_body = msgspec.json.encode({**body, "n": 1, "max_tokens": max_tokens})
 
     async def floor(self) -> int:
         answer = await self.client.request("POST", self.floor_url, self.floor_body)
@@ -137,30 +141,30 @@ class Bench:
 
     async def manager_call(self) -> int:
         await self.manager.tokens_and_logprobs_completion(
-            input_ids=self.ids, n=1, max_tokens=MAX_TOKENS
+            input_ids=self.ids, n=1, max_tokens=self.max_tokens
         )
         return 1
 
     async def single(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
-            await managed.chat_turn(messages=QUESTION, max_tokens=MAX_TOKENS)
+            await managed.chat_turn(messages=QUESTION, max_tokens=self.max_tokens)
         return 1
 
     async def group(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
-            await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=MAX_TOKENS)
+            await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=self.max_tokens)
         return 1
 
     async def local(self) -> int:
         managed = ManagedServer(self.answer, self.tok)
-        await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=MAX_TOKENS)
+        await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=self.max_tokens)
         return 1
 
     async def session(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
             msgs = list(QUESTION)
             for turn in range(self.turns):
-                reply = await managed.chat_turn(messages=msgs, max_tokens=MAX_TOKENS)
+                reply = await managed.chat_turn(messages=msgs, max_tokens=self.max_tokens)
                 msgs += [
                     {"role": "assistant", "content": reply.contents[0]},
                     {"role": "user", "content": f"And then? ({turn})"},
@@ -180,7 +184,7 @@ class Bench:
 
 async def measure(args: argparse.Namespace, url: str, api: str) -> dict[str, list[float]]:
     """CPU us per call of each way, one figure per round."""
-    bench = Bench(url, api, args.turns)
+    bench = Bench(url, api, args.turns, args.max_tokens)
     out: dict[str, list[float]] = {w: [] for w in args.ways}
     try:
         for way in args.ways:  # warm-up: connections, caches, first calls
@@ -229,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api", action="append", choices=("generate", "completions"))
     parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--max-tokens", type=int, default=MAX_TOKENS, help="completion length of every call"
+    )
     args = parser.parse_args(argv)
     apis = args.api or ["generate", "completions"]
     port = free_port()
