@@ -21,10 +21,10 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
 
 `--max-tokens` is every call's completion length (8: the env benchmark's; a longer one weighs
 the answer's reading and decoding). "chain over floor" is a row's CPU per call minus the
-floor's. Both token APIs of the vLLM backend can be measured (`--api generate`, what the env benchmark's servers speak; `--api
-completions`, stock vLLM's, what the proxy benchmark's speak). Each way is warmed up (`--warmup`
-calls, not counted) before its measured calls, and the ways alternate over `--rounds`; the
-table gives the median over rounds.
+floor's. Both token APIs of the vLLM backend can be measured (`--api generate`, what the env
+benchmark's servers speak; `--api completions`, stock vLLM's, what the proxy benchmark's
+speak). Each way is warmed up (`--warmup` calls, not counted) before its measured calls, and the
+ways alternate over `--rounds`; the table gives the median over rounds.
 
 Usage:
     nice .venv/bin/python benchmarks/inference_chain.py
