@@ -53,7 +53,7 @@ from atropos.rewards.group import all_equal
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(slots=True)  # cheaper to make: one per completion
 class Rollout:
     """One sampled completion, ready to train on.
 
@@ -111,22 +111,27 @@ def rollout_group(
 
     For an env that builds its groups itself (e.g. from completions of several prompts).
     """
-    sources = {r.token_source for r in rollouts}
-    group = ScoredDataGroup(
-        tokens=[r.tokens for r in rollouts],
-        masks=[r.masks for r in rollouts],
-        scores=scores,
-        messages=[
-            [*p, {"role": "assistant", "content": r.text}]
-            for p, r in zip(prompts, rollouts, strict=True)
-        ],
-    )
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    chats: list[list[Message]] = []
+    sources: set[str] = set()
+    versions: list[int] = []
+    every_logprob = True
+    for p, r in zip(prompts, rollouts, strict=True):  # one pass over the rollouts
+        tokens.append(r.tokens)
+        masks.append(r.masks)
+        chats.append([*p, {"role": "assistant", "content": r.text}])
+        sources.add(r.token_source)
+        if r.logprobs is None:
+            every_logprob = False
+        if r.policy_version is not None:
+            versions.append(r.policy_version)
+    group = ScoredDataGroup(tokens=tokens, masks=masks, scores=scores, messages=chats)
     if overrides is not None:
         group["overrides"] = overrides
     group["token_source"] = (sources.pop() if len(sources) == 1 else "mixed") if sources else None
-    if all(r.logprobs is not None for r in rollouts):
+    if every_logprob:
         group["inference_logprobs"] = [r.logprobs or [] for r in rollouts]
-    versions = [r.policy_version for r in rollouts if r.policy_version is not None]
     if versions:
         group["policy_version"] = min(versions)
     return group
@@ -154,6 +159,7 @@ class Env(BaseEnv[ConfigT]):
     # what every answer holds (e.g. "\\boxed"): a completion without it after its thinking is
     # `invalid/no_answer` (`invalid_reason`); None: not checked
     answer_marker: ClassVar[str | None] = None
+    _cut: tuple[str, dict[str, Any]] | None = None  # `outcome`'s truncated entry, by rule
 
     @abstractmethod
     def load(self) -> Iterable[Item]:
@@ -241,8 +247,12 @@ class Env(BaseEnv[ConfigT]):
                 f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
                 f" for {len(rollouts)} rollouts"
             )
+        entries = [self.outcome(item, r) for r in rollouts]
+        merged = overrides is None and any(entries)
+        if merged:  # nothing to merge them into: the entries are the overrides (copied)
+            overrides = [{**e} for e in entries]
         group = rollout_group(rollouts, [messages] * len(rollouts), scores, overrides)
-        return with_outcomes(group, [self.outcome(item, r) for r in rollouts]), []
+        return (group if merged else with_outcomes(group, entries)), []
 
     def invalid_reason(self, item: Item, rollout: Rollout) -> str | None:
         """Why `rollout` is the policy's own fault (`no_answer`, `malformed_call`), counted as
@@ -257,7 +267,10 @@ class Env(BaseEnv[ConfigT]):
         """A rollout's outcome entry: `truncated/tokens` when cut by its token limit (under
         `truncated`), else `invalid/<why>` (`invalid_reason`), else `{}` (scored)."""
         if rollout.finish_reason == "length":
-            return truncated("tokens", self.truncated)
+            cut = self._cut
+            if cut is None or cut[0] != self.truncated:  # made once per rule, copied per rollout
+                cut = self._cut = (self.truncated, truncated("tokens", self.truncated))
+            return {**cut[1]}
         why = self.invalid_reason(item, rollout)
         return invalid(why) if why else {}
 

@@ -88,7 +88,11 @@ def trained_tokens(masks: Sequence[Sequence[int]]) -> list[int]:
     >>> trained_tokens([[-100, -100, 7, 8], [-100, 5]])
     [2, 1]
     """
+    # counted with the row's own -100 when it starts with one: a row's masks are mostly one
+    # int object (`[MASKED] * n`), and `list.count` takes an identical object without comparing
     return [
-        len(row) - row.count(-100) if isinstance(row, list) else sum(m != -100 for m in row)
+        len(row) - row.count(row[0] if row and row[0] == -100 else -100)
+        if isinstance(row, list)
+        else sum(m != -100 for m in row)
         for row in masks
     ]

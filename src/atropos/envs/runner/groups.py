@@ -90,7 +90,7 @@ def prepare(
     if ensure_scores_differ and len(scores) > 1 and all(s == scores[0] for s in scores):
         drops["identical_scores"] += 1
         return None
-    if max_token_len > 0 and any(len(seq) >= max_token_len for seq in tokens):
+    if max_token_len > 0 and max(map(len, tokens), default=0) >= max_token_len:
         drops["too_long"] += 1
         return None
     out = dict(group)
@@ -120,14 +120,39 @@ async def ready_groups(
     teacher: Teacher | None = None,
     outcomes: Counter[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The groups of one item's `result`, checked and stamped by `prepare` under the env's
-    config, then given the teacher's logprobs (with a `teacher`): every group a runner sends or
-    writes comes out of here.
+    """The groups of one item's `result`, checked and stamped (`checked_groups`), then given
+    the teacher's logprobs (with a `teacher`): every group a runner sends or writes comes out
+    of here (or out of `checked_groups` alone, when there is no teacher).
 
-    Every drop is counted in `drops`: the env's own (`dropped`), the checks' and the teacher's.
-    Every row the env returned is counted in `outcomes` by how it ended (`envs.outcome`), a
-    group with a `failed/...` row is dropped as `failed_rollout`. A teacher failure that will
-    repeat for every group raises (`teacher.TeacherError`).
+    A teacher failure that will repeat for every group raises (`teacher.TeacherError`).
+    """
+    kept = checked_groups(
+        env, result, dropped, drops,
+        max_token_len=max_token_len, policy_version=policy_version, env_id=env_id,
+        outcomes=outcomes,
+    )  # fmt: skip
+    if teacher is not None and kept:
+        kept = await teacher.annotate(kept, drops)
+    return kept
+
+
+def checked_groups(
+    env: BaseEnv,
+    result: Any,
+    dropped: EnvDrops,
+    drops: Counter[str],
+    *,
+    max_token_len: int,
+    policy_version: int | None,
+    env_id: int | None,
+    outcomes: Counter[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The groups of one item's `result`, checked and stamped by `prepare` under the env's
+    config (a plain call: the serve runner makes no coroutine per group without a teacher).
+
+    Every drop is counted in `drops`: the env's own (`dropped`) and the checks'. Every row the
+    env returned is counted in `outcomes` by how it ended (`envs.outcome`), a group with a
+    `failed/...` row is dropped as `failed_rollout`.
     """
     cfg = env.config
     groups = as_groups(result)
@@ -149,8 +174,6 @@ async def ready_groups(
         )
         if ready is not None:
             kept.append(ready)
-    if teacher is not None and kept:
-        kept = await teacher.annotate(kept, drops)
     return kept
 
 
@@ -169,7 +192,7 @@ def _count_rows(outcomes: Counter[str] | None, group: dict[str, Any]) -> bool:
     named = row_outcomes(group)
     if outcomes is not None:
         outcomes.update(named)
-    return any(o.startswith("failed") for o in named)
+    return any(o.startswith("failed") for o in set(named))  # a group holds one or two kinds
 
 
 def plural(n: int, noun: str) -> str:

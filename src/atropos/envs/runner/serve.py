@@ -60,9 +60,9 @@ from atropos.envs.outcome import outcome_metrics
 from atropos.envs.runner.control import ApiError, ControlClient
 from atropos.envs.runner.deadline import Deadlines
 from atropos.envs.runner.evaluate import VersionEvals
-from atropos.envs.runner.groups import EnvDrops, JsonlSink, plural, ready_groups
+from atropos.envs.runner.groups import EnvDrops, JsonlSink, checked_groups, plural, ready_groups
 from atropos.envs.runner.heap import FrozenHeap
-from atropos.envs.runner.pacing import Flight, PaceInputs, Pacer, stalled
+from atropos.envs.runner.pacing import PaceInputs, Pacer, stalled
 from atropos.envs.runner.sender import Sender
 from atropos.envs.runner.stop import Stopped, Stopper
 from atropos.envs.runner.watch import DropReport, FailureLog, drop_hint
@@ -98,12 +98,17 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
-def _overrides_cleanup(env: BaseEnv) -> bool:
-    """Whether `env` has a `cleanup` of its own (the base's does nothing; the runner does not
-    import the base, so it is recognised by name)."""
-    own = getattr(type(env), "cleanup", None)
+def _overrides(env: BaseEnv, hook: str) -> bool:
+    """Whether `env` has its own `hook` (the base's does nothing; the runner does not import
+    the base, so it is recognised by name)."""
+    own = getattr(type(env), hook, None)
     name = (getattr(own, "__module__", None), getattr(own, "__qualname__", None))
-    return name != ("atropos.envs.base", "BaseEnv.cleanup")
+    return name != ("atropos.envs.base", f"BaseEnv.{hook}")
+
+
+def _overrides_cleanup(env: BaseEnv) -> bool:
+    """Whether `env` has a `cleanup` of its own (else no coroutine per group for the no-op)."""
+    return _overrides(env, "cleanup")
 
 
 class ServeRunner:
@@ -159,6 +164,7 @@ class ServeRunner:
         self.heap = FrozenHeap()
         self.deadlines = Deadlines(None)  # worker_timeout: set in `_run`, from the final config
         self.cleans_up = _overrides_cleanup(env)  # else no coroutine per group for the no-op
+        self.postprocesses = _overrides(env, "postprocess_histories")  # likewise
         self.pacer = Pacer()  # rollouts in flight by version, and time paced (`pacing`)
         self.latency = Latencies()  # p50/p95/p99 by stage, sent with each status poll
         self.pace_inputs: PaceInputs | None = None  # the API's figures, when it has a limit
@@ -397,13 +403,51 @@ class ServeRunner:
     async def _work(self, item: Any) -> None:
         """Roll out `item`, then, while admission allows, the next items in the same task: a
         finished rollout's slot is refilled at once instead of a few loop turns later through
-        `_admit` (at 256 workers those turns left ~4% of the slots empty)."""
+        `_admit` (at 256 workers those turns left ~4% of the slots empty).
+
+        `collect_trajectories` is awaited in this frame (`worker_timeout` by `Deadlines.start`,
+        `expired`, `stop`), the checks are plain calls (`checked_groups`; a teacher and an own
+        `postprocess_histories` are awaited): every resume of a rollout passes through each
+        coroutine frame above the env's, two fewer than with a `_handle` and `within`."""
         task: asyncio.Task[Any] | None = asyncio.current_task()  # once per task, not per item
         assert task is not None
+        env, deadlines = self.env, self.deadlines
         while True:
             flight = self.pacer.start(self.version_now())
+            started = time.monotonic()
             try:
-                await self._handle(item, flight, task)
+                # what the servers report for this rollout's calls, and why the env dropped it
+                with PolicyVersions() as seen, EnvDrops() as dropped:
+                    flight.seen = seen  # pacing counts the rollout at the oldest version reported
+                    deadlines.start(task, started)
+                    try:
+                        result, more = await env.collect_trajectories(item)
+                    except asyncio.CancelledError:
+                        if not deadlines.expired(task):
+                            raise
+                        raise asyncio.TimeoutError from None
+                    finally:
+                        deadlines.stop(task)
+                    if more:
+                        self.backlog.extend(more)
+                    if self.postprocesses:
+                        result = await env.postprocess_histories(result)
+                version = flight.version if seen.lowest is None else seen.lowest
+                if self.teacher is None:
+                    ready = self._checked(result, dropped, version)
+                else:  # outside the block: its answers say nothing about the policy's version
+                    ready = await ready_groups(
+                        env, result, dropped, self.drops,
+                        max_token_len=env.max_token_len, policy_version=version,
+                        env_id=env.env_id, teacher=self.teacher, outcomes=self.outcomes,
+                    )  # fmt: skip
+            except Exception as err:  # a failed rollout is counted; fatal only when all will fail
+                self._failed(err, started)
+            else:
+                self._send(ready, started)
+                if self.cleans_up:
+                    with contextlib.suppress(Exception):
+                        await env.cleanup()
             finally:
                 self.pacer.finish(flight)
             # this task holds one of the slots counted by capacity()
@@ -412,47 +456,36 @@ class ServeRunner:
             if self.backlog:
                 item = self.backlog.popleft()
             else:
-                item = await self.env.get_next_item()
+                item = await env.get_next_item()
                 if item is None:
                     return
 
-    async def _handle(self, item: Any, flight: Flight, task: asyncio.Task[Any]) -> None:
-        env, cfg = self.env, self.config
-        started = time.monotonic()
-        try:
-            # what the servers report for this rollout's calls, and why the env dropped it
-            with PolicyVersions() as seen, EnvDrops() as dropped:
-                flight.seen = seen  # pacing counts the rollout at the oldest version reported
-                result, more = await self.deadlines.within(
-                    task, started, env.collect_trajectories(item)
-                )
-                self.backlog.extend(more or [])
-                result = await env.postprocess_histories(result)
-            # outside the block: the teacher's answers say nothing about the policy's version
-            ready = await ready_groups(
-                env,
-                result,
-                dropped,
-                self.drops,
-                max_token_len=env.max_token_len,
-                policy_version=flight.version if seen.lowest is None else seen.lowest,
-                env_id=env.env_id,
-                teacher=self.teacher,
-                outcomes=self.outcomes,
-            )
-        except asyncio.TimeoutError:
+    def _checked(self, result: Any, dropped: EnvDrops, version: int) -> list[dict[str, Any]]:
+        """The groups of `result` to send without a teacher (`groups.checked_groups`)."""
+        env = self.env
+        return checked_groups(
+            env, result, dropped, self.drops,
+            max_token_len=env.max_token_len, policy_version=version, env_id=env.env_id,
+            outcomes=self.outcomes,
+        )  # fmt: skip
+
+    def _failed(self, err: Exception, started: float) -> None:
+        """Count a rollout that failed (or ran past `worker_timeout`); stop when it is fatal."""
+        cfg = self.config
+        self.durations["failed"].append(time.monotonic() - started)
+        if isinstance(err, asyncio.TimeoutError):
             self.failures["timeout"] += 1
             self.outcomes["failed/timeout"] += cfg.group_size
-            self.durations["failed"].append(time.monotonic() - started)
             log.warning("rollout timed out after %.0f s; dropped", cfg.worker_timeout)
-            return
-        except Exception as err:  # a failed rollout is counted; fatal only when all will fail
-            self.durations["failed"].append(time.monotonic() - started)
-            if self.errors.record(err):
-                self._stop()
-            return
-        self.durations["succeeded"].append(time.monotonic() - started)
-        self.latency.record("rollout", self.durations["succeeded"][-1])
+        elif self.errors.record(err):
+            self._stop()
+
+    def _send(self, ready: list[dict[str, Any]], started: float) -> None:
+        """Hand a finished rollout's groups to the sender, noting them for the step metrics."""
+        took = time.monotonic() - started
+        self.durations["succeeded"].append(took)
+        self.latency.record("rollout", took)
+        env, sender, pacer = self.env, self.sender, self.pacer
         for group in ready:
             if self.sink is not None:
                 self.sink.write(group)
@@ -461,14 +494,11 @@ class ServeRunner:
                 self.scores.extend(group["scores"])
             version = group.get("policy_version")
             if isinstance(version, int):
-                self.pacer.hold(version)  # in flight for pacing until the API has it
-            self.sender.submit(group)
+                pacer.hold(version)  # in flight for pacing until the API has it
+            sender.submit(group)
             self.submitted += 1
             env.items_sent_this_step += 1
         self.heap.settle()
-        if self.cleans_up:
-            with contextlib.suppress(Exception):
-                await env.cleanup()
 
     # ----- status, evaluations, checkpoints -----------------------------------------------------
 
