@@ -193,6 +193,7 @@ class Sender:
         self.msgpack = msgpack
         self.stats = SenderStats()
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
+        self._whole = asyncio.Event()  # a whole batch is queued (`_fill`'s linger ends early)
         self._filling: dict[int, list[Queued]] = {}  # batches taking groups, by id
         self._session: HTTPClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -217,9 +218,15 @@ class Sender:
             except (TypeError, OverflowError, msgspec.EncodeError):
                 pass  # a value msgpack cannot hold: queued as it is, its batch goes as JSON
             else:
-                self._queue.put_nowait(packed)
+                self._queued(packed)
                 return
-        self._queue.put_nowait(group)
+        self._queued(group)
+
+    def _queued(self, item: Queued) -> None:
+        queue = self._queue
+        queue.put_nowait(item)
+        if queue.qsize() >= self.max_batch:
+            self._whole.set()
 
     @property
     def pending(self) -> int:
@@ -249,11 +256,17 @@ class Sender:
                     break
                 self._take_queued(batch)
             return
+        # the linger: one timer, and a wake when a whole batch is queued, not one per group
+        # (a `queue.get()` per group resumed this task for nearly every group submitted)
+        whole = self._whole
         with contextlib.suppress(TimeoutError):
-            async with _timeout_at(loop.time() + self.linger):  # one timer for the linger
+            async with _timeout_at(loop.time() + self.linger):
                 while len(batch) < self.max_batch:
-                    batch.append(await queue.get())
+                    if queue.qsize() < self.max_batch:
+                        whole.clear()
+                    await whole.wait()
                     self._take_queued(batch)
+        self._take_queued(batch)  # what came during the linger
 
     def _take_queued(self, batch: list[Queued]) -> None:
         queue = self._queue

@@ -445,6 +445,7 @@ class ServeRunner:
                 self._failed(err, started)
             else:
                 self._send(ready, started)
+                del result, ready  # freed now, while in the caches, not at the next assignment
                 if self.cleans_up:
                     with contextlib.suppress(Exception):
                         await env.cleanup()
