@@ -224,3 +224,28 @@ def test_a_continued_groups_nodes_keep_the_parents_rows_and_share_none():
         assert node.metadata == {"finish_reason": node.finish_reason}
     rows = [id(r) for n in [parent, *nodes] for r in (n.tokens, n.masked_tokens, n.logprobs)]
     assert len(set(rows)) == len(rows)
+
+
+def test_echoed_prompt_ids_are_the_ids_sent_unless_spelt_otherwise():
+    """A `/completions` answer's `prompt_token_ids` equal to the ids sent gives those ids (no
+    list read); one spelt otherwise, or other ids, is read from the answer."""
+    with FakeInferenceServer() as fake:
+        backend = vllm(fake.base_url, vllm_token_api="completions")
+        ids = TOK.encode("<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False)
+
+        async def main() -> Any:
+            try:
+                return await backend.tokens_and_logprobs_completion(
+                    input_ids=ids, n=2, max_tokens=3
+                )
+            finally:
+                await backend.aclose()
+
+        prompt, outputs, _, _ = asyncio.run(main())
+    assert prompt is ids and len(outputs) == 2
+    from atropos.inference.vllm import _echoed
+
+    sent = msgspec.Raw(msgspec.json.encode(ids))
+    spaced = msgspec.Raw(msgspec.json.format(msgspec.json.encode(ids), indent=1))
+    assert _echoed(spaced, ids, sent) == ids and _echoed(spaced, ids, sent) is not ids
+    assert _echoed(msgspec.Raw(b'["5", 6]'), ids, sent) == ["5", 6]  # made ints by the caller

@@ -48,6 +48,7 @@ from typing import Any
 import msgspec
 
 from atropos.inference.base import (
+    _ENCODER,
     MISSING_LOGPROB,
     PromptLogprobs,
     TokensAndLogprobs,
@@ -92,7 +93,7 @@ class _Choice(msgspec.Struct, gc=False):
 
     index: int = 0
     token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: msgspec.Raw = msgspec.Raw()  # read by `_echoed`, only when needed
     logprobs: _ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
@@ -108,10 +109,35 @@ class _CompletionsAnswer(msgspec.Struct):
 _COMPLETIONS_DECODER = msgspec.json.Decoder(_CompletionsAnswer)
 
 
+_IDS_DECODER = msgspec.json.Decoder(list[int])
+
+
+def _echoed(echo: msgspec.Raw, ids: list[int] | None, sent: msgspec.Raw | None) -> Any:
+    """The prompt ids a choice echoed: `ids` themselves when the server spelt them as they were
+    sent (`sent`, their JSON: no list read), else read from the echo; None when it has none.
+
+    >>> _echoed(msgspec.Raw(b"[5,6]"), [5, 6], msgspec.Raw(b"[5,6]"))
+    [5, 6]
+    >>> _echoed(msgspec.Raw(b"[5, 7]"), [5, 6], msgspec.Raw(b"[5,6]"))
+    [5, 7]
+    >>> _echoed(msgspec.Raw(), None, None), _echoed(msgspec.Raw(b"null"), None, None)
+    (None, None)
+    """
+    if sent is not None and echo == sent:
+        return ids
+    raw = bytes(echo)
+    if not raw or raw == b"null":
+        return None
+    try:
+        return _IDS_DECODER.decode(raw)
+    except msgspec.ValidationError:  # ids spelt otherwise (strings, floats): made ints later
+        return msgspec.json.decode(raw)
+
+
 def _typed_rows(
     choices: list[_Choice],
-) -> tuple[list[list[int]], list[list[float]], list[str], list[int] | None]:
-    """Outputs, logprobs, finish reasons and prompt ids of typed choices (sorted by index)."""
+) -> tuple[list[list[int]], list[list[float]], list[str], msgspec.Raw]:
+    """Outputs, logprobs, finish reasons and prompt ids' JSON of typed choices (by index)."""
     if any(c.index != i for i, c in enumerate(choices)):
         choices = sorted(choices, key=lambda c: c.index)
     outputs: list[list[int]] = []
@@ -128,7 +154,7 @@ def _typed_rows(
             values = [MISSING_LOGPROB if v is None else v for v in values]
         logprobs.append(values)  # no None left
         finish.append(choice.finish_reason or "unknown")
-    return outputs, logprobs, finish, choices[0].prompt_token_ids if choices else None
+    return outputs, logprobs, finish, choices[0].prompt_token_ids if choices else msgspec.Raw()
 
 
 def _sampled(logprobs: list[list[_Position]]) -> tuple[list[list[int]], list[list[float]]]:
@@ -212,15 +238,17 @@ class VLLMBackend(OpenAIBackend):
             data = await self._post(self.root + "/generate", body, _GENERATE_DECODER)
             return self._generated(given, n, data)
         ids = await self._prompt_ids(prompt, input_ids)
+        sent = msgspec.Raw(_ENCODER.encode(ids)) if ids is not None else None  # spliced as is
         body.update(
-            prompt=ids if ids is not None else prompt,
+            prompt=sent if sent is not None else prompt,
             logprobs=0,
             return_token_ids=True,
             return_tokens_as_token_ids=True,
         )
         data = await self._post(self.base_url + "/completions", body, _COMPLETIONS_DECODER)
         if isinstance(data, _CompletionsAnswer) and data.choices:
-            outputs, logprobs, finish, prompt_ids = _typed_rows(data.choices)
+            outputs, logprobs, finish, echo = _typed_rows(data.choices)
+            prompt_ids = _echoed(echo, ids, sent)
         else:
             outputs, logprobs, finish, prompt_ids = self._read_completions(data)
         if prompt_ids is None:
