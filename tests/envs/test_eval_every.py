@@ -46,18 +46,30 @@ def wait_for(check: Any, what: str, seconds: float = 30.0) -> None:
 
 def fake_trainer(url: str, runner: ServeRunner, versions: int, every: int) -> None:
     """Take a batch, publish its version, and go on once the env's poll has seen it (and,
-    at a multiple of `every`, once that version's evaluation is in)."""
+    at a multiple of `every`, once that version's evaluation is in, taking batches meanwhile:
+    the env's off-policy budget is a few groups here, `max_batches_offpolicy * batch_size /
+    group_size` less those queued, and rollouts made between the trainer's last batch and the
+    evaluation's start could fill it, leaving none for the evaluation to wait for: a run on a
+    loaded machine once saw fewer than two groups during one)."""
     with httpx.Client(base_url=url, timeout=10) as c:
         c.post("/register", json=REGISTRATION)
         c.get("/batch")  # the trainer's first /batch opens env registration
         evals = lambda: runner.version_evals  # noqa: E731
-        wait_for(lambda: evals() is not None and 0 in evals().done, "the baseline's evaluation")
+
+        def draining(check: Any) -> bool:
+            c.get("/batch")  # frees the env's off-policy budget (max_batches_offpolicy)
+            return bool(check())
+
+        wait_for(
+            lambda: draining(lambda: evals() is not None and 0 in evals().done),
+            "the baseline's evaluation",
+        )
         for v in range(1, versions + 1):
             wait_for(lambda: c.get("/batch").json()["batch"] is not None, f"batch {v}")
             c.post("/policy_version", json={"version": v})
             wait_for(lambda: evals() is not None and evals().last == v, f"env seeing {v}")  # noqa: B023
             if v % every == 0:
-                wait_for(lambda: v in evals().done, f"evaluation of {v}")  # noqa: B023
+                wait_for(lambda: draining(lambda: v in evals().done), f"evaluation of {v}")  # noqa: B023
 
 
 def test_each_nth_version_is_evaluated_while_rollouts_go_on(tmp_path) -> None:
