@@ -194,6 +194,34 @@ def test_groups_taken_for_a_batch_are_spooled_when_stopped_mid_linger(tmp_path):
     assert sorted(g["tokens"][0][0] for g in sender.spool.read()) == [0, 1, 2]
 
 
+def test_a_lingering_batch_goes_once_the_groups_it_lacks_are_queued(tmp_path):
+    """The linger ends when the batch can fill, not when a whole batch waits in the queue:
+    one group held, then the three it lacks, and the batch of four goes long before 30 s (one
+    pump: with several, the pumps waiting for a first group would take the later ones)."""
+    seen = {"now": 0, "max": 0, "requests": 0}
+    with serve_in_thread(slow_api(0.0, seen)) as url:
+
+        async def main() -> float:
+            sender = Sender(
+                url, tmp_path / "spool.jsonl", linger=30.0, max_batch=4, max_in_flight=1
+            )
+            await sender.start()
+            sender.submit(group(0))
+            await asyncio.sleep(0.2)  # a pump holds it, lingering for three more
+            started = asyncio.get_running_loop().time()
+            for t in range(1, 4):
+                sender.submit(group(t))
+            while sender.stats.sent < 4:
+                assert asyncio.get_running_loop().time() - started < 15, "still lingering"
+                await asyncio.sleep(0.01)
+            took = asyncio.get_running_loop().time() - started
+            await sender.close()
+            return took
+
+        took = asyncio.run(main())
+    assert seen["requests"] == 1 and took < 15  # one batch of four, not the linger's 30 s
+
+
 def test_bodies_are_compact_utf8_json_with_a_fallback():
     from atropos.wire import encode_plain as _encode  # what the sender encodes with
 

@@ -193,7 +193,8 @@ class Sender:
         self.msgpack = msgpack
         self.stats = SenderStats()
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
-        self._whole = asyncio.Event()  # a whole batch is queued (`_fill`'s linger ends early)
+        self._whole = asyncio.Event()  # the lingering batch can fill (`_fill` ends early)
+        self._lacks = 1  # groups the lingering batch lacks (`_fill` sets it)
         self._filling: dict[int, list[Queued]] = {}  # batches taking groups, by id
         self._session: HTTPClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -225,7 +226,7 @@ class Sender:
     def _queued(self, item: Queued) -> None:
         queue = self._queue
         queue.put_nowait(item)
-        if queue.qsize() >= self.max_batch:
+        if queue.qsize() >= self._lacks:
             self._whole.set()
 
     @property
@@ -256,15 +257,18 @@ class Sender:
                     break
                 self._take_queued(batch)
             return
-        # the linger: one timer, and a wake when a whole batch is queued, not one per group
-        # (a `queue.get()` per group resumed this task for nearly every group submitted)
+        # the linger: one timer, and a wake once the queue holds what the batch lacks, not one
+        # per group (a `queue.get()` per group resumed this task for nearly every group
+        # submitted). With several pumps lingering, the last to wait sets what wakes them all;
+        # one woken early takes what is there and waits again, one woken late ends at the timer.
         whole = self._whole
         with contextlib.suppress(TimeoutError):
             async with _timeout_at(loop.time() + self.linger):
                 while len(batch) < self.max_batch:
-                    if queue.qsize() < self.max_batch:
+                    self._lacks = self.max_batch - len(batch)
+                    if queue.qsize() < self._lacks:
                         whole.clear()
-                    await whole.wait()
+                        await whole.wait()
                     self._take_queued(batch)
         self._take_queued(batch)  # what came during the linger
 
