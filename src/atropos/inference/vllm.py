@@ -56,7 +56,7 @@ from atropos.inference.base import (
     normalize_max_tokens,
 )
 from atropos.inference.errors import InferenceError
-from atropos.inference.openai import ABORTED, OpenAIBackend, check_not_aborted
+from atropos.inference.openai import OpenAIBackend, check_not_aborted
 
 
 class _Position(msgspec.Struct, array_like=True, gc=False):
@@ -259,8 +259,7 @@ class VLLMBackend(OpenAIBackend):
                     server=self.base_url,
                 )
             prompt_ids = ids
-        if ABORTED in finish:  # strings only, here
-            check_not_aborted(self.base_url, finish)
+        check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         if type(prompt_ids) is not list or (prompt_ids and type(prompt_ids[0]) is not int):
             prompt_ids = [int(t) for t in prompt_ids]
@@ -320,8 +319,7 @@ class VLLMBackend(OpenAIBackend):
         except (ValueError, IndexError):
             outputs, logprobs, reasons = self._read_generate(data)
             finish = [str(f.get("type") if isinstance(f, dict) else f) for f in reasons or ()]
-        if ABORTED in finish:  # strings only, here
-            check_not_aborted(self.base_url, finish)
+        check_not_aborted(self.base_url, finish)
         check_choice_counts(self.base_url, n, outputs, logprobs, finish)
         return ids, outputs, logprobs, finish
 
