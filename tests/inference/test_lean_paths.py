@@ -195,6 +195,26 @@ def test_a_groups_nodes_are_each_choices_node_and_share_no_rows():
     assert fork[0].masked_tokens == [-100, -100, 2] and fork[0].policy_version is None
 
 
+def test_built_nodes_hold_every_field_the_constructor_makes():
+    """`build_nodes` fills a node's `__dict__` without `__init__` (a hot path): it must hold
+    exactly `SequenceNode`'s fields, as the constructor would, so a field added to the class
+    and not to `build_nodes` fails here rather than as an AttributeError in a reader."""
+    import dataclasses
+
+    from atropos.inference.sequence import SequenceNode
+
+    node = build_node(
+        prompt_tokens=[1, 2], output=[3], output_logprobs=[-0.5], finish_reason="stop",
+        full_text="t", parent=None, policy_version=2,
+    )  # fmt: skip
+    made = SequenceNode(
+        [1, 2, 3], [-100, -100, 3], [1.0, 1.0, -0.5], finish_reason="stop", full_text="t",
+        policy_version=2,
+    )  # fmt: skip
+    assert set(vars(node)) == {f.name for f in dataclasses.fields(SequenceNode)}
+    assert vars(node) == vars(made)
+
+
 def test_a_continued_groups_nodes_keep_the_parents_rows_and_share_none():
     """n=4 continuing a held conversation: each node starts with the parent's rows, owns its
     own lists, and the parent's lists are left as they were."""
