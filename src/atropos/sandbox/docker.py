@@ -73,6 +73,10 @@ LABEL, OWNER = "atropos.sandbox", "atropos.owner"
 NEVER = 2**31 - 1  # seconds: the container's sleep without a ttl
 RELAY_UID = 65534  # nobody: the model relay's uid on the host once it listens
 CREATE_WAIT = 60.0  # seconds close() waits for a create a start deadline left in flight
+# an exec's exit codes that can mean its container stopped under it (every process killed,
+# or the engine could not start the process in a container whose task is gone); an exec
+# ending with one of them is checked against the container (`_alive`)
+ENDED_BY_ENGINE = frozenset({-signal.SIGKILL, 126, 127})
 _ids = itertools.count()
 _swept: set[str] = set()
 
@@ -264,11 +268,11 @@ class DockerSandbox(ClosesOnExit):
                 f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}
             )
         except EngineError as error:
-            raise self._engine_failure(error, f"exec {argv[:1]}") from error
+            raise await self._exec_failure(error, f"exec {argv[:1]}") from error
         try:
             return await self._run(exec_id, reader, writer, stdin, timeout)
         except EngineError as error:
-            raise self._engine_failure(error, f"exec {argv[:1]}") from error
+            raise await self._exec_failure(error, f"exec {argv[:1]}") from error
         finally:
             writer.close()
 
@@ -305,6 +309,8 @@ class DockerSandbox(ClosesOnExit):
             raise SandboxError("closed", "the sandbox closed while an exec ran")
         code = info.get("ExitCode")
         code = -signal.SIGKILL if timed_out or code is None else signal_status(code)
+        if code in ENDED_BY_ENGINE and not timed_out and not await self._alive():
+            raise SandboxError("dead", "the sandbox's container stopped while an exec ran")
         return ExecResult(code, bytes(kept.stdout), bytes(kept.stderr), timed_out, kept.truncated)
 
     async def _inspect(self, exec_id: str) -> dict[str, Any]:
@@ -347,6 +353,26 @@ class DockerSandbox(ClosesOnExit):
         ttl = self.spec.ttl_seconds
         if ttl is not None and self.started and time.monotonic() - self.started > ttl:
             raise SandboxError("expired", f"the sandbox outlived its time to live ({ttl} s)")
+
+    async def _exec_failure(self, error: EngineError, what: str) -> Exception:
+        """`_engine_failure`, where an exec the engine no longer knows is asked about: the
+        engine drops a container's execs once the container stops, so a 404 for the exec
+        while the container is not alive is the sandbox dying, not a failed start."""
+        lost = error.status == 404 and "no such exec" in error.message.lower()
+        if lost and not self.closed and not await self._alive():
+            return SandboxError("dead", f"the sandbox's container stopped during {what}")
+        return self._engine_failure(error, what)
+
+    async def _alive(self) -> bool:
+        """Whether the container still has its processes: the engine's `top` of it (it
+        lists the container's process 1 while the container lives, and fails once its
+        task is gone, before the container's own state may say so). False where the
+        engine cannot say."""
+        try:
+            top = await self.engine.request("GET", f"/containers/{self.id}/top")
+        except EngineError:
+            return False
+        return bool((top.json() or {}).get("Processes"))
 
     def _engine_failure(self, error: EngineError, what: str) -> Exception:
         if self.closed:
