@@ -227,15 +227,15 @@ class Env(BaseEnv[ConfigT]):
         if self.score_concurrently:
             scores = list(await asyncio.gather(*(self._score(item, r.text) for r in rollouts)))
         else:
-            scores = []
+            score, scores = self.score, []
             for r in rollouts:  # one at a time, as before; a float needs no coroutine around it
-                value = self.score(item, r.text)
+                value = score(item, r.text)
                 scores.append(value if type(value) is float else await self._resolve(value))
         adjusted = self.score_group(item, rollouts, scores)
         note("scoring", time.perf_counter() - scoring)  # the runner's latency stages
         if adjusted is None:
             return None, []
-        scores = [float(s) for s in adjusted]
+        scores = list(map(float, adjusted))  # a hook may have put ints in (no frame per score)
         if len(scores) != len(rollouts):
             raise ValueError(
                 f"{type(self).__name__}.score_group returned {len(scores)} scores for"
@@ -247,12 +247,34 @@ class Env(BaseEnv[ConfigT]):
                 f"{type(self).__name__}.sequence_overrides returned {len(overrides)} dicts"
                 f" for {len(rollouts)} rollouts"
             )
-        entries = [self.outcome(item, r) for r in rollouts]
+        entries = self._outcomes(item, rollouts)
         merged = overrides is None and any(entries)
-        if merged:  # nothing to merge them into: the entries are the overrides (copied)
+        if merged and type(self).outcome is not Env.outcome:  # an own one may share its dicts
             overrides = [{**e} for e in entries]
+        elif merged:  # nothing to merge them into: the entries (fresh dicts) are the overrides
+            overrides = entries
         group = rollout_group(rollouts, [messages] * len(rollouts), scores, overrides)
         return (group if merged else with_outcomes(group, entries)), []
+
+    def _outcomes(self, item: Item, rollouts: list[Rollout]) -> list[dict[str, Any]]:
+        """Each rollout's `outcome` entry; without an own `outcome` or `invalid_reason` and
+        without an `answer_marker`, the same entries in one pass (no call per rollout)."""
+        kind = type(self)
+        if (
+            kind.outcome is not Env.outcome
+            or kind.invalid_reason is not Env.invalid_reason
+            or self.answer_marker is not None
+        ):
+            return [self.outcome(item, r) for r in rollouts]
+        entry = self._truncated_entry()
+        return [{**entry} if r.finish_reason == "length" else {} for r in rollouts]
+
+    def _truncated_entry(self) -> dict[str, Any]:
+        """`truncated("tokens", self.truncated)`, made once per rule (copy it per rollout)."""
+        cut = self._cut
+        if cut is None or cut[0] != self.truncated:
+            cut = self._cut = (self.truncated, truncated("tokens", self.truncated))
+        return cut[1]
 
     def invalid_reason(self, item: Item, rollout: Rollout) -> str | None:
         """Why `rollout` is the policy's own fault (`no_answer`, `malformed_call`), counted as
@@ -267,10 +289,7 @@ class Env(BaseEnv[ConfigT]):
         """A rollout's outcome entry: `truncated/tokens` when cut by its token limit (under
         `truncated`), else `invalid/<why>` (`invalid_reason`), else `{}` (scored)."""
         if rollout.finish_reason == "length":
-            cut = self._cut
-            if cut is None or cut[0] != self.truncated:  # made once per rule, copied per rollout
-                cut = self._cut = (self.truncated, truncated("tokens", self.truncated))
-            return {**cut[1]}
+            return {**self._truncated_entry()}
         why = self.invalid_reason(item, rollout)
         return invalid(why) if why else {}
 
