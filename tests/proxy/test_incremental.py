@@ -11,7 +11,7 @@ from typing import Any
 
 from atropos.inference.managed import ManagedServer
 from atropos.inference.tokenizer import load_tokenizer
-from atropos.proxy.incremental import template_is_stable
+from atropos.proxy.incremental import template_is_stable, window_kind
 from atropos.proxy.session import Session
 from atropos.proxy.turns import TurnRequest
 
@@ -134,3 +134,36 @@ def test_a_managed_server_with_no_renderer_renders_whole() -> None:
     messages = [{"role": "user", "content": "hi"}]
     expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert managed.render_whole(messages, None, {}) == expected
+
+
+def test_a_template_whose_answer_reads_the_message_before_it_gets_the_long_window() -> None:
+    """The one-render window renders an answer without the message before it: a template that
+    writes an answer differently after a tool result passes that window's checks but not the
+    probe, so the two-render window (which keeps that message) is used, and gives the full
+    render's ids."""
+    tok = copy.deepcopy(load_tokenizer("tiny"))
+    assert window_kind(tok) == "short"
+    tok.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' -}}"
+        "{%- if m.role == 'assistant' and not loop.first"
+        " and messages[loop.index0 - 1].role == 'tool' -%}{{- '(after a tool) ' -}}{%- endif -%}"
+        "{{- (m.content or '') + '<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+    assert window_kind(tok) == "long"
+    windowed = Session("s", "k", managed=ManagedServer(Stub(tok), tok), tokenizer=tok)
+    whole = Session("w", "k", managed=ManagedServer(Stub(tok), tok), tokenizer=tok)
+    assert whole.managed is not None and windowed.managed is not None
+    whole.managed.renderer, whole.template = None, None
+    asyncio.run(converse(windowed))
+    asyncio.run(converse(whole))
+    assert windowed.template is not None and windowed.template.counts["window"] >= 4
+    assert windowed.template.counts["short"] == 0
+    sent = [s.sent for s in (windowed.managed.server, whole.managed.server)]
+    assert sent[0] == sent[1]
+
+
+def test_the_one_render_window_gives_the_full_renders_text() -> None:
+    s, _ = session()
+    asyncio.run(converse(s))
+    assert s.template is not None and s.template.counts["short"] >= 4

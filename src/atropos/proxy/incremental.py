@@ -20,14 +20,28 @@ conversation did). The text is then `previous text + Y[len(X):]`, the same strin
 render gives, and the session's `ManagedServer` tokenizes and classifies it as it does any
 prompt (only the added text is tokenized where the tokenizer allows it: `inference.held`).
 
+That *long* window renders twice per call (`X` changes with the last held message). Where the
+probe finds it exact, the *short* window renders once: without the last held message,
+
+    G = render(head, generation prompt)                 (cached with B while head and tools stay)
+    Y = render(head + [assistant] + A, generation prompt unless A ends with one)
+
+checked as above with `G` for `X` (`Y` starts with `G`, `G` with `B`, the previous prompt's
+text ends with `G[len(B):]`, the generation prompt), giving `previous text + Y[len(G):]`. It
+differs from the full render for a template that writes an answer according to the message
+before it (after a tool result, say), which its checks cannot see; the probe can, so such a
+template gets the long window (`window_kind`), and a call whose short window fails its checks
+takes the long one, as the probe ran it.
+
 A template that rewrites earlier turns when later ones come (Qwen3 drops the reasoning of
 assistant turns before the last user message; a template that counts messages) would pass the
 window's checks and still differ from the full render. So each template is probed once
 (`template_is_stable`): conversations with a system message and without, tools and none, a
 reasoning block, tool calls and grouped tool results are rendered both ways at every cut, and
-the window is used only if every cut gives the full render's text (and the direct Jinja render
-below gives `apply_chat_template`'s). Calls with `chat_template_kwargs`, a reasoning plan's
-template kwargs, or a `skip_reasoning` render are always rendered whole, by `render_whole`.
+a window is used only if every cut gives the full render's text (and the direct Jinja render
+below gives `apply_chat_template`'s): the long one first, then the short one. Calls with
+`chat_template_kwargs`, a reasoning plan's template kwargs, or a `skip_reasoning` render are
+always rendered whole, by `render_whole`.
 
 The windows are rendered with the tokenizer's compiled Jinja template directly (transformers'
 own compiled template, with the special tokens as variables), which skips
@@ -37,8 +51,8 @@ the same way: the messages the dialects build are plain dicts (strings, lists, N
 reasoning fields), for which `apply_chat_template`'s normalisation changes nothing.
 
 Measured (benchmarks/proxy_overhead.py, RESULTS.md): the render of a 16-call conversation cost
-~0.23 ms in `apply_chat_template` at its last call; the window costs two short renders (the
-head's is kept while the head and tools stay).
+~0.23 ms in `apply_chat_template` at its last call; the long window costs two short renders,
+the short one one (the head's are kept while the head and tools stay).
 """
 
 from __future__ import annotations
@@ -47,14 +61,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["IncrementalRender", "template_is_stable"]
+__all__ = ["IncrementalRender", "template_is_stable", "window_kind"]
 
 Message = dict[str, Any]
 Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
 _KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents); a prompt
 # a later call continued is dropped then (its text is the start of the later one's)
-_STABLE: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
+_STABLE: weakref.WeakKeyDictionary[Any, tuple[str, str | None]] = weakref.WeakKeyDictionary()
 _TOOL = {
     "type": "function",
     "function": {
@@ -135,30 +149,39 @@ def _probes() -> list[tuple[list[Message], Any]]:
 
 
 def template_is_stable(tokenizer: Any) -> bool:
-    """Whether the window gives the full render's text for this tokenizer's template (probed
+    """Whether a window gives the full render's text for this tokenizer's template (probed
     once per tokenizer and template: see the module docstring)."""
+    return window_kind(tokenizer) is not None
+
+
+def window_kind(tokenizer: Any) -> str | None:
+    """The window the probe found to give the full render's text for this tokenizer's
+    template: "short" (one render per call), "long" (two), or None (render whole)."""
     source = getattr(tokenizer, "chat_template", None)
     if not isinstance(source, str):
-        return False
+        return None
     try:
         held = _STABLE.get(tokenizer)
     except TypeError:  # not weak-referenceable: probe every time (test doubles)
         held = None
     if held is not None and held[0] == source:
-        return bool(held[1])
-    stable = _probe(tokenizer)
+        return held[1]
+    kind = _probe(tokenizer)
     try:
-        _STABLE[tokenizer] = (source, stable)
+        _STABLE[tokenizer] = (source, kind)
     except TypeError:
         pass
-    return stable
+    return kind
 
 
-def _probe(tokenizer: Any) -> bool:
+def _probe(tokenizer: Any) -> str | None:
+    """The long window is required (every cut gives the full render's text); the short one
+    is used where it too gives it at every cut and applied at some (it falls back to the
+    long one where its checks fail, as the probe ran it)."""
     try:
         direct = _direct(tokenizer, _compiled(tokenizer))
     except Exception:  # no template, or one this Jinja cannot compile
-        return False
+        return None
 
     def whole(messages: list[Message], tools: Any, kw: dict[str, Any]) -> str:
         generation = messages[-1]["role"] != "assistant"
@@ -168,7 +191,7 @@ def _probe(tokenizer: Any) -> bool:
             )
         )
 
-    tried = 0
+    cases = []
     for conversation, tools in _probes():
         try:
             texts = [
@@ -176,8 +199,20 @@ def _probe(tokenizer: Any) -> bool:
             ]
         except Exception:  # the template refuses this shape (no system role, no tools): skip it
             continue
-        tried += 1
-        window = IncrementalRender(whole, direct)
+        cases.append((conversation, tools, texts))
+    if not cases or not _agrees(cases, IncrementalRender(whole, direct)):
+        return None
+    short = IncrementalRender(whole, direct, short=True)
+    return "short" if _agrees(cases, short) and short.counts["short"] else "long"
+
+
+def _agrees(cases: list[tuple[list[Message], Any, list[str]]], window: IncrementalRender) -> bool:
+    """Whether `window`, continuing each probe conversation at every cut, gives the full
+    render's text wherever it applies (and the direct render gives it everywhere)."""
+    direct = window._direct
+    assert direct is not None
+    for conversation, tools, texts in cases:
+        window._prompts, window._head = [], None
         for end, text in enumerate(texts, start=1):
             messages = conversation[:end]
             if direct(messages, tools, messages[-1]["role"] != "assistant") != text:
@@ -186,7 +221,7 @@ def _probe(tokenizer: Any) -> bool:
             if found is not None and found != text:
                 return False
             window.remember(messages, tools, text)
-    return tried > 0
+    return True
 
 
 class IncrementalRender:
@@ -195,16 +230,22 @@ class IncrementalRender:
     Args:
         whole: renders a whole conversation (`ManagedServer.render_whole(msgs, tools, kw)`).
         direct: renders a short window (`_direct`), or None to always render whole.
+        short: try the one-render window first (`window_kind` found it gives the full text).
     """
 
-    def __init__(self, whole: Render, direct: Callable[..., str] | None) -> None:
+    def __init__(
+        self, whole: Render, direct: Callable[..., str] | None, *, short: bool = False
+    ) -> None:
         self._whole = whole
         self._direct = direct
+        self._short = short
         self._prompts: list[tuple[list[Message], Any, str]] = []  # most recent last
-        self._head: tuple[Message | None, Any, str] | None = None
+        #: (system message or None, tools, head's text alone, head's text + generation prompt)
+        self._head: tuple[Message | None, Any, str, str] | None = None
         self._continued: tuple[list[Message], Any, str] | None = None  # by the last `extend`
-        #: How many renders used the window, and how many rendered the whole conversation.
-        self.counts = {"window": 0, "whole": 0}
+        #: How many renders used a window (of them, how many the one-render window), and how
+        #: many rendered the whole conversation.
+        self.counts = {"window": 0, "short": 0, "whole": 0}
 
     @classmethod
     def attach(cls, managed: Any) -> IncrementalRender | None:
@@ -213,9 +254,12 @@ class IncrementalRender:
         `render_whole`."""
         whole = getattr(managed, "render_whole", None)
         tokenizer = getattr(managed, "tokenizer", None)
-        if whole is None or tokenizer is None or not template_is_stable(tokenizer):
+        if whole is None or tokenizer is None:
             return None
-        window = cls(whole, _direct(tokenizer, _compiled(tokenizer)))
+        kind = window_kind(tokenizer)
+        if kind is None:
+            return None
+        window = cls(whole, _direct(tokenizer, _compiled(tokenizer)), short=kind == "short")
         plan = getattr(managed, "reasoning", None)
         window.plain = not getattr(plan, "kwargs", None)
         managed.renderer = window
@@ -265,11 +309,38 @@ class IncrementalRender:
                 and held_tools == tools
             ):
                 self._continued = entry  # whether the window or the whole render gives it
-                return self._window(msgs, cut, tools, text)
+                head = msgs[:1] if msgs[0].get("role") == "system" else []
+                if self._short:
+                    found = self._short_window(msgs, head, cut, tools, text)
+                    if found is not None:
+                        self.counts["short"] += 1
+                        return found
+                return self._window(msgs, head, cut, tools, text)
         return None
 
-    def _window(self, msgs: list[Message], cut: int, tools: Any, text: str) -> str | None:
-        head = msgs[:1] if msgs[0].get("role") == "system" else []
+    def _short_window(
+        self, msgs: list[Message], head: list[Message], cut: int, tools: Any, text: str
+    ) -> str | None:
+        """One render, of the head and what the call adds (its assistant message first):
+        `Y = render(head + msgs[cut:])` must start with the head's text plus the generation
+        prompt `X` (cached), and the previous prompt's text end with that generation prompt;
+        the text is then `text + Y[len(X):]`."""
+        if cut <= len(head):
+            return None  # the previous prompt was the head alone
+        direct = self._direct
+        assert direct is not None
+        try:
+            opening, prompt = self._opening(head, tools)
+            after = direct(head + msgs[cut:], tools, msgs[-1].get("role") != "assistant")
+        except Exception:  # a shape the template refuses: the long window, or whole
+            return None
+        if not (after.startswith(prompt) and text.endswith(prompt[len(opening) :])):
+            return None
+        return text + after[len(prompt) :]
+
+    def _window(
+        self, msgs: list[Message], head: list[Message], cut: int, tools: Any, text: str
+    ) -> str | None:
         if cut <= len(head) + 1:
             return None  # the window would be the whole prompt: nothing to save
         base = head + msgs[cut - 1 : cut]
@@ -278,7 +349,7 @@ class IncrementalRender:
         try:
             before = direct(base, tools, True)
             after = direct(base + msgs[cut:], tools, msgs[-1].get("role") != "assistant")
-            opening = self._opening(head, tools)
+            opening = self._opening(head, tools)[0]
         except Exception:  # the window is a shape the template refuses: render it whole
             return None
         if not (after.startswith(before) and before.startswith(opening)):
@@ -287,13 +358,17 @@ class IncrementalRender:
             return None
         return text + after[len(before) :]
 
-    def _opening(self, head: list[Message], tools: Any) -> str:
-        """The template's text for the head alone (cached while head and tools stay)."""
+    def _opening(self, head: list[Message], tools: Any) -> tuple[str, str]:
+        """The template's text for the head alone, without and with the generation prompt
+        (cached while head and tools stay; the second checked to start with the first)."""
         first = head[0] if head else None
         held = self._head
         if held is not None and held[0] == first and held[1] == tools:
-            return held[2]
+            return held[2], held[3]
         assert self._direct is not None
         opening = self._direct(head, tools, False)
-        self._head = (first, tools, opening)
-        return opening
+        prompt = self._direct(head, tools, True)
+        if not prompt.startswith(opening):
+            raise ValueError("the generation prompt does not follow the head's text")
+        self._head = (first, tools, opening, prompt)
+        return opening, prompt
