@@ -413,12 +413,13 @@ class ServeRunner:
         assert task is not None
         env, deadlines = self.env, self.deadlines
         while True:
-            flight = self.pacer.start(self.version_now())
+            # what the servers report for this rollout's calls: pacing counts the rollout at
+            # the oldest version reported
+            seen = PolicyVersions()
+            flight = self.pacer.start(self.version_now(), seen)
             started = time.monotonic()
             try:
-                # what the servers report for this rollout's calls, and why the env dropped it
-                with PolicyVersions() as seen, EnvDrops() as dropped:
-                    flight.seen = seen  # pacing counts the rollout at the oldest version reported
+                with seen, EnvDrops() as dropped:  # ... and why the env dropped it
                     deadlines.start(task, started)
                     try:
                         result, more = await env.collect_trajectories(item)
