@@ -16,6 +16,11 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
   nodes: what a single-turn env's group makes); counted as one call;
 * `local`: `group` over an in-process answer (a fixed completion per choice, no manager, no
   HTTP): `ManagedServer`'s own work per group (render from the cache, nodes, texts);
+* `chain`: `manager` over an in-process client that answers at once with the fake server's
+  answer to the same request (no socket, no server): the chain's own work per call, the least
+  load-sensitive figure of it (the client's `request` here is one coroutine returning bytes);
+* `turn`: `single` over `chain`'s in-process client: a single-turn rollout's whole chain,
+  `ManagedServer` to the answer's rows and back to its node, without a socket;
 * `session`: `--turns` calls of one conversation per session, each continuing the held sequence
   (the reply and a user message added; what a multi-turn env and the proxy make).
 
@@ -52,12 +57,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers b
 from procstat import code_version, free_port, machine  # noqa: E402
 
 from atropos.inference.config import APIServerConfig, ServerManagerConfig  # noqa: E402
-from atropos.inference.http import HTTPClient  # noqa: E402
+from atropos.inference.http import HTTPClient, HTTPResponse  # noqa: E402
 from atropos.inference.managed import ManagedServer  # noqa: E402
 from atropos.inference.manager import ServerManager  # noqa: E402
 from atropos.testing.fake_engine import load_tokenizer  # noqa: E402
 
-WAYS = ("floor", "manager", "single", "group", "session", "local")
+WAYS = ("floor", "manager", "chain", "single", "turn", "group", "session", "local")
 GROUP = 8
 MAX_TOKENS = 8
 QUESTION = [{"role": "user", "content": "What is two plus two? Answer briefly."}]
@@ -108,6 +113,20 @@ class Answer:
         return input_ids, [list(out) for _ in range(n)], [[-0.5] * len(out)] * n, ["stop"] * n
 
 
+class CannedClient:
+    """An HTTP client in process: every request is answered with `body` (status 200) at once."""
+
+    def __init__(self, body: bytes) -> None:
+        self.answer = HTTPResponse(200, body)
+        self.closed = False
+
+    async def request(self, method: str, url: str, body: Any = None, *a: Any, **kw: Any) -> Any:
+        return self.answer
+
+    async def close(self) -> None:
+        self.closed = True
+
+
 class Bench:
     """The ways, sharing one manager and one bare client on one fake server."""
 
@@ -133,6 +152,19 @@ class Bench:
             body = {"prompt": self.ids, "logprobs": 0, "return_token_ids": True,
                     "return_tokens_as_token_ids": True, "model": "atropos-tiny"}  # fmt: skip
         self.floor_body = msgspec.json.encode({**body, "n": 1, "max_tokens": max_tokens})
+        self.canned = ServerManager([config], ServerManagerConfig(), tokenizer=self.tok)
+
+    async def start(self) -> None:
+        """The `chain` way's manager: its backend's client answers the floor's answer at once."""
+        answer = await self.client.request("POST", self.floor_url, self.floor_body)
+        backend: Any = self.canned.servers[0]
+        backend._session = CannedClient(answer.body)
+
+    async def chain(self) -> int:
+        await self.canned.tokens_and_logprobs_completion(
+            input_ids=self.ids, n=1, max_tokens=self.max_tokens
+        )
+        return 1
 
     async def floor(self) -> int:
         answer = await self.client.request("POST", self.floor_url, self.floor_body)
@@ -147,6 +179,11 @@ class Bench:
 
     async def single(self) -> int:
         async with self.manager.managed_server(self.tok) as managed:
+            await managed.chat_turn(messages=QUESTION, max_tokens=self.max_tokens)
+        return 1
+
+    async def turn(self) -> int:
+        async with self.canned.managed_server(self.tok) as managed:
             await managed.chat_turn(messages=QUESTION, max_tokens=self.max_tokens)
         return 1
 
@@ -175,6 +212,8 @@ class Bench:
         return {
             "floor": self.floor,
             "manager": self.manager_call,
+            "chain": self.chain,
+            "turn": self.turn,
             "single": self.single,
             "group": self.group,
             "local": self.local,
@@ -187,6 +226,7 @@ async def measure(args: argparse.Namespace, url: str, api: str) -> dict[str, lis
     bench = Bench(url, api, args.turns, args.max_tokens)
     out: dict[str, list[float]] = {w: [] for w in args.ways}
     try:
+        await bench.start()
         for way in args.ways:  # warm-up: connections, caches, first calls
             await spread(args.warmup, args.concurrency, bench.way(way))
         for r in range(args.rounds):
@@ -199,6 +239,7 @@ async def measure(args: argparse.Namespace, url: str, api: str) -> dict[str, lis
                 print(f"  {api} round {r + 1} {way}: {out[way][-1]:.1f} us/call", flush=True)
     finally:
         await bench.manager.aclose()
+        await bench.canned.aclose()
         await bench.client.close()
     return out
 
@@ -214,7 +255,7 @@ def table(results: dict[str, dict[str, list[float]]]) -> str:
             median = statistics.median(figures)
             over = (
                 f"{median - floor:.1f}"
-                if floor is not None and way not in ("floor", "local")
+                if floor is not None and way not in ("floor", "local", "chain", "turn")
                 else "—"
             )
             lines.append(

@@ -345,11 +345,14 @@ class HTTPBackend:
         total = self.config.timeout if timeout is None else timeout
         data = None if body is None else _ENCODER.encode(body)
         call = CURRENT_CALL.get()
+        client = self._session
+        if client is None or self._closed:
+            client = self._http()
         try:
             if call is None:
-                answer = await self._http().request(method, url, data, timeout=total)
+                answer = await client.request(method, url, data, timeout=total)
             else:
-                answer = await self._http().request(
+                answer = await client.request(
                     method, url, data, call.headers, timeout=total, deadline=call.deadline
                 )
         except TimeoutError as exc:

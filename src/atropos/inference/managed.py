@@ -514,7 +514,9 @@ class ManagedServer:
 
     def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
         """Put the new nodes where the parent was (it is their prefix), or at the end."""
-        at = next((i for i, node in enumerate(self.nodes) if node is parent), None)
+        at = None
+        if parent is not None:  # a new conversation's nodes (the common case) have none
+            at = next((i for i, node in enumerate(self.nodes) if node is parent), None)
         if at is None:
             self.nodes.extend(nodes)
         else:

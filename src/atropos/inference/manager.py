@@ -126,12 +126,32 @@ class PinnedServer:
         return self._manager._dispatch("get_logprobs", split, kwargs, self)
 
     def hint(self, slot: ServerSlot) -> str | None:
-        """The session hint header lines for `slot`'s server (made once per server type)."""
+        """The session hint header lines for `slot`'s server (made once per server type, from
+        that type's lines formatted once per process: `_hint_lines`)."""
         kind = slot.config.server_type
         if self._hint_kind != kind:
-            self._hint = header_lines(kind, self.session) if self.session is not None else None
+            self._hint = _hint_lines(kind, self.session) if self.session is not None else None
             self._hint_kind = kind
         return self._hint
+
+
+_HINT_PARTS: dict[str, list[str] | None] = {}
+"""`routing.header_lines` of each server type, split where the key goes (made once per type)."""
+
+
+def _hint_lines(kind: str, key: str) -> str | None:
+    r"""`routing.header_lines(kind, key)`, by one join of that type's lines made once (a session
+        is made per rollout; formatting its lines anew cost about 1 us).
+
+        >>> _hint_lines("vllm", "k1"), _hint_lines("openai", "k1")
+        ('X-Session-ID: k1
+    ', None)
+    """
+    if kind not in _HINT_PARTS:
+        lines = header_lines(kind, "\0")  # no header name or line holds a NUL
+        _HINT_PARTS[kind] = lines.split("\0") if lines is not None else None
+    parts = _HINT_PARTS[kind]
+    return key.join(parts) if parts is not None else None
 
 
 class _Session:
@@ -150,9 +170,7 @@ class _Session:
         return self._managed
 
     async def __aexit__(self, *exc: object) -> None:
-        reset = getattr(self._managed, "reset", None)
-        if callable(reset):
-            reset()
+        self._managed.reset()  # always a `ManagedServer` (`managed_server`)
         if self._homes is not None:
             self._homes.forget(self._key)
 
@@ -488,13 +506,6 @@ class ServerManager:
             )
         return merge_completions(parts)
 
-    def _invoke(self, slot: ServerSlot, method: str, kwargs: dict[str, Any]) -> Awaitable[Any]:
-        """The backend's call on `slot`; a chat request gets that server's reasoning fields."""
-        if self._chat_plans is not None and method == "chat_completion":
-            kwargs = self._chat_plans[slot.index].apply(kwargs)
-        result: Awaitable[Any] = getattr(slot.backend, method)(**kwargs)
-        return result
-
     def _home(self, key: str | None, tried: set[int]) -> ServerSlot | None:
         """The session's home server, unless it failed this call (None: sticky routing is off,
         no session, or its first call)."""
@@ -519,6 +530,11 @@ class ServerManager:
         """The server of one attempt when one has room now (a unit of budget taken on it),
         else None (`_wait_for_room`): the session's home (`routing`) or the least-loaded server,
         which becomes the session's home. Not for a dedicated pin (its unit is held)."""
+        if key is None or not self._sticky:  # no home to prefer or keep (`_home`, `_placed`)
+            slot = self._pool.take(split, avoid=tried, only=only)
+            if slot is not None and pin is not None:
+                pin.slot = slot
+            return slot
         home = self._home(key, tried)
         slot = self._pool.take(
             split,
@@ -526,7 +542,7 @@ class ServerManager:
             avoid=tried,
             only=only,
             ratio=self._ratio if home is not None else math.inf,
-            spread=self.homes.per_server if key is not None and self._sticky else None,
+            spread=self.homes.per_server,
         )
         if slot is not None:
             self._placed(slot, pin, key)
@@ -585,34 +601,33 @@ class ServerManager:
         attempt = 0
         key = pin.session if pin is not None else session
         held = pin is not None and pin.held is not None
+        plans = self._chat_plans if method == "chat_completion" else None
         while True:
             attempt += 1
             slot = (
                 pin.slot if held and pin is not None else self._take(split, pin, key, tried, only)
             )
+            started = asked  # taken at once: no clock read between
             if slot is None:
                 slot = await self._wait_for_room(split, deadline, pin, key, tried, only)
+                started = loop.time()
             tried.add(slot.index)
-            started = loop.time()
             if key is None:
                 hint = None
-            elif pin is not None:
-                hint = pin.hint(slot)
+            elif pin is not None:  # its lines for this server, made once per session
+                hint = pin._hint if pin._hint_kind == slot.config.server_type else pin.hint(slot)
             else:
-                hint = header_lines(slot.config.server_type, key)
+                hint = _hint_lines(slot.config.server_type, key)
             scope = CURRENT_CALL.set(Call(deadline, hint))
-            try:
-                call = self._invoke(slot, method, kwargs)
+            try:  # `_invoke`, inlined: a chat request gets that server's reasoning fields
+                call = getattr(slot.backend, method)(
+                    **(kwargs if plans is None else plans[slot.index].apply(kwargs))
+                )
                 result = await (call if slot.keeps_deadline else within(deadline, call))
             except InferenceError as error:
                 wait = self._after_error(slot, error, attempt, only, tried, deadline)
             except TimeoutError:
-                slot.stats.errors["timeout"] += 1
-                raise InferenceTimeout(
-                    f"{method}: no result within the {self.deadline:g} s deadline "
-                    f"({attempt} attempt{'s' if attempt > 1 else ''})",
-                    server=slot.config.base_url,
-                ) from None
+                raise self._timed_out(slot, method, attempt) from None
             else:
                 slot.stats.record(split, loop.time() - started, attempt, started - asked)
                 slot.answered = True
@@ -621,11 +636,20 @@ class ServerManager:
                 CURRENT_CALL.reset(scope)
                 if not held:
                     slot.in_flight[split] -= 1
-                    if self._pool.waiting(split):  # wake one waiter for the unit given back
+                    if self._pool.waiters[split]:  # wake one waiter for the unit given back
                         await self._pool.notify(split)
             if wait:
                 await asyncio.sleep(wait)
             asked = loop.time()
+
+    def _timed_out(self, slot: ServerSlot, method: str, attempt: int) -> InferenceTimeout:
+        """The error of a call whose deadline passed (counted as a timeout of `slot`)."""
+        slot.stats.errors["timeout"] += 1
+        return InferenceTimeout(
+            f"{method}: no result within the {self.deadline:g} s deadline "
+            f"({attempt} attempt{'s' if attempt > 1 else ''})",
+            server=slot.config.base_url,
+        )
 
     def _after_error(
         self,

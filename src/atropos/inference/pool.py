@@ -108,13 +108,15 @@ class ServerSlot:
 
     def base_capacity(self, split: Split) -> int:
         """This split's configured budget: max(1, configured * weight)."""
-        cfg = self.config
+        cfg = self.backend.config
         base = cfg.num_max_requests_at_once if split == "train" else cfg.num_requests_for_eval
         return max(1, int(base * self.weight))
 
     def capacity(self, split: Split) -> int:
         """This split's budget: the configured one, capped by the adaptive limit (training)."""
-        base = self.base_capacity(split)
+        cfg = self.backend.config  # `base_capacity` inlined: this runs for every request
+        base = cfg.num_max_requests_at_once if split == "train" else cfg.num_requests_for_eval
+        base = max(1, int(base * self.weight))
         limit = self.limit
         if limit is None or split != "train":
             return base
@@ -163,7 +165,8 @@ class ServerPool:
         self.note_every = note_every
         self.role = role  # whose servers these are, for messages: "policy", "teacher", "judge"
         self._room = {s: asyncio.Condition() for s in SPLITS}
-        self._waiting: Counter[Split] = Counter()
+        #: How many calls wait for a unit of each split's budget (read per call: a plain count).
+        self.waiters: Counter[Split] = Counter()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closing = False
@@ -279,8 +282,15 @@ class ServerPool:
         spread: Mapping[int, int] | None = None,
     ) -> ServerSlot | None:
         """`acquire` without waiting: the unit on the server `pick` chooses, or None when no
-        server has room now (then `acquire` waits for one)."""
-        slot = self.pick(split, prefer, avoid, only, ratio, spread)
+        server has room now (then `acquire` waits for one). With one server there is nothing to
+        choose: it, when it may be used and has room (what `pick` gives then, without its pass)."""
+        slots = self.slots
+        if len(slots) == 1:
+            slot: ServerSlot | None = slots[0]
+            if (only is not None and slots[0].index not in only) or not slots[0].has_room(split):
+                slot = None
+        else:
+            slot = self.pick(split, prefer, avoid, only, ratio, spread)
         if slot is not None:
             self._count(slot, split)
         return slot
@@ -305,7 +315,7 @@ class ServerPool:
         loop = asyncio.get_running_loop()
         room = self._room[split]
         async with room:
-            self._waiting[split] += 1
+            self.waiters[split] += 1
             try:
                 while (slot := self.pick(split, prefer, avoid, only, ratio, spread)) is None:
                     limit = deadline
@@ -328,7 +338,7 @@ class ServerPool:
                     room.notify(1)  # we may have swallowed a wake-up meant for a slot: pass it on
                 raise
             finally:
-                self._waiting[split] -= 1
+                self.waiters[split] -= 1
 
     def _unavailable(self, split: Split) -> InferenceError:
         healthy = sum(s.healthy for s in self.slots)
@@ -372,12 +382,12 @@ class ServerPool:
     async def release(self, slot: ServerSlot, split: Split) -> None:
         """Give the unit back and wake one waiter of this split, if any."""
         slot.in_flight[split] -= 1
-        if self._waiting[split]:
+        if self.waiters[split]:
             await self.notify(split)
 
     def waiting(self, split: Split) -> int:
         """How many calls wait for a unit of `split` budget."""
-        return self._waiting[split]
+        return self.waiters[split]
 
     async def notify(self, split: Split) -> None:
         """Wake one waiter of `split` (shielded: a cancelled caller still passes the unit on)."""
@@ -398,7 +408,7 @@ class ServerPool:
         except RuntimeError:
             return  # no loop, so nobody can be waiting
         for split in SPLITS:
-            if self._waiting[split]:
+            if self.waiters[split]:
                 self._spawn(self._notify(split, None), f"wake:{split}")
 
     def set_health(self, slot: ServerSlot, healthy: bool, why: str = "") -> None:

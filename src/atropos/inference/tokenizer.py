@@ -119,6 +119,7 @@ class TokenCodec:
     """Distinct pieces whose ids are kept (a few per conversation shape; new text churns)."""
 
     _cache: ClassVar[weakref.WeakKeyDictionary[Any, TokenCodec]] = weakref.WeakKeyDictionary()
+    _last: ClassVar[TokenCodec | None] = None
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -142,13 +143,18 @@ class TokenCodec:
 
     @classmethod
     def of(cls, tokenizer: Any) -> TokenCodec:
-        """The codec of `tokenizer` (made once per tokenizer object)."""
+        """The codec of `tokenizer` (made once per tokenizer object; the last one asked for is
+        found without the weak map's lookup: a session asks once per rollout)."""
+        last = cls._last
+        if last is not None and last.tokenizer is tokenizer:
+            return last
         try:
             found = cls._cache.get(tokenizer)
         except TypeError:  # not weak-referenceable: no caching
             return cls(tokenizer)
         if found is None:
             found = cls._cache[tokenizer] = cls(tokenizer)
+        cls._last = found  # keeps the tokenizer alive no longer than its entry above does
         return found
 
     def encode(self, text: str) -> list[int]:

@@ -49,6 +49,7 @@ import msgspec
 
 from atropos.inference.base import (
     _ENCODER,
+    _NOT_BODY,
     MISSING_LOGPROB,
     PromptLogprobs,
     TokensAndLogprobs,
@@ -223,20 +224,31 @@ class VLLMBackend(OpenAIBackend):
     ) -> TokensAndLogprobs:
         """`tokens_and_logprobs_completion`: ids and logprobs exactly as vLLM produced them."""
         limit = normalize_max_tokens(sampling)
-        body = self._model(sampling)
-        body["n"] = n
-        if limit is not None:
-            body["max_tokens"] = limit
         if self.config.vllm_token_api == "generate":
+            # /generate takes sampling fields only (no model); `sampling` is this call's own
+            # dict, used as the body as it is when it holds nothing `_model` would drop
+            body = sampling if _NOT_BODY.isdisjoint(sampling) else self._model(sampling)
+            body.pop("model", None)
+            body["n"] = n
+            if limit is not None:
+                body["max_tokens"] = limit
             if input_ids is not None:
                 given = self._given_ids(input_ids)
             else:
                 given = await self._prompt_ids(prompt, input_ids, require=True) or []
-            body.pop("model", None)  # /generate takes sampling fields only
             body["prompt"] = {"prompt_token_ids": given}
             body["logprobs"] = 0
-            data = await self._post(self.root + "/generate", body, _GENERATE_DECODER)
+            url = self.root + "/generate"
+            data = await self._request("POST", url, body, decoder=_GENERATE_DECODER)
             return self._generated(given, n, data)
+        if _NOT_BODY.isdisjoint(sampling):  # as above: this call's own dict is the body
+            body = sampling
+            body["model"] = self.config.model_name
+        else:
+            body = self._model(sampling)
+        body["n"] = n
+        if limit is not None:
+            body["max_tokens"] = limit
         ids = await self._prompt_ids(prompt, input_ids)
         sent = msgspec.Raw(_ENCODER.encode(ids)) if ids is not None else None  # spliced as is
         body.update(
@@ -245,7 +257,8 @@ class VLLMBackend(OpenAIBackend):
             return_token_ids=True,
             return_tokens_as_token_ids=True,
         )
-        data = await self._post(self.base_url + "/completions", body, _COMPLETIONS_DECODER)
+        url = self.base_url + "/completions"
+        data = await self._request("POST", url, body, decoder=_COMPLETIONS_DECODER)
         if isinstance(data, _CompletionsAnswer) and data.choices:
             outputs, logprobs, finish, echo = _typed_rows(data.choices)
             prompt_ids = _echoed(echo, ids, sent)
