@@ -35,6 +35,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_TOKENS",
     "boolean",
+    "check_depth",
     "decode",
     "integer",
     "mapping",
@@ -64,7 +65,7 @@ def decode(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ProxyError(400, "the body must be a JSON object")
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:  # else it cannot be too deep
-        _check_depth(body)
+        check_depth(body)
     return body
 
 
@@ -74,10 +75,11 @@ def _too_deep() -> ProxyError:
     )
 
 
-def _check_depth(body: Any) -> None:
-    """ProxyError 400 when `body` nests more than `MAX_DEPTH` containers (an iterative walk:
-    the translation, templates and JSON encoders that read the body later recurse)."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
+def check_depth(body: Any, depth: int = 1) -> None:
+    """ProxyError 400 when `body` (at `depth` in its request) nests more than `MAX_DEPTH`
+    containers (an iterative walk: the translation, templates and JSON encoders that read the
+    body later recurse)."""
+    stack: list[tuple[Any, int]] = [(body, depth)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:

@@ -44,6 +44,7 @@ __all__ = [
     "completion_to_turn",
     "error_body",
     "models_body",
+    "read_messages",
     "stream_flags",
 ]
 
@@ -124,8 +125,13 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
 def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise ProxyError(400, "messages must be a non-empty list of chat messages")
+    return read_messages(value)
+
+
+def read_messages(value: list[Any], start: int = 0) -> list[dict[str, Any]]:
+    """Messages `start`, `start + 1`, ... of a call, read (errors name them by that index)."""
     out = []
-    for i, m in enumerate(value):
+    for i, m in enumerate(value, start):
         if type(m) is dict and len(m) == 2 and m.get("role") in _PLAIN_ROLES:
             if type(m.get("content")) is str:  # what the checks below would build: kept as is
                 out.append(m)
@@ -229,12 +235,15 @@ def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, bool(fields.boolean(options, "include_usage", "stream_options"))
 
 
-def chat_to_turn(body: Mapping[str, Any]) -> TurnRequest:
-    """A `/v1/chat/completions` body as a `TurnRequest` (ProxyError 400 when malformed)."""
+def chat_to_turn(
+    body: Mapping[str, Any], messages: list[dict[str, Any]] | None = None
+) -> TurnRequest:
+    """A `/v1/chat/completions` body as a `TurnRequest` (ProxyError 400 when malformed);
+    `messages`: the body's messages already read (`proxy.resend`), else read here."""
     fields.boolean(body, "logprobs")
     fields.integer(body, "top_logprobs", 0, MAX_LOGPROBS)
     return TurnRequest(
-        messages=_messages(body.get("messages")),
+        messages=_messages(body.get("messages")) if messages is None else messages,
         tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
         **_common(body),

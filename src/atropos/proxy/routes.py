@@ -67,8 +67,13 @@ def _key_of(request: Request) -> str | None:
 
 
 async def _json_body(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object (`fields.decode`), read from the ASGI messages as they come
-    (one message for a body of a few KiB); ProxyError 413 past `limit` bytes."""
+    """The body as a JSON object (`fields.decode`); ProxyError 413 past `limit` bytes."""
+    return fields.decode(await _body(request, limit))
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body's bytes, read from the ASGI messages as they come (one message for a body of
+    a few KiB); ProxyError 413 past `limit` bytes."""
     declared = _header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
@@ -83,7 +88,7 @@ async def _json_body(request: Request, limit: int) -> dict[str, Any]:
         if len(data or chunk) > limit:
             raise ProxyError(413, f"request body over {limit} bytes (max_body_bytes)")
         if not more:
-            return fields.decode(bytes(data) if data else chunk)
+            return bytes(data) if data else bytes(chunk)
 
 
 def inference_failure(err: InferenceError) -> ProxyError:
@@ -262,8 +267,8 @@ class Routes:
 
     async def chat(self, request: Request) -> Response:
         session = self.session_for(request, request.path_params.get("sid"))
-        body = await _json_body(request, self.proxy.settings.max_body_bytes)
-        turn = openai_api.chat_to_turn(body)
+        data = await _body(request, self.proxy.settings.max_body_bytes)
+        turn, body = session.reader.read(data)  # only what the call adds to the last one
         stream, usage = openai_api.stream_flags(body)
         result = await session.complete(turn)
         if stream:

@@ -40,6 +40,7 @@ from atropos.inference.managed import ManagedServer
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_calls
 from atropos.proxy.incremental import IncrementalRender
+from atropos.proxy.resend import ChatReader
 from atropos.proxy.trajectory import BREAK_KINDS, Sequence, Span, Trajectory
 from atropos.proxy.turns import ProxyError, TurnChoice, TurnRequest, TurnResult
 
@@ -249,6 +250,15 @@ class Session:
         self._raw_of: dict[str, str] = {}  # assistant_key -> the raw text the model wrote
         self._raw_plain: dict[str, str] = {}  # the same for answers without calls: text -> raw
         self._by_ids: dict[str, tuple[dict[str, Any], str]] = {}  # call ids -> answer, raw
+        #: The last call's messages, as given and as rendered, and which to look up again
+        #: (`_render`).
+        self._rendered: tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]] = (
+            [],
+            [],
+            [],
+        )
+        #: Its chat calls, read by what each adds to the previous one (`proxy.resend`).
+        self.reader = ChatReader()
         self._spans: dict[int, list[Span]] = {}  # id(node) -> its generated spans
         self._conversations: list[list[dict[str, Any]]] = []  # text-only: finished chats
         self.responses: dict[str, list[dict[str, Any]]] = {}  # Responses API: id -> chat
@@ -290,19 +300,47 @@ class Session:
 
     def _render(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages to render: an assistant message the proxy answered becomes the raw
-        text the model wrote (so its tokens match the held ones)."""
-        out = []
-        plain = self._raw_plain
-        for message in messages:
-            if message.get("role") == "assistant":
-                if message.get("tool_calls"):
-                    raw = self._raw_of.get(assistant_key(message)) or self._filled_in(message)
-                else:  # `assistant_key` of a message without calls is its stripped text
-                    raw = plain.get(_text(message.get("content")).strip())
-                if raw is not None:
-                    message = {"role": "assistant", "content": raw}
+        text the model wrote (so its tokens match the held ones).
+
+        The previous call's are kept: the messages it was given that open this call's (the
+        same objects: `resend.ChatReader`) are taken as rendered then, but for assistant
+        messages not found by their own key then (looked up again: a later answer may have
+        added it); a key whose raw text changes drops them all (`_read`)."""
+        given, done, again = self._rendered
+        same, most = 0, min(len(messages), len(given))
+        while same < most and messages[same] is given[same]:
+            same += 1
+        out = done[:same]
+        looked: list[int] = []
+        for i in again:
+            if i < same:
+                out[i], stable = self._render_one(given[i])
+                if not stable:
+                    looked.append(i)
+        for i in range(same, len(messages)):
+            message, stable = self._render_one(messages[i])
             out.append(message)
+            if not stable:
+                looked.append(i)
+        self._rendered = (messages, out, looked)
         return out
+
+    def _render_one(self, message: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The message to render, and whether it was found by its own key (or is not an
+        assistant message): then it stays so while that key's raw text does."""
+        if message.get("role") != "assistant":
+            return message, True
+        if message.get("tool_calls"):
+            raw = self._raw_of.get(assistant_key(message))
+            stable = bool(raw)
+            if not raw:
+                raw = self._filled_in(message)
+        else:  # `assistant_key` of a message without calls is its stripped text
+            raw = self._raw_plain.get(_text(message.get("content")).strip())
+            stable = raw is not None
+        if raw is None:
+            return message, False
+        return {"role": "assistant", "content": raw}, stable
 
     def _tools(self, request: TurnRequest) -> list[dict[str, Any]] | None:
         """The tools to render: none for `tool_choice: "none"`, only the named one when a
@@ -324,10 +362,15 @@ class Session:
         self.unparsed_tool_calls += parsed.malformed
         reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
         choice = TurnChoice(parsed.content, parsed.tool_calls, reason, raw, parsed.malformed, stop)
-        if not choice.tool_calls:
-            self._raw_plain[_text(parsed.content).strip()] = raw
-        else:
-            self._raw_of[assistant_key(choice.message())] = raw
+        held, key = (
+            (self._raw_plain, _text(parsed.content).strip())
+            if not choice.tool_calls
+            else (self._raw_of, assistant_key(choice.message()))
+        )
+        if held.get(key, raw) != raw:  # messages rendered by the old text: render them again
+            self._rendered = ([], [], [])
+        held[key] = raw
+        if choice.tool_calls:
             self._by_ids[_call_ids(choice.tool_calls)] = (choice.message(), raw)
         return choice
 
