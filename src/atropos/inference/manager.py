@@ -241,6 +241,7 @@ class ServerManager:
         self._ratio = self.config.rehome_load_ratio
         self._weight = 1.0
         self._closed = False
+        self._ready = False  # open, its pool started: a training call skips `_check_open`
         self._only: dict[str, frozenset[int]] = {}
         self._most = self.config.max_n_completions
         self._running: tuple[asyncio.AbstractEventLoop, int] | None = None
@@ -263,6 +264,7 @@ class ServerManager:
     async def aclose(self) -> None:
         """Stop the health probes and close every server's connections."""
         self._closed = True
+        self._ready = False
         await self._pool.aclose()
         await asyncio.gather(*(b.aclose() for b in self.servers))
 
@@ -446,6 +448,7 @@ class ServerManager:
         if split not in SPLITS:
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         self._pool.start()
+        self._ready = True
         return "train" if split == "train" else "eval"
 
     def _eligible(self, method: str) -> frozenset[int]:
@@ -592,7 +595,9 @@ class ServerManager:
     ) -> Any:
         """One call: pick a server, try, fail over and back off on retryable errors, all under
         one deadline (`base.Call`: set here once, read by every wait below, no timer re-armed)."""
-        split = self._check_open(split_name)
+        split: Split = (
+            "train" if split_name == "train" and self._ready else self._check_open(split_name)
+        )
         loop = self._loop()
         asked = loop.time()
         deadline = asked + self.deadline

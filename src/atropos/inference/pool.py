@@ -95,7 +95,7 @@ class ServerSlot:
         self.down_since: float | None = None  # loop time it was last marked unhealthy
         self.why = ""  # why it was last marked unhealthy
         self.weight = 1.0
-        self.in_flight: Counter[Split] = Counter()
+        self.in_flight: Counter[Split] = Counter(dict.fromkeys(SPLITS, 0))  # no __missing__
         #: The adaptive cap on training requests (`atropos.inference.concurrency`), when on.
         self.limit: AdaptiveLimit | None = None
         #: The backend bounds its waits by the call's deadline (`base.Call`): no timer around it.
@@ -166,7 +166,7 @@ class ServerPool:
         self.role = role  # whose servers these are, for messages: "policy", "teacher", "judge"
         self._room = {s: asyncio.Condition() for s in SPLITS}
         #: How many calls wait for a unit of each split's budget (read per call: a plain count).
-        self.waiters: Counter[Split] = Counter()
+        self.waiters: Counter[Split] = Counter(dict.fromkeys(SPLITS, 0))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closing = False
