@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import eq
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -123,6 +124,22 @@ class ChatTurn:
     prompt_tokens: list[int]
     completion_tokens: int
     policy_version: int | None = None
+
+
+_LAST_PROMPTS: list[Any] = [None, None]
+"""A weak reference to the tokenizer `_prompt_cache` was last asked for, and its cache."""
+
+
+def _prompt_cache(tokenizer: Any) -> PromptCache | None:
+    """`PromptCache.of(tokenizer)`, the last tokenizer's without the weak map's lookup (one per
+    call; a weak reference here too, so the cache does not keep a tokenizer alive)."""
+    ref, cache = _LAST_PROMPTS
+    if ref is not None and ref() is tokenizer:
+        return cast(PromptCache, cache)
+    cache = PromptCache.of(tokenizer)
+    if cache is not None:
+        _LAST_PROMPTS[:] = [weakref.ref(tokenizer), cache]
+    return cache
 
 
 def _finish(reason: Any) -> str:
@@ -570,7 +587,7 @@ class ManagedServer:
             text = self.renderer.render(msgs, tools, kw)
             return text, self._encode(text)
         extra = self._template_kwargs(tools, kw)
-        cache = PromptCache.of(self.tokenizer)
+        cache = _prompt_cache(self.tokenizer)
         key = PromptCache.key(self.tokenizer, msgs, extra) if cache is not None else None
         if key is not None and cache is not None:
             found = cache.get(key)
