@@ -413,9 +413,7 @@ class ServeRunner:
         assert task is not None
         env, deadlines = self.env, self.deadlines
         while True:
-            # what the servers report for this rollout's calls: pacing counts the rollout at
-            # the oldest version reported
-            seen = PolicyVersions()
+            seen = PolicyVersions()  # its servers' versions: pacing counts the oldest one
             flight = self.pacer.start(self.version_now(), seen)
             started = time.monotonic()
             try:
