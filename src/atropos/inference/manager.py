@@ -332,7 +332,8 @@ class ServerManager:
         """
         from atropos.inference.managed import ManagedServer
 
-        self._check_open("train")
+        if not self._ready:
+            self._check_open("train")
         only = self._eligible("tokens_and_logprobs_completion")
         slots = self._pool.slots
         key = session if session is not None else new_session_key()
