@@ -18,7 +18,10 @@ tokens, not of the conversation.
 
 Cost per turn, measured with `benchmarks/multiturn_scale.py` (6 turns): the encode of the whole
 rendered history and the decode of the held ids were about a third of the env's CPU per turn,
-and grew with the conversation; now one short encode and one short decode.
+and grew with the conversation; now two short encodes (the completion's text, for the
+canonical check, and the new text). Where the held ids are canonical, the completion's text is
+taken as answered (the node's `full_text`, and its end token's text) rather than decoded again:
+exact, since it is used only when its encoding is the held ids (`HeldTexts._answered`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 
 from atropos.inference.sequence import DriftKind, SequenceNode
 from atropos.inference.tokenizer import TokenCodec
+
+_Entry = tuple[str, str | None, list[int], list[int], "DriftKind | None"]
 
 
 class HeldTexts:
@@ -42,7 +47,7 @@ class HeldTexts:
         self.tokenizer = tokenizer
         #: id(node) -> (prompt text, the prompt's last added token's text (None: it has none),
         #: the prompt ids after it, the completion ids, the prompt's drift)
-        self._held: dict[int, tuple[str, str | None, list[int], list[int], DriftKind | None]] = {}
+        self._held: dict[int, _Entry] = {}
         self._added: dict[int, str] | None = None
 
     def clear(self) -> None:
@@ -91,16 +96,49 @@ class HeldTexts:
         if entry is None:
             return None
         prompt_text, mark, tail, out, drift = entry
-        codec = TokenCodec.of(self.tokenizer)
-        out_text = codec.decode(out, False)
-        cut = len(prompt_text)  # `text` must start with the parent's text: compared in place
-        if not (text.startswith(prompt_text) and text.startswith(out_text, cut)):
+        if not text.startswith(prompt_text):  # compared in place
             return None
-        canonical = drift is not DriftKind.REALIGN and self._canonical(
-            prompt_text, mark, tail, out, out_text
+        codec = TokenCodec.of(self.tokenizer)
+        tried = None  # a completion text found not canonical by `_answered`
+        if drift is not DriftKind.REALIGN:
+            found = self._answered(parent, text, entry, codec)
+            if isinstance(found, list):
+                return DriftKind.CLEAN, found
+            tried = found
+        out_text = codec.decode(out, False)
+        cut = len(prompt_text)
+        if not text.startswith(out_text, cut):
+            return None
+        canonical = (
+            drift is not DriftKind.REALIGN
+            and out_text != tried
+            and self._canonical(prompt_text, mark, tail, out, out_text)
         )
         ids = parent.tokens + codec.encode(text[cut + len(out_text) :])
         return (DriftKind.CLEAN if canonical else DriftKind.REALIGN), ids
+
+    def _answered(
+        self, parent: SequenceNode, text: str, entry: _Entry, codec: TokenCodec
+    ) -> list[int] | str | None:
+        """The ids of `text` when the parent's ids are canonical and `text` continues them,
+        found without decoding the completion: its text as answered (the node's `full_text`
+        is the prompt's text and the completion's, special tokens skipped) and its last id's
+        (an added token), taken to be the completion's text only when their encoding, from
+        the prompt's last added token on, is the held ids (then the held ids are the encoding
+        of `text` up to there, and the rest is encoded alone). Else None, or the completion
+        text it tried when that encoding was not the held ids (not canonical, if the decode
+        gives that text)."""
+        prompt_text, mark, tail, out, _ = entry
+        full, end = parent.full_text, self._added_tokens().get(out[-1])
+        if end is None or len(full) < len(prompt_text) or not text.startswith(full):
+            return None
+        stop = len(full) + len(end)
+        if not text.startswith(end, len(full)):
+            return None
+        start = prompt_text.rfind(mark) + len(mark) if mark is not None else 0
+        if codec.encode(text[start:stop]) != tail + out:
+            return text[len(prompt_text) : stop]
+        return parent.tokens + codec.encode(text[stop:])
 
     def _canonical(
         self, text: str, mark: str | None, tail: list[int], out: list[int], out_text: str
