@@ -610,9 +610,7 @@ class ServerManager:
         plans = self._chat_plans if method == "chat_completion" else None
         while True:
             attempt += 1
-            slot = (
-                pin.slot if held and pin is not None else self._take(split, pin, key, tried, only)
-            )
+            slot = pin.slot if held and pin else self._take(split, pin, key, tried, only)
             started = asked  # taken at once: no clock read between
             if slot is None:
                 slot = await self._wait_for_room(split, deadline, pin, key, tried, only)
