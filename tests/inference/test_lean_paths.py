@@ -269,3 +269,35 @@ def test_echoed_prompt_ids_are_the_ids_sent_unless_spelt_otherwise():
     spaced = msgspec.Raw(msgspec.json.format(msgspec.json.encode(ids), indent=1))
     assert _echoed(spaced, ids, sent) == ids and _echoed(spaced, ids, sent) is not ids
     assert _echoed(msgspec.Raw(b'["5", 6]'), ids, sent) == ["5", 6]  # made ints by the caller
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+def test_a_calls_body_is_the_same_on_every_attempt_and_for_each_spelling(api):
+    """The vLLM backend builds a token call's body in the call's own kwargs: a retried attempt
+    sends what the first one did, and kwargs the general path strips or merges (`model`,
+    `extra_body`) give the same body (the fake server answers equal bodies alike)."""
+    from atropos.inference.config import ServerManagerConfig
+    from atropos.inference.manager import ServerManager
+
+    ids = TOK.encode("<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False)
+    kw: dict[str, Any] = {"input_ids": ids, "n": 2, "max_new_tokens": 5, "temperature": 1.0}
+    with FakeInferenceServer() as fake:
+        config = APIServerConfig(
+            base_url=fake.url + "/v1", server_type="vllm", model_name="m",
+            vllm_token_api=api, health_check=False,
+        )  # fmt: skip
+
+        async def main() -> list[Any]:
+            settings = ServerManagerConfig(retry_backoff=0.01)
+            async with ServerManager([config], settings, tokenizer=TOK) as manager:
+                first = await manager.tokens_and_logprobs_completion(**kw)
+                fake.fail_next(1)
+                retried = await manager.tokens_and_logprobs_completion(**kw)
+                spelt = {**kw, "model": "x", "extra_body": {"temperature": 1.0}}
+                other = await manager.tokens_and_logprobs_completion(**spelt)
+                return [first, retried, other]
+
+        first, retried, other = asyncio.run(main())
+        assert sum(fake.requests.values()) == 4  # the failed attempt, then three answers
+    assert first == retried == other and first[0] == ids
+    assert len(first[1]) == 2 and all(0 < len(out) <= 5 for out in first[1])

@@ -141,11 +141,10 @@ _HINT_PARTS: dict[str, list[str] | None] = {}
 
 def _hint_lines(kind: str, key: str) -> str | None:
     r"""`routing.header_lines(kind, key)`, by one join of that type's lines made once (a session
-        is made per rollout; formatting its lines anew cost about 1 us).
+    is made per rollout; formatting its lines anew cost about 1 us).
 
-        >>> _hint_lines("vllm", "k1"), _hint_lines("openai", "k1")
-        ('X-Session-ID: k1
-    ', None)
+    >>> _hint_lines("vllm", "k1"), _hint_lines("openai", "k1")
+    ('X-Session-ID: k1\r\n', None)
     """
     if kind not in _HINT_PARTS:
         lines = header_lines(kind, "\0")  # no header name or line holds a NUL
@@ -623,7 +622,7 @@ class ServerManager:
             else:
                 hint = _hint_lines(slot.config.server_type, key)
             scope = CURRENT_CALL.set(Call(deadline, hint))
-            try:  # `_invoke`, inlined: a chat request gets that server's reasoning fields
+            try:  # the backend's call; a chat request gets that server's reasoning fields
                 call = getattr(slot.backend, method)(
                     **(kwargs if plans is None else plans[slot.index].apply(kwargs))
                 )
