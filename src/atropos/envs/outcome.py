@@ -198,6 +198,15 @@ def row_outcomes(group: Mapping[str, Any]) -> list[str]:
     overrides = group.get("overrides") or []
     scored = Outcome.SCORED.value  # once: an enum member's value is a slow lookup
     out = []
+    if type(overrides) is list and len(overrides) == rows:  # what envs build: one pass
+        for entry in overrides:
+            if type(entry) is not dict:
+                break
+            named = entry.get("outcome")
+            out.append(named if isinstance(named, str) and named else scored)
+        else:
+            return out
+        out = []
     for i in range(rows):
         entry = overrides[i] if i < len(overrides) else None
         # a dict first: `isinstance(x, Mapping)` is an ABC check, several times slower

@@ -190,27 +190,13 @@ def _count_rows(outcomes: Counter[str] | None, group: dict[str, Any]) -> bool:
         if outcomes is not None and rows:
             outcomes[_SCORED] += rows
         return False
-    named = _named_rows(overrides, group)
+    named = row_outcomes(group)
     if outcomes is not None:
         outcomes.update(named)
     for kind in set(named):  # a group holds one or two kinds
         if kind.startswith("failed"):
             return True
     return False
-
-
-def _named_rows(overrides: Any, group: dict[str, Any]) -> list[str]:
-    """`row_outcomes(group)`, in one pass over `overrides` when it is a list of dicts, one
-    per row (what envs build); `row_outcomes` itself for anything else."""
-    if type(overrides) is not list or len(overrides) != len(group.get("tokens") or []):
-        return row_outcomes(group)
-    named = []
-    for entry in overrides:
-        if type(entry) is not dict:
-            return row_outcomes(group)
-        kind = entry.get("outcome")
-        named.append(kind if isinstance(kind, str) and kind else _SCORED)
-    return named
 
 
 def plural(n: int, noun: str) -> str:
