@@ -104,3 +104,32 @@ def test_counts_that_fall_start_a_new_baseline(restart: bool) -> None:
     before = Histogram([(0.1, 5.0), (float("inf"), 6.0)], 1.0, 6.0)
     after = Histogram([(0.1, 1.0 if restart else 7.0), (float("inf"), 8.0)], 1.2, 8.0)
     assert growth(before, after) == (None if restart else [(0.0, 0.1, 2)])
+
+
+def test_a_hung_server_holds_its_own_read_never_the_caller() -> None:
+    """`poll_soon` (the env's status poll) returns at once; the read waits in a task of its
+    own, one at a time, and `aclose` ends it."""
+
+    async def main() -> None:
+        held: list[asyncio.StreamWriter] = []  # accepted, never answered
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)
+
+        hung = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = hung.sockets[0].getsockname()[1]
+        metrics = ServerMetrics([config(f"http://127.0.0.1:{port}/v1")])
+        metrics.poll_soon(None)
+        first = metrics.polling
+        assert first is not None and not first.done()
+        await asyncio.sleep(0.2)
+        assert not first.done()  # waiting for the hung server (its deadline is 2 s)
+        metrics.due = 0.0  # due again: still no second read while the first runs
+        metrics.poll_soon(None)
+        assert metrics.polling is first
+        await metrics.aclose()
+        assert first.cancelled() and metrics.polling is None
+        hung.close()
+        await hung.wait_closed()
+
+    asyncio.run(main())

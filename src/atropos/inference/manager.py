@@ -261,9 +261,11 @@ class ServerManager:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop the health probes and close every server's connections."""
+        """Stop the health probes and the servers' histogram read, close every server's
+        connections."""
         self._closed = True
         self._ready = False
+        await self.server_metrics.aclose()
         await self._pool.aclose()
         await asyncio.gather(*(b.aclose() for b in self.servers))
 

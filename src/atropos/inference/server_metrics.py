@@ -7,7 +7,8 @@ sees a first token. vLLM and SGLang time it themselves: vLLM serves
 Prometheus histograms on `GET /metrics` (names checked against vLLM 0.32.0,
 `vllm/v1/metrics/loggers.py`, and SGLang's "Production Metrics" page). `ServerMetrics` (one per
 `ServerManager`) reads each vllm/sglang server's `/metrics` at the env's status polls (at most
-every `INTERVAL` seconds), takes the buckets' growth since its last read and notes it into the
+every `INTERVAL` seconds, in a task of its own: a server that hangs never holds up the status
+poll), takes the buckets' growth since its last read and notes it into the
 env's `ttft` and `server_queue` stages (`atropos.inference.latency`: the same sliding window as
 the other stages, merged over the env's servers) and into each server's own, which
 `ServerManager.server_report` sends for the dashboard's servers panel (`ttft_p50`, `_p95`,
@@ -34,6 +35,7 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -153,6 +155,29 @@ class ServerMetrics:
     def __init__(self, configs: Sequence[APIServerConfig], window: float = 60.0) -> None:
         self.servers = [ServerHistograms(c, window) for c in configs]
         self.due = 0.0
+        self.polling: asyncio.Task[None] | None = None  # `poll_soon`'s read, while it runs
+
+    def poll_soon(self, into: Latencies | None) -> None:
+        """`poll` in a task of its own when one is due and none runs, so that a server that
+        hangs holds its own read (up to `DEADLINE`), never the caller (the env's status
+        poll); a failure is logged, never raised. `aclose` ends a read still running."""
+        if time.monotonic() < self.due or (self.polling is not None and not self.polling.done()):
+            return
+        self.polling = asyncio.ensure_future(self._poll_logged(into))
+
+    async def _poll_logged(self, into: Latencies | None) -> None:
+        try:
+            await self.poll(into)
+        except Exception:  # never fatal: the next due poll reads again
+            log.exception("reading the inference servers' histograms failed")
+
+    async def aclose(self) -> None:
+        """End a `poll_soon` read still running (its connections closed with it)."""
+        polling, self.polling = self.polling, None
+        if polling is not None and not polling.done():
+            polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await polling
 
     async def poll(self, into: Latencies | None, now: float | None = None) -> None:
         """Read every server that has the histograms, when `INTERVAL` has passed since the last
@@ -199,11 +224,9 @@ class ServerMetrics:
         return self.servers[index].row()
 
 
-async def scrape_servers(env: Any, into: Latencies) -> None:
-    """Poll the servers of `env`'s `ServerManager` (none yet, or another kind: nothing)."""
+def scrape_servers(env: Any, into: Latencies) -> None:
+    """Read the servers of `env`'s `ServerManager` in the background when due
+    (`ServerMetrics.poll_soon`; none yet, or another kind: nothing)."""
     metrics = getattr(getattr(env, "_server", None), "server_metrics", None)
     if isinstance(metrics, ServerMetrics):
-        try:
-            await metrics.poll(into)
-        except Exception:  # never fatal: the status poll goes on
-            log.exception("reading the inference servers' histograms failed")
+        metrics.poll_soon(into)

@@ -532,7 +532,7 @@ class ServeRunner:
         while True:
             asked_at, pending = self.submitted, self.sender.pending + self.sender.in_flight
             self.drop_report.check(self.drops, self.failures, self.submitted)
-            await scrape_servers(self.env, self.latency)  # ttft, server_queue: their histograms
+            scrape_servers(self.env, self.latency)  # ttft, server_queue: read in the background
             try:
                 status = await self._report_status(env_id)
             except ApiError as err:
