@@ -12,7 +12,9 @@ on Ray) and:
 3. ends when the trainer exits (its exit status is the run's) or on SIGINT/SIGTERM (status
    130/143), stopping the trainer first (it checkpoints), then the envs (they drain), the
    inference servers, the API, each tier with its grace period, then SIGKILL to each
-   process's own group only;
+   process's own group only; after a trainer that finished (exit 0) the envs first get up to
+   `ENVS_END` seconds to end on their own, as they do once they see its last step (so a
+   finished run's record says they exited, not that they were stopped);
 4. keeps `launch.json` in the run directory: processes, command lines, placements, states,
    exit codes and restarts (rewritten on every change and at the end).
 """
@@ -36,6 +38,10 @@ from atropos.launch.plan import Plan, Process
 from atropos.launch.supervise import State, Status
 
 REFRESH = 0.5
+ENVS_END = 10.0
+"""Seconds the envs have to end on their own once the trainer finished (their status poll is
+0.5 s, their final report waits at most 5 s): then the ordered stop signals what is left."""
+ENDED = frozenset({"exited", "failed", "stopped"})
 
 
 class Handle(Protocol):
@@ -268,6 +274,8 @@ def drive(
                     if trainer.state == "failed":
                         record.error = trainer.reason.split("\n", 1)[0]
                         say(console, f"[launch] error: {trainer.reason}")
+                    else:
+                        _let_envs_end(tick, signals.event)
                     break
                 failed = [s for s in current if s.state == "failed"]
                 if failed:
@@ -302,6 +310,17 @@ def drive(
     lost = f", {stats.duplicates} duplicate groups" if stats.duplicates else ""
     say(console, f"[launch] run ended with exit status {exit_code}{lost}; record: {record.path}")
     return exit_code
+
+
+def _let_envs_end(tick: Callable[[], list[Status]], stop: threading.Event) -> None:
+    """After a trainer that finished, wait up to `ENVS_END` seconds for the envs to end on
+    their own (each sees the trainer's last step at its next status poll, sends what it holds
+    and exits) before the ordered stop signals them; a signal cuts the wait short."""
+    end = time.monotonic() + ENVS_END
+    while time.monotonic() < end and not stop.is_set():
+        if all(s.state in ENDED for s in tick() if s.role == "env"):
+            return
+        stop.wait(0.1)
 
 
 def _start_tier(
