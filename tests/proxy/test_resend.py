@@ -114,3 +114,21 @@ def test_the_sessions_raw_text_substitution_follows_its_answers() -> None:
     assert s._render(messages) == fresh(messages) and s._render(messages)[3]["content"] == "Later "
     s._read("Hi\n", "stop", False)  # "Hi" now stands for another raw text: all rendered again
     assert s._render(messages) == fresh(messages) and s._render(messages)[1]["content"] == "Hi\n"
+
+
+def test_the_rest_of_the_body_is_read_again_only_when_its_bytes_change() -> None:
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    reader = ChatReader()
+    messages = [{"role": "user", "content": "a"}]
+    first, _ = reader.read(body(messages, tools=[tool], temperature=0.5, stop=["x"]))
+    messages += [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    data = body(messages, tools=[tool], temperature=0.5, stop=["x"])
+    second, rest = reader.read(data)
+    assert second == full(data) and rest["temperature"] == 0.5
+    assert second.tools is first.tools and second.sampling is not first.sampling
+    changed = body(messages, tools=[tool], temperature=0.7, stop=["x"])
+    third, rest = reader.read(changed)
+    assert third == full(changed) and rest["temperature"] == 0.7
+    with pytest.raises(ProxyError) as ours:  # a bad field is refused, not taken from before
+        reader.read(body(messages, tools=[tool], temperature=9.0))
+    assert "temperature" in ours.value.message

@@ -10,6 +10,10 @@ the first that differs are decoded and read. The same objects call after call ma
 passes over the history cheap too: the session's raw-text substitution (`Session._render`),
 the window's and `ManagedServer`'s prefix matches compare identical objects.
 
+The rest of the body (model, sampling fields, tools) is most often the previous call's byte for
+byte: then it is not decoded or checked again, and the call's `TurnRequest` takes the previous
+one's fields (the same `tools` list, a copy of `sampling`) and the same body dict (read only).
+
 A body this path does not take as it is (not a JSON object, `messages` absent, empty or not a
 list, anything that does not decode) is read by the full path (`fields.decode`,
 `openai_api.chat_to_turn`), whose error is the client's. The nesting limit (`fields.MAX_DEPTH`)
@@ -39,11 +43,13 @@ _UNREAD = (msgspec.DecodeError, UnicodeError, RecursionError)
 class ChatReader:
     """One session's chat calls, read by what each adds to the previous one."""
 
-    __slots__ = ("_read", "_sent", "decoded")
+    __slots__ = ("_read", "_rest", "_sent", "decoded")
 
     def __init__(self) -> None:
         self._sent: list[msgspec.Raw] = []  # the previous call's messages, as sent
         self._read: list[dict[str, Any]] = []  # and as read
+        #: The previous call's body less its messages: as sent, decoded, and its TurnRequest.
+        self._rest: tuple[dict[str, msgspec.Raw], dict[str, Any], TurnRequest] | None = None
         #: Messages decoded and read so far (the rest were the previous call's).
         self.decoded = 0
 
@@ -54,7 +60,15 @@ class ChatReader:
         if found is None:
             body = fields.decode(data)
             return openai_api.chat_to_turn(body), body
-        body, raws = found
+        top, raws = found
+        rest = self._rest
+        if rest is not None and rest[0] == top:  # the same fields as the last call's
+            body = rest[1]
+        else:
+            rest, body = None, _decoded(top, data)
+            if body is None:
+                body = fields.decode(data)
+                return openai_api.chat_to_turn(body), body
         sent, read = self._sent, self._read
         same, most = 0, min(len(raws), len(sent))
         while same < most and raws[same] == sent[same]:
@@ -68,29 +82,45 @@ class ChatReader:
             for message in added:
                 fields.check_depth(message, 3)  # body, messages, the message
         messages = read[:same] + openai_api.read_messages(added, same)
-        turn = openai_api.chat_to_turn(body, messages)
+        if rest is None:
+            turn = openai_api.chat_to_turn(body, messages)
+            self._rest = (top, body, turn)
+        else:
+            was = rest[2]
+            turn = TurnRequest(
+                messages, was.tools, was.tool_choice, was.n, was.max_tokens, dict(was.sampling)
+            )
         self._sent, self._read = raws, messages
         self.decoded += len(added)
         return turn, body
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], list[msgspec.Raw]] | None:
-    """The body less `messages` (decoded, its depth checked) and the messages as sent; None
-    for a body the full path reads."""
+def _split(data: bytes) -> tuple[dict[str, msgspec.Raw], list[msgspec.Raw]] | None:
+    """The body less `messages` and the messages, as sent; None for a body the full path
+    reads."""
     if not data:
         return None
     try:
         top = _TOP.decode(data)
         messages = top.pop("messages", None)
         raws = _LIST.decode(messages) if messages is not None else None
-        body = {key: _ANY.decode(value) for key, value in top.items()}
     except _UNREAD:
         return None
     if not raws:
         return None
+    return top, raws
+
+
+def _decoded(top: dict[str, msgspec.Raw], data: bytes) -> dict[str, Any] | None:
+    """The body less `messages`, decoded (its depth checked); None where the full path reads
+    it."""
+    try:
+        body = {key: _ANY.decode(value) for key, value in top.items()}
+    except _UNREAD:
+        return None
     if _deep(data):
         fields.check_depth(body)
-    return body, raws
+    return body
 
 
 def _deep(data: bytes) -> bool:
