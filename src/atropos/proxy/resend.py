@@ -65,10 +65,11 @@ class ChatReader:
         if rest is not None and rest[0] == top:  # the same fields as the last call's
             body = rest[1]
         else:
-            rest, body = None, _decoded(top, data)
-            if body is None:
+            rest, decoded = None, _decoded(top, data)
+            if decoded is None:
                 body = fields.decode(data)
                 return openai_api.chat_to_turn(body), body
+            body = decoded
         sent, read = self._sent, self._read
         same, most = 0, min(len(raws), len(sent))
         while same < most and raws[same] == sent[same]:
