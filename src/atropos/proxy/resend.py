@@ -20,7 +20,8 @@ list, anything that does not decode) is read by the full path (`fields.decode`,
 is checked as the full path checks it, over the body less the messages and over each message
 decoded (a message the previous call sent passed it then).
 
-Memory: a session keeps its last call's body (the messages' bytes point into it).
+Memory: a session keeps its last call's body (the messages' bytes point into it), and a copy of
+the fields it takes from an earlier call (the body less its messages).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class ChatReader:
         messages = read[:same] + openai_api.read_messages(added, same)
         if rest is None:
             turn = openai_api.chat_to_turn(body, messages)
-            self._rest = (top, body, turn)
+            self._rest = ({k: v.copy() for k, v in top.items()}, body, turn)  # (not the body)
         else:
             was = rest[2]
             turn = TurnRequest(
