@@ -14,7 +14,10 @@ the inference call and back: the route, the session, the render, the tokens, the
 Each agent sends its whole history each call (a reply and a user turn added per call), as in
 `proxy_overhead.py`. The stub's call suspends once, as a server call does, so the sessions'
 calls interleave as in the proxy process (`--back-to-back`: no suspension, each session's calls
-then run one after another with its objects in the CPU's caches, ~25% less CPU per request).
+then run one after another with its objects in the CPU's caches, ~25% less CPU per request;
+`--canonical`: the answers are text the tokenizer encodes, so their ids are canonical, as a
+model's mostly are, and a continued call takes `HeldTexts`' canonical path rather than the
+one for the fake engine's random ids).
 Reports, over the conversations (the sessions opened before): `proxy_us_per_request`, the
 process time of the app's own steps (each run of its coroutine between suspensions, `Steps`)
 less the stub's own generation; `us_per_request`, all of this process's (the agents' JSON too);
@@ -73,12 +76,18 @@ def steps(coro: Any) -> Generator[Any, Any, Any]:
             value, error = None, exc
 
 
+def _answer(prompt: str) -> str:
+    """A text answer for `--canonical` (its ids the tokenizer's own encoding, as a model's
+    answers mostly are): a few words that vary with the prompt."""
+    return f"Step {len(prompt) % 97} done: {prompt[-20:-12].strip()!r} checked."
+
+
 class Stub:
     """The inference call, in process: the fake engine's answer for the prompt's ids, after
     one suspension (unless `back_to_back`), as a server call has."""
 
-    def __init__(self, tokenizer: Any, back_to_back: bool = False) -> None:
-        self.engine = Engine(tokenizer)
+    def __init__(self, tokenizer: Any, back_to_back: bool = False, canonical: bool = False) -> None:
+        self.engine = Engine(tokenizer, responder=_answer if canonical else None)
         self.cpu = 0.0  # process time spent here (not the proxy's)
         self.back_to_back = back_to_back
 
@@ -97,8 +106,8 @@ class Stub:
 class StubServers:
     """What `Proxy` needs of a `ServerManager`: a `ManagedServer` per session over `Stub`."""
 
-    def __init__(self, tokenizer: Any, back_to_back: bool = False) -> None:
-        self.stub = Stub(tokenizer, back_to_back)
+    def __init__(self, tokenizer: Any, back_to_back: bool = False, canonical: bool = False) -> None:
+        self.stub = Stub(tokenizer, back_to_back, canonical)
 
     def managed_server(self, tokenizer: Any) -> Any:
         @asynccontextmanager
@@ -142,7 +151,7 @@ async def call(app: Any, method: str, path: str, body: bytes, key: str | None) -
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer("tiny")
-    servers = StubServers(tokenizer, args.back_to_back)
+    servers = StubServers(tokenizer, args.back_to_back, args.canonical)
     proxy = Proxy(servers, tokenizer, ProxySettings(max_sessions=1 << 20))
     app = build_app(proxy)
 
@@ -208,6 +217,12 @@ def main() -> int:
         "--back-to-back",
         action="store_true",
         help="the stub never suspends (calls not interleaved)",
+    )
+    parser.add_argument(
+        "--canonical",
+        action="store_true",
+        help="answers are text encoded by the tokenizer (canonical ids, as a model's mostly"
+        " are), not the fake engine's random ids",
     )
     args = parser.parse_args()
     with FrozenHeap():  # as the app's lifespan holds one (`atropos.proxy.asgi`)
