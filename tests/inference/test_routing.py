@@ -223,3 +223,31 @@ def test_a_named_session_finds_its_home_again() -> None:
 
         first, second = asyncio.run(main())
     assert set(first) == set(second) and len(set(first)) == 1
+
+
+def test_a_single_turn_is_a_session_s_turn_without_a_session() -> None:
+    """`single_turn` (a single-turn env's group) gives what a session's first `chat_turn` gives,
+    holds nothing, sends no session hint and goes to the least-loaded server each call."""
+    messages = [{"role": "user", "content": "hello"}]
+    with fleet(2, latency=0.05) as servers:
+
+        async def main() -> None:
+            async with manager(servers) as m:
+                async with m.managed_server(TOK) as managed:
+                    held = await managed.chat_turn(messages=messages, n=3, max_tokens=4, seed=1)
+                single = await m.single_turn(TOK, messages=messages, n=3, max_tokens=4, seed=1)
+                assert single.contents == held.contents
+                assert [n.tokens for n in single.nodes] == [n.tokens for n in held.nodes]
+                assert [n.masked_tokens for n in single.nodes] == [
+                    n.masked_tokens for n in held.nodes
+                ]
+                assert [n.logprobs for n in single.nodes] == [n.logprobs for n in held.nodes]
+                assert m._single.nodes == [] and len(m.homes) == 0  # nothing held
+                # two at once: the second goes to the other (idle) server
+                await asyncio.gather(*(m.single_turn(TOK, messages=messages) for _ in range(2)))
+
+        asyncio.run(main())
+    hints = [spy.hints for _, spy in servers]
+    assert sum(map(len, hints)) == 4
+    assert [len(h) for h in hints] != [4, 0] and [len(h) for h in hints] != [0, 4]
+    assert [hint for h in hints for hint in h].count({}) == 3  # only the session's call had one

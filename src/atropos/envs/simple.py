@@ -75,6 +75,24 @@ class Rollout:
         return sum(1 for m in self.masks if m != -100)
 
 
+def _rollouts(turn: Any) -> list[Rollout]:
+    """The rollouts of a `ChatTurn` (its nodes are the caller's to keep: no copy)."""
+    return [
+        Rollout(
+            content,
+            node.tokens,
+            node.masked_tokens,
+            node.logprobs,
+            reason,
+            node.token_source,
+            node.policy_version,
+        )
+        for content, reason, node in zip(
+            turn.contents, turn.finish_reasons, turn.nodes, strict=True
+        )
+    ]
+
+
 class ShuffledPasses(Generic[T]):
     """`items` in endless passes, each a fresh shuffle of them all by one seeded generator:
     the order in which `Env` takes its training items.
@@ -364,6 +382,10 @@ class Env(BaseEnv[ConfigT]):
         tokenizer = self.tokenizer  # before the servers, so they share it
         if self._server_type() == "openai":
             return await self._generate_text_only(messages, n, split, params)
+        single_turn = getattr(self.server, "single_turn", None)
+        if single_turn is not None and tokenizer is not None:  # one call: no session needed
+            turn = await single_turn(tokenizer, messages=messages, n=n, split=split, **params)
+            return _rollouts(turn)
         async with self.server.managed_server(tokenizer=tokenizer) as managed:
             chat_turn = getattr(managed, "chat_turn", None)
             if chat_turn is None:  # a session without the lean call: read the OpenAI reply
@@ -373,20 +395,7 @@ class Env(BaseEnv[ConfigT]):
                 # this session ends here, so its nodes (and their rows) are ours to keep: no copy
                 turn = await chat_turn(messages=messages, n=n, split=split, **params)
         if chat_turn is not None:
-            return [
-                Rollout(
-                    content,
-                    node.tokens,
-                    node.masked_tokens,
-                    node.logprobs,
-                    reason,
-                    node.token_source,
-                    node.policy_version,
-                )
-                for content, reason, node in zip(
-                    turn.contents, turn.finish_reasons, turn.nodes, strict=True
-                )
-            ]
+            return _rollouts(turn)
         return [
             Rollout(
                 text=choice.message.content or "",

@@ -269,26 +269,19 @@ class ManagedServer:
         n: int = 1,
         max_tokens: int | None = None,
         tools: list[dict[str, Any]] | None = None,
+        hold: bool = True,
         **sampling: Any,
     ) -> ChatTurn:
         """`chat_completion` without the OpenAI response object: the completions, their finish
-        reasons and their nodes (what an environment reads), for a fraction of the CPU."""
+        reasons and their nodes (what an environment reads), for a fraction of the CPU.
+
+        `hold=False`: the nodes are returned and not held (no later call continues them, and
+        `nodes` does not grow): what `ServerManager.single_turn` uses for a one-call rollout."""
         msgs = _messages(messages)
         if not msgs:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
-        parent, exact = self._chat_parent(msgs)
-        drift: DriftKind | None = None
-        if parent is None:  # a new conversation: its prompt may have been rendered before
-            text, input_ids = self._fresh_prompt(msgs, tools, sampling)
-        else:
-            text = self._render(msgs, tools, sampling)
-            extended = self._held.extend(parent, text) if exact else None
-            if extended is not None:
-                drift, input_ids = extended
-                self.drift_counts[drift] += 1
-            else:
-                parent, drift, input_ids = self._extend(parent, exact, self._encode(text), text)
+        parent, drift, text, input_ids = self._turn_prompt(msgs, tools, sampling)
         prompt, outs, lps, finishes, version, forced = await self._generate(
             input_ids, n, max_tokens, sampling
         )
@@ -309,9 +302,10 @@ class ManagedServer:
         )
         for node, content in zip(nodes, contents, strict=True):
             node.messages = [*msgs, {"role": "assistant", "content": content}]
-        if same:
-            self._held.note(nodes, text, prompt, outs, drift)
-        self._store(parent, nodes)
+        if hold:
+            if same:
+                self._held.note(nodes, text, prompt, outs, drift)
+            self._store(parent, nodes)
         return ChatTurn(
             contents=contents,
             finish_reasons=[f if f in _CHAT_FINISH else "stop" for f in finishes],
@@ -320,6 +314,22 @@ class ManagedServer:
             completion_tokens=sum(map(len, outs)),
             policy_version=version,
         )
+
+    def _turn_prompt(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kw: dict[str, Any]
+    ) -> tuple[SequenceNode | None, DriftKind | None, str, list[int]]:
+        """A chat turn's parent (the held sequence it extends, None: a new conversation), its
+        drift, and its prompt's text and ids."""
+        parent, exact = self._chat_parent(msgs)
+        if parent is None:  # a new conversation: its prompt may have been rendered before
+            return None, None, *self._fresh_prompt(msgs, tools, kw)
+        text = self._render(msgs, tools, kw)
+        extended = self._held.extend(parent, text) if exact else None
+        if extended is None:
+            parent, drift, input_ids = self._extend(parent, exact, self._encode(text), text)
+            return parent, drift, text, input_ids
+        self.drift_counts[extended[0]] += 1
+        return parent, extended[0], text, extended[1]
 
     async def continue_turn(
         self,

@@ -219,6 +219,7 @@ class ServerManager:
                 ChatPlan.for_server(reasoning, c, self._warn) for c in server_configs
             ]
         self._templates: dict[int, tuple[Any, TemplatePlan]] = {}
+        self._single: Any = None  # the `ManagedServer` of `single_turn` (its last tokenizer)
         self.retry = RetryPolicy(
             self.config.max_attempts, self.config.retry_backoff, self.config.retry_backoff_max
         )
@@ -358,6 +359,24 @@ class ServerManager:
             kwargs["reasoning"] = self.template_plan(renders_with)
         forget = self.homes if session is None and self._sticky else None
         return _Session(ManagedServer(pinned, tokenizer, **kwargs), forget, key)
+
+    def single_turn(self, tokenizer: Any, **kwargs: Any) -> Awaitable[Any]:
+        """`ManagedServer.chat_turn(**kwargs)` of a new conversation whose nodes nobody
+        continues (a single-turn env's group: one request), without a session.
+
+        `managed_server` makes a `ManagedServer`, a `PinnedServer`, a session key and a home
+        per rollout, for a conversation of one call; here one `ManagedServer` per tokenizer
+        (the last one asked for) makes every such call and holds nothing (`hold=False`). The
+        call is routed as a plain call: the least-loaded server at call time, no session hint
+        (a key no later call would carry tells a router nothing). Returns the `ChatTurn`'s
+        coroutine."""
+        managed = self._single
+        if managed is None or managed.tokenizer is not tokenizer:
+            from atropos.inference.managed import ManagedServer
+
+            plan = self.template_plan(tokenizer) if self.reasoning is not None else None
+            managed = self._single = ManagedServer(self, tokenizer, reasoning=plan)
+        return managed.chat_turn(hold=False, **kwargs)  # type: ignore[no-any-return]
 
     def template_plan(self, tokenizer: Any) -> TemplatePlan:
         """The chat-template kwargs and reasoning budget of token-level generation with
