@@ -292,18 +292,17 @@ class ServerManager:
         result: Completion = await self._dispatch("completion", split, kwargs, None, session)
         return result
 
-    async def tokens_and_logprobs_completion(
+    def tokens_and_logprobs_completion(
         self, *, split: str = "train", session: str | None = None, **kwargs: Any
-    ) -> TokensAndLogprobs:
+    ) -> Awaitable[TokensAndLogprobs]:
         """`(prompt_tokens, [output_tokens], [output_logprobs], [finish_reasons])`.
 
         kwargs: `prompt=` or `input_ids=`, `n`, `max_tokens` (or `max_new_tokens` /
         `max_completion_tokens`), and sampling kwargs (`temperature`, `top_p`, `stop`, ...).
+        Returns the call's coroutine (await it): no frame of its own on the token path, which
+        every rollout's call takes (`single_turn`), as `PinnedServer`'s four calls.
         """
-        result: TokensAndLogprobs = await self._dispatch(
-            "tokens_and_logprobs_completion", split, kwargs, None, session
-        )
-        return result
+        return self._dispatch("tokens_and_logprobs_completion", split, kwargs, None, session)
 
     async def get_logprobs(
         self, *, split: str = "train", session: str | None = None, **kwargs: Any
