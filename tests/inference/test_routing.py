@@ -243,6 +243,7 @@ def test_a_single_turn_is_a_session_s_turn_without_a_session() -> None:
                 ]
                 assert [n.logprobs for n in single.nodes] == [n.logprobs for n in held.nodes]
                 assert m._single.nodes == [] and len(m.homes) == 0  # nothing held
+                assert all(node.messages is None for node in single.nodes)
                 # two at once: the second goes to the other (idle) server
                 await asyncio.gather(*(m.single_turn(TOK, messages=messages) for _ in range(2)))
 

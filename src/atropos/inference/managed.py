@@ -276,7 +276,8 @@ class ManagedServer:
         reasons and their nodes (what an environment reads), for a fraction of the CPU.
 
         `hold=False`: the nodes are returned and not held (no later call continues them, and
-        `nodes` does not grow): what `ServerManager.single_turn` uses for a one-call rollout."""
+        `nodes` does not grow) and carry no `messages` (the caller has the prompt, and
+        `contents` the replies): what `ServerManager.single_turn` uses for a one-call rollout."""
         msgs = _messages(messages)
         if not msgs:
             raise ValueError("expected at least one message")
@@ -300,9 +301,9 @@ class ManagedServer:
             policy_version=version,
             unlearned=forced,
         )
-        for node, content in zip(nodes, contents, strict=True):
-            node.messages = [*msgs, {"role": "assistant", "content": content}]
-        if hold:
+        if hold:  # (a turn nobody continues needs no messages to be found by)
+            for node, content in zip(nodes, contents, strict=True):
+                node.messages = [*msgs, {"role": "assistant", "content": content}]
             if same:
                 self._held.note(nodes, text, prompt, outs, drift)
             self._store(parent, nodes)
