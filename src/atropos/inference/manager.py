@@ -638,7 +638,7 @@ class ServerManager:
             if key is None:
                 hint = None
             elif pin is not None:  # its lines for this server, made once per session
-                hint = pin._hint if pin._hint_kind == slot.config.server_type else pin.hint(slot)
+                hint = pin.hint(slot)
             else:
                 hint = _hint_lines(slot.config.server_type, key)
             scope = CURRENT_CALL.set(Call(deadline, hint))

@@ -114,9 +114,7 @@ class ServerSlot:
 
     def capacity(self, split: Split) -> int:
         """This split's budget: the configured one, capped by the adaptive limit (training)."""
-        cfg = self.backend.config  # `base_capacity` inlined: this runs for every request
-        base = cfg.num_max_requests_at_once if split == "train" else cfg.num_requests_for_eval
-        base = max(1, int(base * self.weight))
+        base = self.base_capacity(split)
         limit = self.limit
         if limit is None or split != "train":
             return base
@@ -384,10 +382,6 @@ class ServerPool:
         slot.in_flight[split] -= 1
         if self.waiters[split]:
             await self.notify(split)
-
-    def waiting(self, split: Split) -> int:
-        """How many calls wait for a unit of `split` budget."""
-        return self.waiters[split]
 
     async def notify(self, split: Split) -> None:
         """Wake one waiter of `split` (shielded: a cancelled caller still passes the unit on)."""
