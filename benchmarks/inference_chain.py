@@ -21,6 +21,11 @@ own CPU per call (`time.process_time`: the client side only). The ways (rows):
   load-sensitive figure of it (the client's `request` here is one coroutine returning bytes);
 * `turn`: `single` over `chain`'s in-process client: a single-turn rollout's whole chain,
   `ManagedServer` to the answer's rows and back to its node, without a socket;
+* `gturn`: `group` over an in-process client (`chain`'s, answering the fake server's answer to
+  the group's `n=8` request): a single-turn env's group as `Env.generate` made it, in a
+  `managed_server()` session, without a socket;
+* `gsingle`: the same group by `ServerManager.single_turn` (no session), as `Env.generate`
+  makes it now;
 * `session`: `--turns` calls of one conversation per session, each continuing the held sequence
   (the reply and a user message added; what a multi-turn env and the proxy make).
 
@@ -62,7 +67,9 @@ from atropos.inference.managed import ManagedServer  # noqa: E402
 from atropos.inference.manager import ServerManager  # noqa: E402
 from atropos.testing.fake_engine import load_tokenizer  # noqa: E402
 
-WAYS = ("floor", "manager", "chain", "single", "turn", "group", "session", "local")
+WAYS = (
+    "floor", "manager", "chain", "single", "turn", "group", "gturn", "gsingle", "session", "local"
+)  # fmt: skip
 GROUP = 8
 MAX_TOKENS = 8
 QUESTION = [{"role": "user", "content": "What is two plus two? Answer briefly."}]
@@ -153,11 +160,16 @@ class Bench:
                     "return_tokens_as_token_ids": True, "model": "atropos-tiny"}  # fmt: skip
         self.floor_body = msgspec.json.encode({**body, "n": 1, "max_tokens": max_tokens})
         self.canned = ServerManager([config], ServerManagerConfig(), tokenizer=self.tok)
+        self.canned_group = ServerManager([config], ServerManagerConfig(), tokenizer=self.tok)
+        self.group_body = msgspec.json.encode({**body, "n": GROUP, "max_tokens": max_tokens})
 
     async def start(self) -> None:
         """The `chain` way's manager: its backend's client answers the floor's answer at once."""
         answer = await self.client.request("POST", self.floor_url, self.floor_body)
         backend: Any = self.canned.servers[0]
+        backend._session = CannedClient(answer.body)
+        answer = await self.client.request("POST", self.floor_url, self.group_body)
+        backend = self.canned_group.servers[0]
         backend._session = CannedClient(answer.body)
 
     async def chain(self) -> int:
@@ -192,6 +204,17 @@ class Bench:
             await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=self.max_tokens)
         return 1
 
+    async def gturn(self) -> int:
+        async with self.canned_group.managed_server(self.tok) as managed:
+            await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=self.max_tokens)
+        return 1
+
+    async def gsingle(self) -> int:
+        await self.canned_group.single_turn(
+            self.tok, messages=QUESTION, n=GROUP, max_tokens=self.max_tokens
+        )
+        return 1
+
     async def local(self) -> int:
         managed = ManagedServer(self.answer, self.tok)
         await managed.chat_turn(messages=QUESTION, n=GROUP, max_tokens=self.max_tokens)
@@ -217,6 +240,8 @@ class Bench:
             "single": self.single,
             "group": self.group,
             "local": self.local,
+            "gturn": self.gturn,
+            "gsingle": self.gsingle,
             "session": self.session,
         }[name]
 
@@ -240,6 +265,7 @@ async def measure(args: argparse.Namespace, url: str, api: str) -> dict[str, lis
     finally:
         await bench.manager.aclose()
         await bench.canned.aclose()
+        await bench.canned_group.aclose()
         await bench.client.close()
     return out
 
@@ -255,7 +281,7 @@ def table(results: dict[str, dict[str, list[float]]]) -> str:
             median = statistics.median(figures)
             over = (
                 f"{median - floor:.1f}"
-                if floor is not None and way not in ("floor", "local", "chain", "turn")
+                if floor is not None and way in ("manager", "single", "group", "session")
                 else "—"
             )
             lines.append(
