@@ -167,3 +167,6 @@ def test_the_one_render_window_gives_the_full_renders_text() -> None:
     s, _ = session()
     asyncio.run(converse(s))
     assert s.template is not None and s.template.counts["short"] >= 4
+    # an answer then a user message, again: the second time a skeleton fills it (the ids are
+    # the full render's: test_a_continued_conversation_gives_the_full_renders_ids)
+    assert s.template.counts["skeleton"] >= 1

@@ -33,6 +33,11 @@ before it (after a tool result, say), which its checks cannot see; the probe can
 template gets the long window (`window_kind`), and a call whose short window fails its checks
 takes the long one, as the probe ran it.
 
+The one-render window's `Y` is mostly filled in rather than rendered: a call's new messages
+have the same shape call after call (roles and keys; the head and tools stay), and where one
+traced render proved the template uses their strings only as text, tests or strips, the shape's
+skeleton is filled with the call's strings (`atropos.proxy.skeleton`; `_after`).
+
 A template that rewrites earlier turns when later ones come (Qwen3 drops the reasoning of
 assistant turns before the last user message; a template that counts messages) would pass the
 window's checks and still differ from the full render. So each template is probed once
@@ -61,11 +66,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from atropos.proxy.skeleton import Skeleton, shape_of, traced_template
+
 __all__ = ["IncrementalRender", "template_is_stable", "window_kind"]
 
 Message = dict[str, Any]
 Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
+_SHAPES, _BRANCHES = 8, 4  # skeletons kept per session: shapes, and branches of one shape
 _KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents); a prompt
 # a later call continued is dropped then (its text is the start of the later one's)
 _STABLE: weakref.WeakKeyDictionary[Any, tuple[str, str | None]] = weakref.WeakKeyDictionary()
@@ -231,21 +239,34 @@ class IncrementalRender:
         whole: renders a whole conversation (`ManagedServer.render_whole(msgs, tools, kw)`).
         direct: renders a short window (`_direct`), or None to always render whole.
         short: try the one-render window first (`window_kind` found it gives the full text).
+        traced: the template's traced render (`_direct` of `skeleton.traced_template`): the
+            one-render window's text comes from a skeleton of the call's shape where one was
+            proved; None: it is rendered every call.
     """
 
     def __init__(
-        self, whole: Render, direct: Callable[..., str] | None, *, short: bool = False
+        self,
+        whole: Render,
+        direct: Callable[..., str] | None,
+        *,
+        short: bool = False,
+        traced: Callable[..., str] | None = None,
     ) -> None:
         self._whole = whole
         self._direct = direct
         self._short = short
+        self._traced = traced
+        #: shape -> the skeletons tried for it while head and tools stay: one per branch its
+        #: tests took, None for a try refused (the template used the strings in a way no
+        #: skeleton stands for)
+        self._shapes: dict[tuple[Any, ...], list[Skeleton | None]] = {}
         self._prompts: list[tuple[list[Message], Any, str]] = []  # most recent last
         #: (system message or None, tools, head's text alone, head's text + generation prompt)
         self._head: tuple[Message | None, Any, str, str] | None = None
         self._continued: tuple[list[Message], Any, str] | None = None  # by the last `extend`
-        #: How many renders used a window (of them, how many the one-render window), and how
-        #: many rendered the whole conversation.
-        self.counts = {"window": 0, "short": 0, "whole": 0}
+        #: How many renders used a window (of them, how many the one-render window, and of
+        #: those how many a skeleton filled), and how many rendered the whole conversation.
+        self.counts = {"window": 0, "short": 0, "skeleton": 0, "whole": 0}
 
     @classmethod
     def attach(cls, managed: Any) -> IncrementalRender | None:
@@ -259,7 +280,14 @@ class IncrementalRender:
         kind = window_kind(tokenizer)
         if kind is None:
             return None
-        window = cls(whole, _direct(tokenizer, _compiled(tokenizer)), short=kind == "short")
+        template = _compiled(tokenizer)
+        traced = traced_template(tokenizer, template) if kind == "short" else None
+        window = cls(
+            whole,
+            _direct(tokenizer, template),
+            short=kind == "short",
+            traced=None if traced is None else _direct(tokenizer, traced),
+        )
         plan = getattr(managed, "reasoning", None)
         window.plain = not getattr(plan, "kwargs", None)
         managed.renderer = window
@@ -327,16 +355,43 @@ class IncrementalRender:
         the text is then `text + Y[len(X):]`."""
         if cut <= len(head):
             return None  # the previous prompt was the head alone
-        direct = self._direct
-        assert direct is not None
         try:
             opening, prompt = self._opening(head, tools)
-            after = direct(head + msgs[cut:], tools, msgs[-1].get("role") != "assistant")
+            after = self._after(head, msgs[cut:], tools, msgs[-1].get("role") != "assistant")
         except Exception:  # a shape the template refuses: the long window, or whole
             return None
         if not (after.startswith(prompt) and text.endswith(prompt[len(opening) :])):
             return None
         return text + after[len(prompt) :]
+
+    def _after(self, head: list[Message], new: list[Message], tools: Any, generation: bool) -> str:
+        """The render of `head + new`: filled in from a skeleton of the shape of `new` when one
+        was proved for it and its recorded tests answer the same (`skeleton.Skeleton`), else by
+        the template (and a skeleton is then tried for the shape, up to a few per shape)."""
+        direct = self._direct
+        assert direct is not None
+        shape = None if self._traced is None else shape_of(new, generation)
+        if shape is None:
+            return direct(head + new, tools, generation)
+        known = self._shapes.get(shape)
+        if known is not None:
+            for skeleton in known:
+                text = None if skeleton is None else skeleton.fill(new)
+                if text is not None:
+                    self.counts["skeleton"] += 1
+                    return text
+        text = direct(head + new, tools, generation)
+        if known is None:
+            if len(self._shapes) >= _SHAPES:
+                return text
+            known = self._shapes[shape] = []
+        if len(known) >= _BRANCHES:
+            return text  # enough branches tried
+        assert self._traced is not None
+        found = Skeleton.build(self._traced, head, new, tools, generation, text)
+        # a shape refused at its first try is not tried again while head and tools stay
+        known.extend([found] if found is not None or known else [None] * _BRANCHES)
+        return text
 
     def _window(
         self, msgs: list[Message], head: list[Message], cut: int, tools: Any, text: str
@@ -371,4 +426,5 @@ class IncrementalRender:
         if not prompt.startswith(opening):
             raise ValueError("the generation prompt does not follow the head's text")
         self._head = (first, tools, opening, prompt)
+        self._shapes.clear()  # they were proved with the old head and tools
         return opening, prompt
