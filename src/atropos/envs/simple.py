@@ -41,7 +41,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from atropos.envs.base import BaseEnv, ConfigT
 from atropos.envs.evaluation import evaluate_each, report_rows
@@ -49,6 +49,9 @@ from atropos.envs.outcome import invalid, truncated, with_outcomes
 from atropos.envs.types import Item, Message, ScoredDataGroup
 from atropos.inference.latency import note
 from atropos.rewards.group import all_equal
+
+if TYPE_CHECKING:
+    from atropos.inference.managed import ChatTurn
 
 T = TypeVar("T")
 
@@ -75,7 +78,7 @@ class Rollout:
         return sum(1 for m in self.masks if m != -100)
 
 
-def _rollouts(turn: Any) -> list[Rollout]:
+def _rollouts(turn: ChatTurn) -> list[Rollout]:
     """The rollouts of a `ChatTurn` (its nodes are the caller's to keep: no copy)."""
     return [
         Rollout(

@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping, Sequence
 from threading import get_ident
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -50,6 +50,9 @@ from atropos.inference.retry import RetryPolicy
 from atropos.inference.routing import SessionHomes, header_lines, new_session_key
 from atropos.inference.server_metrics import ServerMetrics
 from atropos.inference.slurm import resolve_server_configs
+
+if TYPE_CHECKING:  # imported where first used below, as in `managed_server`
+    from atropos.inference.managed import ChatTurn, ManagedServer
 
 NEEDS = {
     "tokens_and_logprobs_completion": "supports_tokens",
@@ -219,7 +222,7 @@ class ServerManager:
                 ChatPlan.for_server(reasoning, c, self._warn) for c in server_configs
             ]
         self._templates: dict[int, tuple[Any, TemplatePlan]] = {}
-        self._single: Any = None  # the `ManagedServer` of `single_turn` (its last tokenizer)
+        self._single: ManagedServer | None = None  # `single_turn`'s (for its last tokenizer)
         self.retry = RetryPolicy(
             self.config.max_attempts, self.config.retry_backoff, self.config.retry_backoff_max
         )
@@ -359,7 +362,7 @@ class ServerManager:
         forget = self.homes if session is None and self._sticky else None
         return _Session(ManagedServer(pinned, tokenizer, **kwargs), forget, key)
 
-    def single_turn(self, tokenizer: Any, **kwargs: Any) -> Awaitable[Any]:
+    def single_turn(self, tokenizer: Any, **kwargs: Any) -> Coroutine[Any, Any, ChatTurn]:
         """`ManagedServer.chat_turn(**kwargs)` of a new conversation whose nodes nobody
         continues (a single-turn env's group: one request), without a session.
 
@@ -375,7 +378,7 @@ class ServerManager:
 
             plan = self.template_plan(tokenizer) if self.reasoning is not None else None
             managed = self._single = ManagedServer(self, tokenizer, reasoning=plan)
-        return managed.chat_turn(hold=False, **kwargs)  # type: ignore[no-any-return]
+        return managed.chat_turn(hold=False, **kwargs)
 
     def template_plan(self, tokenizer: Any) -> TemplatePlan:
         """The chat-template kwargs and reasoning budget of token-level generation with
