@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from atropos.proxy.skeleton import Skeleton, shape_of, traced_template
+from atropos.proxy.skeleton import Skeleton, per_template, shape_of, traced_template
 
 __all__ = ["IncrementalRender", "template_is_stable", "window_kind"]
 
@@ -76,7 +76,7 @@ Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]]
 _SHAPES, _BRANCHES = 8, 4  # skeletons kept per session: shapes, and branches of one shape
 _KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents); a prompt
 # a later call continued is dropped then (its text is the start of the later one's)
-_STABLE: weakref.WeakKeyDictionary[Any, tuple[str, str | None]] = weakref.WeakKeyDictionary()
+_STABLE: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
 _TOOL = {
     "type": "function",
     "function": {
@@ -165,20 +165,7 @@ def template_is_stable(tokenizer: Any) -> bool:
 def window_kind(tokenizer: Any) -> str | None:
     """The window the probe found to give the full render's text for this tokenizer's
     template: "short" (one render per call), "long" (two), or None (render whole)."""
-    source = getattr(tokenizer, "chat_template", None)
-    if not isinstance(source, str):
-        return None
-    try:
-        held = _STABLE.get(tokenizer)
-    except TypeError:  # not weak-referenceable: probe every time (test doubles)
-        held = None
-    if held is not None and held[0] == source:
-        return held[1]
-    kind = _probe(tokenizer)
-    try:
-        _STABLE[tokenizer] = (source, kind)
-    except TypeError:
-        pass
+    kind: str | None = per_template(_STABLE, tokenizer, lambda source: _probe(tokenizer))
     return kind
 
 

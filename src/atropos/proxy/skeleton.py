@@ -39,6 +39,7 @@ template is not touched.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import re
@@ -46,7 +47,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Skeleton", "Tracer", "shape_of", "traced_template"]
+__all__ = ["Skeleton", "Tracer", "per_template", "shape_of", "traced_template"]
 
 Message = dict[str, Any]
 _OPEN, _CLOSE = "\ue000", "\ue001"
@@ -301,21 +302,30 @@ def traced_template(tokenizer: Any, template: Any) -> Any:
     """`tokenizer`'s chat template (its compiled `template`) compiled again in a traced overlay
     of its environment (a Jinja `Template`, rendered as `incremental._direct` renders); None
     when it cannot be made. Compiled once per tokenizer and template source."""
+    return per_template(_TEMPLATES, tokenizer, lambda source: _traced(template, source))
+
+
+def per_template(
+    cache: weakref.WeakKeyDictionary[Any, tuple[str, Any]],
+    tokenizer: Any,
+    make: Callable[[str], Any],
+) -> Any:
+    """`make(source)` of `tokenizer`'s chat template source, kept in `cache` while the
+    tokenizer lives and its template stays (made every call for a tokenizer that cannot be
+    weakly referenced: test doubles); None for a tokenizer without a template."""
     source = getattr(tokenizer, "chat_template", None)
     if not isinstance(source, str):
         return None
     try:
-        held = _TEMPLATES.get(tokenizer)
+        held = cache.get(tokenizer)
     except TypeError:
         held = None
     if held is not None and held[0] == source:
         return held[1]
-    traced = _traced(template, source)
-    try:
-        _TEMPLATES[tokenizer] = (source, traced)
-    except TypeError:
-        pass
-    return traced
+    made = make(source)
+    with contextlib.suppress(TypeError):
+        cache[tokenizer] = (source, made)
+    return made
 
 
 def _traced(template: Any, source: str) -> Any:
