@@ -148,3 +148,17 @@ def test_the_shape_is_roles_keys_and_the_generation_prompt() -> None:
     calls = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
     assert shape_of([calls], True) is None  # tool calls: rendered every call
     assert shape_of([{"role": "user", "content": [{"type": "text", "text": "x"}]}], True) is None
+
+
+def test_a_skeleton_can_leave_out_the_heads_text() -> None:
+    """The window keeps the head's text once (`IncrementalRender._opening`); its skeletons
+    start after it, and one whose hole would fall in that text is refused."""
+    direct, traced = renders(None)
+    new = turn("It is 5.", "Thanks.")
+    expected = direct(HEAD + new, None, True)
+    head = direct(HEAD, None, False)
+    skeleton = Skeleton.build(traced, HEAD, new, None, True, expected, skip=len(head))
+    assert skeleton is not None and skeleton.pieces[0] == expected[len(head) : expected.index("It")]
+    other = turn("Other.", "More?")
+    assert skeleton.fill(other) == direct(HEAD + other, None, True)[len(head) :]
+    assert Skeleton.build(traced, HEAD, new, None, True, expected, skip=len(head) + 30) is None

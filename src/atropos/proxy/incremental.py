@@ -342,43 +342,47 @@ class IncrementalRender:
         the text is then `text + Y[len(X):]`."""
         if cut <= len(head):
             return None  # the previous prompt was the head alone
+        generation = msgs[-1].get("role") != "assistant"
         try:
             opening, prompt = self._opening(head, tools)
-            after = self._after(head, msgs[cut:], tools, msgs[-1].get("role") != "assistant")
+            if not text.endswith(prompt[len(opening) :]):
+                return None
+            added = self._after(head, msgs[cut:], tools, generation, prompt)
         except Exception:  # a shape the template refuses: the long window, or whole
             return None
-        if not (after.startswith(prompt) and text.endswith(prompt[len(opening) :])):
-            return None
-        return text + after[len(prompt) :]
+        return None if added is None else text + added
 
-    def _after(self, head: list[Message], new: list[Message], tools: Any, generation: bool) -> str:
-        """The render of `head + new`: filled in from a skeleton of the shape of `new` when one
-        was proved for it and its recorded tests answer the same (`skeleton.Skeleton`), else by
-        the template (and a skeleton is then tried for the shape, up to a few per shape)."""
+    def _after(
+        self, head: list[Message], new: list[Message], tools: Any, generation: bool, prompt: str
+    ) -> str | None:
+        """What the render of `head + new` writes after `prompt` (the head's text and the
+        generation prompt), or None when it does not start with it: filled in from a skeleton
+        of the shape of `new` when one was proved for it and its recorded tests answer the same
+        (`skeleton.Skeleton`, which starts after `prompt`), else by the template (and a
+        skeleton is then tried for the shape, up to a few per shape)."""
         direct = self._direct
         assert direct is not None
         shape = None if self._traced is None else shape_of(new, generation)
-        if shape is None:
-            return direct(head + new, tools, generation)
-        known = self._shapes.get(shape)
+        known = None if shape is None else self._shapes.get(shape)
         if known is not None:
             for skeleton in known:
-                text = None if skeleton is None else skeleton.fill(new)
-                if text is not None:
+                added = None if skeleton is None else skeleton.fill(new)
+                if added is not None:
                     self.counts["skeleton"] += 1
-                    return text
-        text = direct(head + new, tools, generation)
-        if known is None:
-            if len(self._shapes) >= _SHAPES:
-                return text
-            known = self._shapes[shape] = []
-        if len(known) >= _BRANCHES:
-            return text  # enough branches tried
-        assert self._traced is not None
-        found = Skeleton.build(self._traced, head, new, tools, generation, text)
-        # a shape refused at its first try is not tried again while head and tools stay
-        known.extend([found] if found is not None or known else [None] * _BRANCHES)
-        return text
+                    return added
+        after = direct(head + new, tools, generation)
+        if not after.startswith(prompt):
+            return None
+        if shape is not None and (known is not None or len(self._shapes) < _SHAPES):
+            known = self._shapes.setdefault(shape, [])
+            if len(known) < _BRANCHES:  # else enough branches tried
+                assert self._traced is not None
+                found = Skeleton.build(
+                    self._traced, head, new, tools, generation, after, skip=len(prompt)
+                )
+                # a shape refused at its first try is not tried again while head and tools stay
+                known.extend([found] if found is not None or known else [None] * _BRANCHES)
+        return after[len(prompt) :]
 
     def _window(
         self, msgs: list[Message], head: list[Message], cut: int, tools: Any, text: str

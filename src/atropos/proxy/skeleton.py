@@ -399,10 +399,13 @@ class Skeleton:
         tools: Any,
         generation: bool,
         expected: str,
+        skip: int = 0,
     ) -> Skeleton | None:
         """The skeleton of `head + new` traced by `render`, if the template used the new
         messages' strings only as this module allows and the skeleton filled with them gives
-        `expected` (the real render); else None."""
+        `expected` (the real render); else None. With `skip`, the skeleton leaves out the
+        render's first `skip` characters (the head's text, held by the caller: not kept once
+        more per skeleton), which must come before any hole."""
         tracer = Tracer()
         traced = [
             {k: v if k == "role" else tracer.marker((i, k), (), v) for k, v in message.items()}
@@ -429,14 +432,17 @@ class Skeleton:
             holes.append(hole)
             at = match.end()
         pieces.append(text[at:])
-        if any(_OPEN in p or _CLOSE in p for p in pieces):
-            return None  # a marker was cut or escaped
+        if any(_OPEN in p or _CLOSE in p for p in pieces) or len(pieces[0]) < skip:
+            return None  # a marker was cut or escaped, or a hole is in the skipped text
+        if text[:skip] != expected[:skip]:
+            return None
+        pieces[0] = pieces[0][skip:]
         tests = []
         for number, op, args, answer in tracer.tests:
             field, strips = tracer.holes[number]
             tests.append((field, strips, op, args, answer))
         skeleton = cls(pieces, holes, tests)
-        return skeleton if skeleton.fill(new) == expected else None
+        return skeleton if skeleton.fill(new) == expected[skip:] else None
 
     def fill(self, new: list[Message]) -> str | None:
         """The text for `new` (messages of this skeleton's shape), or None when one of the
