@@ -66,11 +66,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from atropos.proxy.skeleton import Skeleton, per_template, shape_of, traced_template
+from atropos.proxy.skeleton import Message, Skeleton, per_template, shape_of, traced_template
 
 __all__ = ["IncrementalRender", "template_is_stable", "window_kind"]
 
-Message = dict[str, Any]
 Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
 _SHAPES, _BRANCHES = 8, 4  # skeletons kept per session: shapes, and branches of one shape

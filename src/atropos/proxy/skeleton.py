@@ -47,9 +47,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Skeleton", "Tracer", "per_template", "shape_of", "traced_template"]
+__all__ = ["Message", "Skeleton", "Tracer", "per_template", "shape_of", "traced_template"]
 
-Message = dict[str, Any]
+Message = dict[str, Any]  # a chat message as the dialects build it (the window's too)
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _BODY = "\"\\\n<&'"  # what any escaping would change
 _MARK = re.compile(re.escape(_OPEN) + r"(\d+)" + re.escape(_BODY + _CLOSE))
