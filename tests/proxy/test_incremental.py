@@ -170,3 +170,83 @@ def test_the_one_render_window_gives_the_full_renders_text() -> None:
     # an answer then a user message, again: the second time a skeleton fills it (the ids are
     # the full render's: test_a_continued_conversation_gives_the_full_renders_ids)
     assert s.template.counts["skeleton"] >= 1
+
+
+def _renderers(book: Any) -> tuple[Any, Any]:
+    """A maker of one-render windows over the tiny template keeping skeletons in `book`, and
+    the full render to check them against."""
+    from atropos.proxy.incremental import IncrementalRender, _compiled, _direct
+    from atropos.proxy.skeleton import traced_template
+
+    tok = load_tokenizer("tiny")
+    template = _compiled(tok)
+    traced = traced_template(tok, template)
+    assert traced is not None
+
+    def whole(msgs: list[dict[str, Any]], tools: Any, kw: dict[str, Any]) -> str:
+        generation = msgs[-1]["role"] != "assistant"
+        return str(
+            tok.apply_chat_template(
+                msgs, tools=tools, tokenize=False, add_generation_prompt=generation
+            )
+        )
+
+    def make() -> IncrementalRender:
+        return IncrementalRender(
+            whole, _direct(tok, template), short=True, traced=_direct(tok, traced), book=book
+        )
+
+    return make, whole
+
+
+def _chat(window: Any, whole: Any, system: str, tools: Any, turns: int = 5) -> None:
+    """A conversation of answer-then-user calls through `window`, each render checked against
+    the full render."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Hi."},
+    ]
+    for turn in range(turns):
+        assert window.render(messages, tools, {}) == whole(messages, tools, {})
+        messages = [
+            *messages,
+            {"role": "assistant", "content": f"answer {turn} with <b>'odd'</b> text"},
+            {"role": "user", "content": f"and then {turn}?"},
+        ]
+
+
+def test_sessions_with_one_head_and_tools_share_their_skeletons(monkeypatch: Any) -> None:
+    from atropos.proxy import incremental
+    from atropos.proxy.incremental import SkeletonBook
+
+    book = SkeletonBook()
+    make, whole = _renderers(book)
+    first, second = make(), make()
+    _chat(first, whole, "Be brief.", TOOLS)
+    _chat(second, whole, "Be brief.", copy.deepcopy(TOOLS))  # equal, not the same objects
+    assert first.counts["built"] == 1 and first.counts["skeleton"] >= 2
+    assert second.counts["built"] == 0 and second.counts["skeleton"] >= 3  # the first's
+    other = make()  # another system message: a page of its own
+    _chat(other, whole, "Be long.", TOOLS)
+    assert other.counts["built"] == 1
+    # tools in another key order: a page of their own, shared by the sessions that use it
+    reordered = [{"function": TOOLS[0]["function"], "type": "function"}]
+    built = []
+    for _ in range(2):
+        window = make()
+        _chat(window, whole, "Be brief.", reordered)
+        built.append(window.counts["built"])
+    assert built == [1, 0]
+    # tools holding a type JSON does not have (a tuple): never shared
+    odd = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "parameters": ("a",)}}]
+    for _ in range(2):
+        window = make()
+        _chat(window, whole, "Be brief.", odd)
+        assert window.counts["built"] == 1
+    monkeypatch.setattr(incremental, "_HEADS", 2)
+    small = SkeletonBook()
+    make, whole = _renderers(small)
+    for system in ("a", "b", "c", "a"):
+        window = make()
+        _chat(window, whole, system, None)
+        assert window.counts["built"] == 1  # "a" was dropped when "c" came

@@ -36,7 +36,9 @@ takes the long one, as the probe ran it.
 The one-render window's `Y` is mostly filled in rather than rendered: a call's new messages
 have the same shape call after call (roles and keys; the head and tools stay), and where one
 traced render proved the template uses their strings only as text, tests or strips, the shape's
-skeleton is filled with the call's strings (`atropos.proxy.skeleton`; `_after`).
+skeleton is filled with the call's strings (`atropos.proxy.skeleton`; `_after`). Skeletons are
+kept in the template's `SkeletonBook`, by head and tools: every session with the same system
+message and tools uses the one proved first, by any of them.
 
 A template that rewrites earlier turns when later ones come (Qwen3 drops the reasoning of
 assistant turns before the last user message; a template that counts messages) would pass the
@@ -63,6 +65,7 @@ the short one one (the head's are kept while the head and tools stay).
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -72,10 +75,15 @@ __all__ = ["IncrementalRender", "template_is_stable", "window_kind"]
 
 Render = Callable[[list[Message], "list[dict[str, Any]] | None", dict[str, Any]], str]
 
-_SHAPES, _BRANCHES = 8, 4  # skeletons kept per session: shapes, and branches of one shape
+_SHAPES, _BRANCHES = 8, 4  # skeletons kept per head and tools: shapes, branches of one shape
+_HEADS = 64  # heads (system message and tools) whose skeletons a template's book keeps
 _KEPT = 4  # previous prompts remembered per session (an agent and a few sub-agents); a prompt
 # a later call continued is dropped then (its text is the start of the later one's)
 _STABLE: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
+_BOOKS: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
+#: shape -> the skeletons tried for it with one head and tools: one per branch its tests took,
+#: None for a try refused (the template used the strings in a way no skeleton stands for)
+Shapes = dict[tuple[Any, ...], list[Skeleton | None]]
 _TOOL = {
     "type": "function",
     "function": {
@@ -228,6 +236,8 @@ class IncrementalRender:
         traced: the template's traced render (`_direct` of `skeleton.traced_template`): the
             one-render window's text comes from a skeleton of the call's shape where one was
             proved; None: it is rendered every call.
+        book: where the skeletons are kept, shared by the sessions of one tokenizer and
+            template (`SkeletonBook`); None: this session's own.
     """
 
     def __init__(
@@ -237,22 +247,22 @@ class IncrementalRender:
         *,
         short: bool = False,
         traced: Callable[..., str] | None = None,
+        book: SkeletonBook | None = None,
     ) -> None:
         self._whole = whole
         self._direct = direct
         self._short = short
         self._traced = traced
-        #: shape -> the skeletons tried for it while head and tools stay: one per branch its
-        #: tests took, None for a try refused (the template used the strings in a way no
-        #: skeleton stands for)
-        self._shapes: dict[tuple[Any, ...], list[Skeleton | None]] = {}
+        self._book = book if book is not None else SkeletonBook()
+        self._shapes: Shapes = {}  # the book's page for the head and tools (`_opening`)
         self._prompts: list[tuple[list[Message], Any, str]] = []  # most recent last
         #: (system message or None, tools, head's text alone, head's text + generation prompt)
         self._head: tuple[Message | None, Any, str, str] | None = None
         self._continued: tuple[list[Message], Any, str] | None = None  # by the last `extend`
         #: How many renders used a window (of them, how many the one-render window, and of
-        #: those how many a skeleton filled), and how many rendered the whole conversation.
-        self.counts = {"window": 0, "short": 0, "skeleton": 0, "whole": 0}
+        #: those how many a skeleton filled), how many rendered the whole conversation, and
+        #: how many skeletons this session proved (into the book).
+        self.counts = {"window": 0, "short": 0, "skeleton": 0, "whole": 0, "built": 0}
 
     @classmethod
     def attach(cls, managed: Any) -> IncrementalRender | None:
@@ -273,6 +283,7 @@ class IncrementalRender:
             _direct(tokenizer, template),
             short=kind == "short",
             traced=None if traced is None else _direct(tokenizer, traced),
+            book=per_template(_BOOKS, tokenizer, lambda source: SkeletonBook()),
         )
         plan = getattr(managed, "reasoning", None)
         window.plain = not getattr(plan, "kwargs", None)
@@ -379,8 +390,9 @@ class IncrementalRender:
                 found = Skeleton.build(
                     self._traced, head, new, tools, generation, after, skip=len(prompt)
                 )
-                # a shape refused at its first try is not tried again while head and tools stay
+                # a shape refused at its first try is not tried again with this head and tools
                 known.extend([found] if found is not None or known else [None] * _BRANCHES)
+                self.counts["built"] += found is not None
         return after[len(prompt) :]
 
     def _window(
@@ -416,5 +428,51 @@ class IncrementalRender:
         if not prompt.startswith(opening):
             raise ValueError("the generation prompt does not follow the head's text")
         self._head = (first, tools, opening, prompt)
-        self._shapes.clear()  # they were proved with the old head and tools
+        self._shapes = self._book.page(first, tools)  # those proved with this head and tools
         return opening, prompt
+
+
+class SkeletonBook:
+    """The skeletons proved for one template, by head (system message) and tools, shared by
+    every session of the template: a thousand agents with one system prompt and tool list
+    build each shape's skeleton once, not once each.
+
+    A skeleton depends on nothing but the template, the head, the tools and the shape (its
+    build checks it byte for byte against the real render), so sessions share a page when their
+    head and tools are equal to the last type, key order and value. The key is their `repr`,
+    taken only for JSON's types (what the dialects parse; `repr` tells `1` from `1.0` and
+    `True`, a tuple from a list, and keeps key order, which a template iterating a dict
+    shows); a head or tools holding anything else get a page of their own, not shared. The
+    least recently used of more than `_HEADS` heads is dropped."""
+
+    def __init__(self) -> None:
+        self._pages: OrderedDict[str, Shapes] = OrderedDict()
+
+    def page(self, head: Message | None, tools: Any) -> Shapes:
+        """The shapes proved with `head` and `tools` (a new page at their first use)."""
+        if not (_plain(head) and _plain(tools)):
+            return {}
+        key = repr((head, tools))
+        pages = self._pages
+        found = pages.get(key)
+        if found is None:
+            found = pages[key] = {}
+            if len(pages) > _HEADS:
+                pages.popitem(last=False)
+        else:
+            pages.move_to_end(key)
+        return found
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether `value` holds only JSON's types (dict keys strings), to a depth of 32."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if depth > 32:
+        return False
+    if kind is list:
+        return all(_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
