@@ -50,14 +50,17 @@ def fleet(count: int, latency: float = 0.0) -> Iterator[list[tuple[FakeInference
 
 
 def manager(
-    servers: list[tuple[FakeInferenceServer, Spy]], server_type: str = "vllm", **settings: Any
+    servers: list[tuple[FakeInferenceServer, Spy]],
+    server_type: str = "vllm",
+    slots: int = 16,
+    **settings: Any,
 ) -> ServerManager:
     configs = [
         APIServerConfig(
             base_url=s.base_url,
             server_type=server_type,
             model_name="m",
-            num_max_requests_at_once=16,
+            num_max_requests_at_once=slots,
         )
         for s, _ in servers
     ]
@@ -97,13 +100,16 @@ def test_new_sessions_spread_and_each_keeps_its_server() -> None:
     with fleet(3, latency=0.02) as servers:
 
         async def main() -> list[tuple[list[int], str]]:
-            async with manager(servers) as m:
+            # room for all 30 on any one server: spread by load, the homes can come out
+            # uneven on a loaded machine (a server whose sessions sit between turns looks
+            # idle), and a full home would rightly move a session; this asserts stickiness
+            async with manager(servers, slots=32) as m:
                 results = await asyncio.gather(*(converse(m, 4) for _ in range(30)))
                 assert len(m.homes) == 0  # generated keys are forgotten when a session ends
                 return results
 
         results = asyncio.run(main())
-    assert all(len(set(used)) == 1 for used, _ in results)  # 30 fit: 16 per server
+    assert all(len(set(used)) == 1 for used, _ in results)
     per_server = [sum(used[0] == i for used, _ in results) for i in range(3)]
     assert min(per_server) >= 7, per_server  # 10 each when evenly spread; never all on one
     for index, (_, spy) in enumerate(servers):  # every request a server saw is of its sessions
