@@ -47,6 +47,8 @@ Usage: python scripts/upstream_venv.py [light|full|verifiers|vllm|sglang|trl]
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -54,7 +56,7 @@ import subprocess
 import sys
 import time
 import venv
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +68,7 @@ VLLM_DEPS = [VLLM, "torch==2.13.0"]
 VLLM_REMOVED = ["torchvision", "torchaudio", "torchcodec"]
 SGLANG = "sglang==0.5.23"
 TRL = "trl==1.16.0"
+MAKER_WAIT = 1800  # seconds to wait for another process making the same venv
 FLAVOURS = ("light", "full", "verifiers", "vllm", "sglang", "trl")
 LOCKS = {"verifiers": "verifiers", "vllm": "vllm", "sglang": "sglang", "trl": "trl"}
 HOMES = {
@@ -111,6 +114,45 @@ def ensure(flavour: str = "light") -> Path:
     made = f"{what} {digest}\n"
     if stamp.exists() and stamp.read_text() == made:
         return python
+    with building(where):  # another process (a test worker) may be making it now
+        if stamp.exists() and stamp.read_text() == made:
+            return python
+        make(flavour, where, lock, what)
+        stamp.write_text(made)
+    return python
+
+
+@contextlib.contextmanager
+def building(where: Path) -> Iterator[None]:
+    """Hold the lock on making the venv at `where` (a file beside it), waiting for another
+    maker to finish (saying so; at most `MAKER_WAIT` seconds)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with open(where.parent / f".{where.name}.lock", "w") as held:
+        deadline = time.monotonic() + MAKER_WAIT
+        said = False
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"another process has been making {where} for {MAKER_WAIT} s: stop it,"
+                        f" or remove {where} and run this again"
+                    ) from None
+                if not said:
+                    print(f"waiting for another process making {where} ...", file=sys.stderr)
+                    said = True
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def make(flavour: str, where: Path, lock: Path | None, what: str) -> None:
+    """Make the `flavour` venv at `where` afresh, from `lock` when given."""
+    python = where / "bin" / "python"
     print(f"creating {where} with {what} ({flavour}) ...", file=sys.stderr, flush=True)
     check_space(where, NEEDS_GB.get(flavour, 1))
     venv.EnvBuilder(with_pip=True, clear=True).create(where)
@@ -132,8 +174,6 @@ def ensure(flavour: str = "light") -> Path:
         run_pip([*pip, *LIGHT_DEPS])
     else:
         run_pip([*pip, UPSTREAM, *LIGHT_DEPS])
-    stamp.write_text(made)
-    return python
 
 
 def check_space(where: Path, needed_gb: float) -> None:

@@ -34,6 +34,73 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+#: Under pytest-xdist (`make test` runs two workers: scripts/check), the tests that share a
+#: heavy thing run on one worker, one after another: the test files under each prefix here
+#: are one unit of work (`Grouped`); any other file is a unit of its own. A group holds every
+#: file whose tests use the session fixture that starts or builds its thing (checked at
+#: collection: `_check_groups`), so a vLLM server, Docker engine or venv is made by one worker.
+_GROUPS = {
+    "tests/vllm/": "vllm",
+    "tests/sglang/": "sglang",
+    "tests/sandbox_engine/": "docker",
+    "tests/environments/test_harbor_engine.py": "docker",
+    "tests/harnesses/test_harbor_harness.py": "docker",
+    "tests/interop/": "interop",  # and TRL's venv: test_trl_ors uses both
+    "tests/integrations/test_trl.py": "interop",
+    "tests/compat/": "compat",
+    "tests/environments/test_verifiers.py": "verifiers",
+    "tests/launch/test_ray": "ray",
+    "tests/launch/test_slurm": "slurm",
+}
+#: The session fixtures that start or build a heavy thing, and the group of their tests.
+_HEAVY = {
+    "vllm_python": "vllm",
+    "sglang_python": "sglang",
+    "docker_engine": "docker",
+    "interop_python": "interop",
+    "trl_python": "interop",
+    "upstream_python": "compat",
+}
+
+
+def group_of(nodeid: str) -> str | None:
+    """The group of the test `nodeid` (its path from the root first), or None."""
+    return next((g for prefix, g in _GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler, by `_GROUPS` (its own `loadgroup` cannot mark tests on pytest 9)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        """A group's files are one unit of work, any other file one; the units with the most
+        tests go first (xdist's reorder), so the long groups start at once."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = group_of(nodeid)
+            return f"group:{group}" if group else nodeid.split("::", 1)[0]
+
+    return Grouped(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _check_groups(items)
+
+
+def _check_groups(items: list[pytest.Item]) -> None:
+    """Every test using a heavy fixture is in its group (else two workers would each make it)."""
+    wrong = sorted(
+        {
+            f"{item.nodeid.split('::', 1)[0]} uses {name}: add it to _GROUPS as {group!r}"
+            for item in items
+            for name, group in _HEAVY.items()
+            if name in item.fixturenames and group_of(item.nodeid) != group
+        }
+    )
+    if wrong:
+        raise pytest.UsageError("tests/conftest.py: " + "; ".join(wrong))
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
