@@ -4,14 +4,19 @@ enforces memory, pids and read-only limits."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from atropos.net import free_port
 from atropos.testing.docker import DockerEngine, mounts_under
@@ -20,9 +25,20 @@ from atropos.testing.proc import listeners, live_processes
 SYSTEM_SOCKETS = ("/var/run/docker.sock", "/run/containerd/containerd.sock")
 
 
-def test_engine_starts_and_stops_with_nothing_left(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder with a short path for engines of the test's own: dockerd's sockets under it
+    must fit a unix socket's 107 bytes, which a worker's deep `tmp_path` can pass."""
+    folder = Path(tempfile.mkdtemp(prefix="atropos-docker-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_engine_starts_and_stops_with_nothing_left(short_dir: Path) -> None:
     system_before = {path: Path(path).exists() for path in SYSTEM_SOCKETS}
-    with DockerEngine(tmp_path / "e") as engine:
+    with DockerEngine(short_dir / "e") as engine:
         assert engine.started_in is not None and engine.started_in < 30
         daemons = {name: process.pid for name, process in engine.processes.items()}
         assert set(daemons) == {"dockerd", "containerd"}
@@ -147,7 +163,7 @@ def test_docker_run_latency(docker_engine: Any, sandbox_image: str) -> None:
     assert min(times) < 5
 
 
-def test_an_engine_of_a_killed_session_is_swept_at_the_next_start(tmp_path: Path) -> None:
+def test_an_engine_of_a_killed_session_is_swept_at_the_next_start(short_dir: Path) -> None:
     script = (
         "import sys, time\n"
         "from atropos.testing.docker import DockerEngine, mounts_under\n"
@@ -156,7 +172,7 @@ def test_an_engine_of_a_killed_session_is_swept_at_the_next_start(tmp_path: Path
         "time.sleep(300)\n"
     )
     session = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path / "killed")],
+        [sys.executable, "-c", script, str(short_dir / "killed")],
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -166,7 +182,20 @@ def test_an_engine_of_a_killed_session_is_swept_at_the_next_start(tmp_path: Path
         session.kill()  # SIGKILL: no stop(), the daemons are orphaned
         session.wait()
     assert len(daemons) == 2 and daemons <= {p.pid for p in live_processes()}
-    with DockerEngine(tmp_path / "next") as engine:
+    with DockerEngine(short_dir / "next") as engine:
         assert daemons <= {p.pid for p in engine.swept}
     assert not daemons & {p.pid for p in live_processes()}
-    assert mounts_under([tmp_path]) == []
+    assert mounts_under([short_dir]) == []
+
+
+def test_a_directory_too_deep_for_dockerds_sockets_is_refused_naming_it(short_dir: Path) -> None:
+    deep = short_dir / ("d" * (107 - len(str(short_dir)) - 34))  # one byte past, with the id
+    engine = DockerEngine(deep)
+    try:
+        engine.start()
+    except ValueError as refused:
+        assert str(deep) in str(refused) and "exec/libnetwork" in str(refused)
+    else:
+        engine.stop()
+        raise AssertionError("a directory too deep for dockerd's sockets was taken")
+    assert not engine.processes and not deep.exists()  # refused before anything started

@@ -61,7 +61,10 @@ INSTALL_HINT = (
 )
 MARKER = "ATROPOS_TEST_DOCKER"  # in the environment of every daemon an engine starts
 NO_PROXY_HERE = "http://127.0.0.1:9"  # the discard port: nothing listens, a pull fails at once
-MAX_SOCKET_PATH = 100  # a unix socket path holds at most 107 bytes
+MAX_SOCKET_PATH = 107  # a unix socket path holds at most 107 bytes
+#: The engine's longest socket, under its directory: dockerd's network controller listens on
+#: `<exec-root>/libnetwork/<12 hex digits>.sock` (a longer path fails dockerd's start).
+LONGEST_SOCKET = "exec/libnetwork/0123456789ab.sock"
 CONTAINERD_TOML = """version = 2
 root = "{root}"
 state = "{state}"
@@ -208,8 +211,13 @@ class DockerEngine:
         reason = docker_unavailable_reason()
         if reason is not None:
             raise DockerUnavailable(reason)
-        if len(str(self.containerd_socket)) > MAX_SOCKET_PATH:
-            raise ValueError(f"{self.directory} is too long a path for the engine's sockets")
+        longest = len(str(self.directory / LONGEST_SOCKET))
+        if longest > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"{self.directory} is too long a path for the engine's sockets (dockerd's"
+                f" {LONGEST_SOCKET} under it would be {longest} bytes, past {MAX_SOCKET_PATH}):"
+                " give it a shorter directory"
+            )
         self.swept = sweep_orphans(self.stop_grace)
         self.directory.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
@@ -303,10 +311,13 @@ class DockerEngine:
             shutil.rmtree(self.directory / name, ignore_errors=True)
 
     def _ours(self) -> list[Process]:
-        """Live processes that carry this engine's marker or name its directory."""
-        mark = str(self.directory)
+        """Live processes that carry this engine's marker or name its directory (never this
+        process, which may name the directory too: a script given it as an argument)."""
+        mark, me = str(self.directory), os.getpid()
         return [
-            p for p in live_processes() if mark in p.cmdline or _marker_of(p.pid) == self.marker
+            p
+            for p in live_processes()
+            if p.pid != me and (mark in p.cmdline or _marker_of(p.pid) == self.marker)
         ]
 
     def mounts(self) -> list[str]:
