@@ -138,6 +138,8 @@ def test_script_lines_and_bash_syntax(tmp_path: Path) -> None:
         'start policy-0 "${NODES[1]}"', 'start api "${NODES[0]}" --gres=none',
         "await_ready api policy-0 policy-1 || finish 1",
         "  stop_steps arithmetic-0 arithmetic-1 arithmetic-2",
+        "ENVS_END=10   # seconds environments may take to end after the trainer finished",
+        "      let_envs_end arithmetic-0 arithmetic-1 arithmetic-2",
     ):  # fmt: skip
         assert line in text.splitlines(), line
     # every #SBATCH line comes before the first command
@@ -149,6 +151,31 @@ def test_script_lines_and_bash_syntax(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stderr
     # a short time limit leaves no room for the ordered stop before it: no --signal
     assert "#SBATCH --signal" not in script_of("run.slurm.time='00:05:00'")
+
+
+def test_after_the_trainer_the_envs_get_envs_end_seconds_to_end_on_their_own() -> None:
+    """The script's `let_envs_end` returns once the named steps have ended, and at its
+    deadline (saying so) while one still runs; a step that ended before is not waited for."""
+    functions = sbatch._FUNCTIONS
+    shell = (
+        functions
+        + """
+ENVS_END=3
+sleep 0.5 & STEP[quick]=$!
+sleep 30 & STEP[slow]=$!
+true & STEP[gone]=$!
+wait "${STEP[gone]}"
+t0=$SECONDS; let_envs_end quick gone; echo "quick in $((SECONDS - t0))"
+t0=$SECONDS; let_envs_end slow; echo "slow in $((SECONDS - t0))"
+kill "${STEP[slow]}"
+"""
+    )
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] in ("quick in 0", "quick in 1"), done.stdout
+    assert lines[1] == "[launch] environments still running 3 s after the trainer finished"
+    assert lines[2] in ("slow in 2", "slow in 3"), done.stdout
 
 
 def test_a_servers_own_python_runs_its_step_only() -> None:

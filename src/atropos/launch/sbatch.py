@@ -16,7 +16,8 @@
 `script(plan, run, python=..., cwd=...)` writes the sbatch script (`RUN_DIR/job.sbatch`):
 `#SBATCH` lines, the run file's setup lines, the node list (`scontrol show hostnames`), one
 `ATROPOS_ADDR_<NAME>` variable per listening process, then one `srun` step per process, tier
-by tier with `atropos launch --await` between tiers, a watch loop, and the ordered stop. Each
+by tier with `atropos launch --await` between tiers, a watch loop, and the ordered stop (after
+a trainer that finished, the environments get `driver.ENVS_END` seconds to end first). Each
 step runs `atropos launch --step NAME RUN_DIR` (`slurm_job`), the supervisor of every backend.
 
 Nothing from the run file reaches the shell unquoted: the run file's models refuse control
@@ -35,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from atropos.launch.config import RunFile, one_line
+from atropos.launch.driver import ENVS_END
 from atropos.launch.plan import Plan, Process, fill
 from atropos.launch.show import SECRET_SHOWN
 from atropos.launch.supervise import LISTENS, WILDCARD, free_port
@@ -285,6 +287,8 @@ def script(plan: Plan, run: RunFile, *, python: str, cwd: Path) -> str:
         f"PYTHON={shlex.quote(python)}   # the Python with atropos on the nodes (run.slurm.python)",
         f"GRACE={int(math.ceil(max(p.grace for p in plan.processes)))}"
         "   # seconds a process has to stop after SIGTERM (run.grace)",
+        f"ENVS_END={int(math.ceil(ENVS_END))}"
+        "   # seconds environments may take to end after the trainer finished",
     ]
     if settings.setup:
         lines += [
@@ -299,7 +303,9 @@ def script(plan: Plan, run: RunFile, *, python: str, cwd: Path) -> str:
     lines += _stop_function(plan)
     lines += ["", _TRAPS.strip("\n"), ""]
     lines += _tiers(plan, python, settings.gpus_per_node > 0)
-    lines += ["", _WATCH.strip("\n").replace("{count}", str(len(plan.processes)))]
+    envs = _names([p for p in plan.processes if p.role == "env"])
+    watch = _WATCH.strip("\n").replace("{count}", str(len(plan.processes)))
+    lines += ["", watch.replace("{envs}", envs)]
     return "\n".join(lines) + "\n"
 
 
@@ -544,6 +550,27 @@ stop_steps() {
   return 0
 }
 
+# let_envs_end NAME...: after a trainer that finished, give the named environment steps up to
+# ENVS_END seconds to end on their own, as each does once it sees the trainer's last step and
+# has sent what it holds (so the record says they exited, as on the other backends); the
+# ordered stop ends what is left.
+let_envs_end() {
+  local name alive deadline=$((SECONDS + ENVS_END))
+  while (( SECONDS < deadline )); do
+    alive=0
+    for name in "$@"; do
+      if [[ -n ${STEP[$name]:-} ]] && kill -0 "${STEP[$name]}" 2>/dev/null; then
+        alive=1
+      fi
+    done
+    if (( alive == 0 )); then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "[launch] environments still running $ENVS_END s after the trainer finished"
+}
+
 # record [--exit-code CODE]: write RUN_DIR/launch.json from the steps' status files (and the
 # API's /stats while it answers).
 record() {
@@ -589,11 +616,15 @@ _WATCH = r"""
 # ---- the run lasts as long as the trainer --------------------------------------------
 # The trainer's step ending ends the run with its exit status. Another step ending non-zero
 # (its supervisor gave up after the restarts allowed) ends the run with 1; one ending with 0
-# (an environment that saw the trainer's last step) is done.
+# (an environment that saw the trainer's last step) is done. After a trainer that finished,
+# the environments get ENVS_END seconds to end on their own before the ordered stop.
 echo "[launch] all {count} processes ready; logs in $RUN_DIR/logs"
 while next_ended; do
   if [[ $ENDED == trainer ]]; then
     echo "[launch] trainer ended with exit status $CODE"
+    if (( CODE == 0 )); then
+      let_envs_end {envs}
+    fi
     finish "$CODE"
   elif (( CODE != 0 )); then
     echo "[launch] error: $ENDED failed (its step ended with $CODE);" \
