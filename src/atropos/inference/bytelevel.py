@@ -36,6 +36,13 @@ def _char_bytes() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
+@functools.cache
+def ascii_spelling() -> dict[int, str]:
+    """A `str.translate` table spelling ASCII text in the byte alphabet (an ASCII character
+    is its one UTF-8 byte): `" x\\n"` -> `"\\u0120x\\u010a"`."""
+    return {b: c for c, b in _char_bytes().items() if b < 128}
+
+
 class ByteTable:
     """The bytes of every id of one byte-level tokenizer (special tokens empty)."""
 
