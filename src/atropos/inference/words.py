@@ -9,9 +9,10 @@ ids never depend on its neighbours, and text is mostly words seen before (`def`,
 `\\n   `). `WordCodec.encode` cuts the text with the tokenizer's own pattern (the `regex`
 module, which reads the same `\\p{L}`/`\\p{N}` syntax), looks each word's ids up in a bounded
 cache and asks the model (`model.tokenize`, that word alone) on a miss. The Rust `encode` runs
-the same steps but builds offsets, masks and an `Encoding` for every call: on the shipped
-tokenizer, 3x the CPU for a short chat message and 5x for a long document with every word
-already seen (`benchmarks/RESULTS.md`, "Issue 38 item 1: tokens by word").
+the same steps but builds offsets, masks and an `Encoding` for every call: 2.6-3.3x the CPU
+for a chat message, 2.8-3.0x for a long document whose words were seen, 1.4-1.6x for one whose
+words are all new (`benchmarks/words.py`, on the shipped tokenizer and on GPT-2- and
+Llama-3-shaped ones of 32,000 ids; RESULTS.md, "Issue 38 item 1: tokens by word").
 
 Exactness is the point, so it is used only where nothing can differ:
 
