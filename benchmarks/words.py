@@ -1,8 +1,9 @@
 """Tokens by word (`atropos.inference.words.WordCodec`) against the Rust `encode`, side by side.
 
 For the shipped tokenizer and for two byte-level BPE tokenizers trained here on the
-repository's docs and code (GPT-2's `ByteLevel` regex, and Llama 3's `Split` pattern before a
-bytes-only `ByteLevel`, the shape of Qwen's; `--vocab` ids each, a few seconds to train): the
+repository's docs and code (`atropos.testing.bpe`: GPT-2's `ByteLevel` regex, and Llama 3's
+`Split` pattern before a bytes-only `ByteLevel`, the shape of Qwen's; `--vocab` ids each, a
+few seconds to train): the
 CPU per call of `Tokenizer.encode(text, add_special_tokens=False).ids` and of
 `WordCodec.encode(text)` on a short user message, an assistant answer, and a long document
 (README.md; cold: a new cache, each word's ids asked of the model once; warm: all in the cache),
@@ -24,40 +25,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 from atropos.inference.tokenizer import TokenCodec, load_tokenizer  # noqa: E402
 from atropos.inference.words import WordCodec  # noqa: E402
+from atropos.testing.bpe import SHAPES, trained  # noqa: E402
 
-LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+CORPUS = sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("src/atropos/**/*.py")])
 SHORT = "user\nRun the tests again, and fix the failing one in src/app.py: {i}"
 ANSWER = "assistant\nThe test failed because the function returns None when the list is empty {i}."
-
-
-def trained(shape: str, vocab: int) -> Tokenizer:
-    """A byte-level BPE of `vocab` ids, of GPT-2's or Llama 3's pre-tokenizer shape."""
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=shape == "gpt2")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = (
-        byte_level
-        if shape == "gpt2"
-        else pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"), byte_level]
-        )
-    )
-    tok.decoder = decoders.ByteLevel()
-    files = sorted(str(p) for p in [*ROOT.glob("docs/*.md"), *ROOT.glob("src/atropos/**/*.py")])
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train(files, trainer)
-    return tok
 
 
 def best_us(call: Callable[[int], Any], calls: int, repeat: int) -> float:
@@ -134,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     backend = TokenCodec.of(load_tokenizer("tiny"))._backend
     shipped: list[tuple[str, Callable[[], Tokenizer]]] = [("shipped tiny", lambda: backend)]
     trained_ones: list[tuple[str, Callable[[], Tokenizer]]] = [
-        (f"{shape} shape, {args.vocab} ids", lambda shape=shape: trained(shape, args.vocab))
-        for shape in ("gpt2", "llama3")
+        (
+            f"{shape} shape, {args.vocab} ids",
+            lambda shape=shape: trained(shape, vocab=args.vocab, files=CORPUS),
+        )
+        for shape in SHAPES
     ]
     rows = []
     print("| tokenizer | text | chars | Rust encode us | by word us | Rust / by word |")

@@ -7,10 +7,12 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 from tokenizers import Tokenizer, decoders, models
 
 from atropos.inference.bytelevel import ByteTable, _char_bytes
 from atropos.inference.tokenizer import TokenCodec, load_tokenizer
+from atropos.testing.bpe import SHAPES, trained
 
 TOK = load_tokenizer("tiny")
 BACKEND = TOK.backend_tokenizer
@@ -36,6 +38,24 @@ def test_every_pair_of_bytes_and_random_rows_decode_as_the_rust_decoder():
     text = "Hello <think>漢字</think> é<|im_end|>\n\t x"
     row = BACKEND.encode(text, add_special_tokens=False).ids
     assert table.decode(row) == rust(row) == text.replace("<|im_end|>", "")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tokenizers_of_gpt2s_and_llama3s_shape_decode_as_their_rust_decoder(shape):
+    """Trained here (no model's tokenizer can be downloaded): 2,000 ids of merged bytes, and
+    the special tokens, each shape of pre-tokenizer."""
+    tok = trained(shape)
+    table = ByteTable.of(tok)
+    assert table is not None
+    size = tok.get_vocab_size(with_added_tokens=True)
+    rng = random.Random(11)
+    for _ in range(3000):
+        row = [rng.randrange(size) for _ in range(rng.randrange(0, 40))]
+        assert table.decode(row) == tok.decode(row, skip_special_tokens=True), row
+    text = "def f(x):\n    return x  # <|im_end|> naïve 漢字 🙂"
+    row = tok.encode(text, add_special_tokens=False).ids
+    assert table.decode(row) == tok.decode(row, skip_special_tokens=True)
+    assert table.decode(row) == text.replace("<|im_end|>", "")
 
 
 def test_rows_the_table_cannot_read_go_to_the_rust_decoder():

@@ -12,17 +12,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 from atropos.inference import words as words_module
 from atropos.inference.tokenizer import TokenCodec, load_tokenizer
 from atropos.inference.words import WordCodec
+from atropos.testing.bpe import LLAMA3_PATTERN, SHAPES, trained
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 ASCII = st.lists(
     st.one_of(
         st.characters(max_codepoint=127),
@@ -37,25 +34,8 @@ def _byte_level(gpt2: bool = True, prefix: bool = False) -> Any:
 
 
 def _llama3(behavior: str = "isolated", invert: bool = False) -> Any:
-    split = pre_tokenizers.Split(Regex(LLAMA3), behavior=behavior, invert=invert)
+    split = pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior=behavior, invert=invert)
     return pre_tokenizers.Sequence([split, _byte_level(gpt2=False)])
-
-
-def _trained(pre_tokenizer: Any, model: Any = None, normalizer: Any = None) -> Tokenizer:
-    """A byte-level BPE of 2,000 ids trained on the repository's docs (about a second)."""
-    tok = Tokenizer(model or models.BPE())
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    if normalizer is not None:
-        tok.normalizer = normalizer
-    trainer = trainers.BpeTrainer(
-        vocab_size=2000,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train([str(p) for p in sorted((ROOT / "docs").glob("*.md"))[:6]], trainer)
-    return tok
 
 
 def _codec(tok: Tokenizer) -> WordCodec | None:
@@ -64,7 +44,7 @@ def _codec(tok: Tokenizer) -> WordCodec | None:
 
 @pytest.fixture(scope="module")
 def shapes() -> dict[str, Tokenizer]:
-    return {"gpt2": _trained(_byte_level()), "llama3": _trained(_llama3())}
+    return {shape: trained(shape) for shape in SHAPES}
 
 
 def test_the_shipped_tokenizer_encodes_by_word():
@@ -72,7 +52,7 @@ def test_the_shipped_tokenizer_encodes_by_word():
     assert codec._words is not None
 
 
-@pytest.mark.parametrize("shape", ["gpt2", "llama3"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_trained_tokenizers_of_both_shapes_match_the_rust_encode(shapes, shape):
     tok = shapes[shape]
     words = _codec(tok)
@@ -131,13 +111,13 @@ def test_a_text_with_a_gap_between_words_is_none(shapes):
 )
 def test_other_pipelines_get_no_word_codec(why):
     made: dict[str, Any] = {
-        "normalizer": lambda: _trained(_byte_level(), normalizer=normalizers.NFC()),
-        "prefix space": lambda: _trained(_byte_level(prefix=True)),
-        "bytes only": lambda: _trained(_byte_level(gpt2=False)),
-        "metaspace": lambda: _trained(pre_tokenizers.Metaspace()),
-        "split removed": lambda: _trained(_llama3(behavior="removed")),
-        "split inverted": lambda: _trained(_llama3(invert=True)),
-        "dropout": lambda: _trained(_byte_level(), model=models.BPE(dropout=0.5)),
+        "normalizer": lambda: trained("gpt2", normalizer=normalizers.NFC()),
+        "prefix space": lambda: trained(pre=_byte_level(prefix=True)),
+        "bytes only": lambda: trained(pre=_byte_level(gpt2=False)),
+        "metaspace": lambda: trained(pre=pre_tokenizers.Metaspace()),
+        "split removed": lambda: trained(pre=_llama3(behavior="removed")),
+        "split inverted": lambda: trained(pre=_llama3(invert=True)),
+        "dropout": lambda: trained("gpt2", model=models.BPE(dropout=0.5)),
         "wordpiece": lambda: _wordpiece(),
     }
     assert _codec(made[why]()) is None
