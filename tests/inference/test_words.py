@@ -33,8 +33,8 @@ def _byte_level(gpt2: bool = True, prefix: bool = False) -> Any:
     return pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=gpt2)
 
 
-def _llama3(behavior: str = "isolated", invert: bool = False) -> Any:
-    split = pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior=behavior, invert=invert)
+def _llama3(behavior: str = "isolated", invert: bool = False, pattern: str = LLAMA3_PATTERN) -> Any:
+    split = pre_tokenizers.Split(Regex(pattern), behavior=behavior, invert=invert)
     return pre_tokenizers.Sequence([split, _byte_level(gpt2=False)])
 
 
@@ -88,6 +88,13 @@ def test_non_ascii_text_is_left_to_the_rust_encode():
     for text in ["é", "naïve café", "漢字 kanji", "a\u00a0b", "x\u2028y", "emoji 🙂"]:
         assert codec._words.encode(text) is None
         assert codec.encode(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_a_split_pattern_with_capturing_groups_gets_no_word_codec():
+    tok = trained(pre=_llama3(pattern=r"(\p{L}+)|\s+|\p{N}+|[^\s\p{L}\p{N}]+"))
+    assert _codec(tok) is None  # (`findall` would give the groups)
+    with pytest.raises(ValueError, match="capturing groups"):
+        WordCodec(r"(a)|b", tok.model)
 
 
 def test_a_text_with_a_gap_between_words_is_none(shapes):

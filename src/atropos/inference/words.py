@@ -24,10 +24,10 @@ Exactness is the point, so it is used only where nothing can differ:
   cover ASCII; a gap would be a word of its own in `Split`'s "Isolated" mode, so a text with
   one returns None rather than guess);
 - for a pipeline of exactly that shape (`WordCodec.of` returns None otherwise): no normalizer;
-  `ByteLevel(use_regex=True)`, or a `Sequence` of `Split(Regex, Isolated, not inverted)` and
-  `ByteLevel(use_regex=False)`, without a prefix space; a BPE model without dropout; and a probe
-  of every ASCII character in many contexts (spaces, newlines, digits, contractions, code)
-  encodes to the same ids both ways.
+  `ByteLevel(use_regex=True)`, or a `Sequence` of `Split(Regex, Isolated, not inverted; no
+  capturing group)` and `ByteLevel(use_regex=False)`, without a prefix space; a BPE model
+  without dropout; and a probe of every ASCII character in many contexts (spaces, newlines,
+  digits, contractions, code) encodes to the same ids both ways.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ class WordCodec:
     __slots__ = ("_cache", "_findall", "_model", "_spell")
 
     def __init__(self, pattern: str, model: Any) -> None:
-        self._findall = regex.compile(pattern).findall
+        compiled = regex.compile(pattern)
+        if compiled.groups:  # `findall` would give the groups, not the words
+            raise ValueError(f"a word pattern with capturing groups: {pattern!r}")
+        self._findall = compiled.findall
         self._model = model
         self._spell = ascii_spelling()
         self._cache: dict[str, tuple[int, ...]] = {}
