@@ -59,9 +59,13 @@ def test_trained_tokenizers_of_both_shapes_match_the_rust_encode(shapes, shape):
     assert words is not None
     rng = random.Random(0)
     docs = [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
-    for doc in docs[:4]:  # long ASCII prose and code: compare only the ASCII documents
-        if doc.isascii():
-            assert words.encode(doc) == tok.encode(doc, add_special_tokens=False).ids
+    # long prose and code; without the added tokens, which `TokenCodec` cuts out before
+    ascii_docs = [
+        doc.replace("<|im_start|>", "").replace("<|im_end|>", "") for doc in docs if doc.isascii()
+    ][:4]
+    assert ascii_docs, "no ASCII document under docs/ to compare"
+    for doc in ascii_docs:
+        assert words.encode(doc) == tok.encode(doc, add_special_tokens=False).ids
     alphabet = [chr(i) for i in range(128)] + [" ", "\n", "'", "1", "a"] * 8
     for _ in range(2000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(40)))
