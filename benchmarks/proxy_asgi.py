@@ -18,12 +18,19 @@ then run one after another with its objects in the CPU's caches, ~25% less CPU p
 `--canonical`: the answers are text the tokenizer encodes, so their ids are canonical, as a
 model's mostly are, and a continued call takes `HeldTexts`' canonical path rather than the
 one for the fake engine's random ids).
+`--context N`: the first message carries about N tokens of text (the README, repeated), as an
+agent's prompt with its files and tool output does: what a call costs as the conversation
+grows long (`continued_us_per_request`).
+
 Reports, over the conversations (the sessions opened before): `proxy_us_per_request`, the
-process time of the app's own steps (each run of its coroutine between suspensions, `Steps`)
-less the stub's own generation; `us_per_request`, all of this process's (the agents' JSON too);
-with `--memory`,
-the memory the sessions hold (`tracemalloc`'s growth over the run, per session); and how many
+process time of the app's own steps (each run of its coroutine between suspensions, `steps`)
+less the stub's own generation; `continued_us_per_request`, the same over the calls after each
+session's first (a continued conversation: the first call renders and tokenizes the whole
+prompt); `us_per_request`, all of this process's (the agents' JSON too); with `--memory`, the
+memory the sessions hold (`tracemalloc`'s growth over the run, per session); and how many
 renders used the window.
+
+    python benchmarks/proxy_asgi.py --sessions 32 --turns 16 --canonical --context 32000
 """
 
 from __future__ import annotations
@@ -52,24 +59,30 @@ from atropos.proxy.app import Proxy, ProxySettings, build_app  # noqa: E402
 from atropos.testing.fake_engine import Engine, Sampling  # noqa: E402
 
 IN_APP = [0.0]  # process time of the app's own steps (the stub's included)
+STUB = [0.0]  # process time of the stub's generation (not the proxy's)
+CONTINUED = [0.0, 0]  # the app's own steps less the stub's, in calls after a session's first
 
 
 @types.coroutine
-def steps(coro: Any) -> Generator[Any, Any, Any]:
+def steps(coro: Any, own: list[float]) -> Generator[Any, Any, Any]:
     """Await `coro`, adding the process time of each of its steps (not the time it spent
-    suspended, when other calls ran) to `IN_APP`."""
+    suspended, when other calls ran) to `IN_APP`, and less the stub's to `own[0]`."""
     value: Any = None
     error: BaseException | None = None
     while True:
-        t0 = time.process_time()
+        t0, stub0 = time.process_time(), STUB[0]
         try:
             yielded = coro.throw(error) if error is not None else coro.send(value)
         except StopIteration as stop:
-            IN_APP[0] += time.process_time() - t0
+            spent = time.process_time() - t0
+            IN_APP[0] += spent
+            own[0] += spent - (STUB[0] - stub0)
             return stop.value
         finally:
             error = None
-        IN_APP[0] += time.process_time() - t0
+        spent = time.process_time() - t0
+        IN_APP[0] += spent
+        own[0] += spent - (STUB[0] - stub0)
         try:
             value = yield yielded
         except BaseException as exc:  # delivered to the app at its next step
@@ -88,7 +101,6 @@ class Stub:
 
     def __init__(self, tokenizer: Any, back_to_back: bool = False, canonical: bool = False) -> None:
         self.engine = Engine(tokenizer, responder=_answer if canonical else None)
-        self.cpu = 0.0  # process time spent here (not the proxy's)
         self.back_to_back = back_to_back
 
     async def tokens_and_logprobs_completion(
@@ -99,7 +111,7 @@ class Stub:
         t0 = time.process_time()
         s = Sampling(n=n, max_tokens=kw.get("max_tokens") or 24)
         outs = await self.engine.generate(input_ids, "", s)
-        self.cpu += time.process_time() - t0
+        STUB[0] += time.process_time() - t0
         return input_ids, [o.ids for o in outs], [o.logprobs for o in outs], ["stop"] * n
 
 
@@ -117,8 +129,11 @@ class StubServers:
         return opened()
 
 
-async def call(app: Any, method: str, path: str, body: bytes, key: str | None) -> tuple[int, Any]:
-    """One request through the ASGI app; its status and decoded JSON body."""
+async def call(
+    app: Any, method: str, path: str, body: bytes, key: str | None, own: list[float] | None = None
+) -> tuple[int, Any]:
+    """One request through the ASGI app; its status and decoded JSON body (the app's own
+    process time, less the stub's, added to `own[0]`)."""
     headers = [(b"host", b"127.0.0.1:9100"), (b"content-type", b"application/json")]
     headers.append((b"content-length", b"%d" % len(body)))
     if key is not None:
@@ -145,7 +160,7 @@ async def call(app: Any, method: str, path: str, body: bytes, key: str | None) -
         else:
             got["body"] += message.get("body", b"")
 
-    await steps(app(scope, receive, send))
+    await steps(app(scope, receive, send), own if own is not None else [0.0])
     return got["status"], json.loads(got["body"])
 
 
@@ -154,12 +169,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     servers = StubServers(tokenizer, args.back_to_back, args.canonical)
     proxy = Proxy(servers, tokenizer, ProxySettings(max_sessions=1 << 20))
     app = build_app(proxy)
+    context = _context(tokenizer, args.context)
 
     async def agent(i: int, path: str, key: str, turns: int) -> None:
-        messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {i}: begin"}]
+        task = f"task {i}: begin" + context
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
         for turn in range(turns):
             body = {"model": "atropos-tiny", "messages": messages, "max_tokens": 24}
-            status, answer = await call(app, "POST", path, json.dumps(body).encode(), key)
+            raw, own = json.dumps(body).encode(), [0.0]
+            status, answer = await call(app, "POST", path, raw, key, own)
+            if turn:
+                CONTINUED[0] += own[0]
+                CONTINUED[1] += 1
             assert status == 200, answer
             reply = answer["choices"][0]["message"]
             messages += [
@@ -177,14 +198,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.memory:
         tracemalloc.start()
     profile = cProfile.Profile() if args.profile else None
-    t0, app0, stub0 = time.process_time(), IN_APP[0], servers.stub.cpu
+    t0, app0, stub0 = time.process_time(), IN_APP[0], STUB[0]
+    CONTINUED[:] = [0.0, 0]
     if profile is not None:
         profile.enable()
     await asyncio.gather(*(agent(i, p, k, args.turns) for i, (p, k) in enumerate(opened)))
     if profile is not None:
         profile.disable()
     used = time.process_time() - t0
-    own = IN_APP[0] - app0 - (servers.stub.cpu - stub0)
+    own = IN_APP[0] - app0 - (STUB[0] - stub0)
     held = tracemalloc.get_traced_memory()[0] if args.memory else 0
     if args.memory:  # what holds it: the largest allocation sites still alive
         for stat in tracemalloc.take_snapshot().statistics("lineno")[:12]:
@@ -201,16 +223,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "requests": requests,
         "proxy_us_per_request": 1e6 * own / requests,
+        "continued_us_per_request": 1e6 * CONTINUED[0] / max(CONTINUED[1], 1),
         "us_per_request": 1e6 * used / requests,
         "kib_per_session": held / 1024 / args.sessions if args.memory else None,
         "renders": counts,
     }
 
 
+def _context(tokenizer: Any, tokens: int) -> str:
+    """ASCII text of about `tokens` tokens (the repo's README, repeated), for `--context`: a
+    long first message, as an agent's prompt with its files and tool output."""
+    if tokens <= 0:
+        return ""
+    text = "\n" + (ROOT / "README.md").read_text(encoding="ascii", errors="ignore")
+    per = len(tokenizer.encode(text, add_special_tokens=False)) or 1
+    whole = text * (tokens // per + 1)
+    cut = int(len(whole) * tokens / (per * (tokens // per + 1)))
+    return whole[:cut]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--turns", type=int, default=16)
+    parser.add_argument(
+        "--context", type=int, default=0, help="about this many tokens of text in the first message"
+    )
     parser.add_argument("--profile", type=int, default=0, help="cProfile: print the top N")
     parser.add_argument("--memory", action="store_true", help="tracemalloc: KiB per session")
     parser.add_argument(

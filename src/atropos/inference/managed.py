@@ -45,6 +45,7 @@ from atropos.inference.sequence import (
     build_node,
     build_nodes,
     classify_drift,
+    starts_with,
 )
 from atropos.inference.thinking_budget import sample_within_budget
 from atropos.inference.tokenize import as_token_ids, end_of_turn_ids, trailing_end_of_turn
@@ -116,6 +117,9 @@ class ChatTurn:
         completion_tokens: output tokens over all choices.
         policy_version: the lowest weight version the server reported for this call (None:
             it reported none).
+        extended: the held node whose sequence the nodes continue (their rows open with its
+            rows; None: a new sequence). With `reuse_rows` it may have given them its rows:
+            then it is empty, and only its identity is of use.
     """
 
     contents: list[str]
@@ -124,6 +128,7 @@ class ChatTurn:
     prompt_tokens: list[int]
     completion_tokens: int
     policy_version: int | None = None
+    extended: SequenceNode | None = None
 
 
 _LAST_PROMPTS: list[Any] = [None, None]
@@ -175,6 +180,13 @@ class ManagedServer:
             attribute). None: `render_whole`, and a new conversation's prompt comes from
             `PromptCache` when it was rendered before; with a renderer, every prompt goes
             through it (so it sees each prompt a later call may continue) and none is cached.
+        reuse_rows: a chat turn that continues a held node, which it then replaces in `nodes`,
+            gives its last new node that node's rows (tokens, masks, logprobs) extended in
+            place, and leaves it empty: no copy of the conversation per call (at 32k tokens
+            four list copies and four frees of 32k entries). Only for an owner that reads
+            sequences from `nodes` and never keeps a node of an earlier turn (the rollout
+            proxy); off by default, where a node once returned stays as it was. Not taken
+            while another call continues the same node. Also settable as an attribute.
 
     Example:
         >>> import asyncio
@@ -197,6 +209,7 @@ class ManagedServer:
         *,
         reasoning: Reasoning | TemplatePlan | None = None,
         renderer: ChatRenderer | None = None,
+        reuse_rows: bool = False,
     ) -> None:
         """Bind the server and tokenizer; no sequences are held yet."""
         tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
@@ -210,7 +223,11 @@ class ManagedServer:
         self.reasoning: TemplatePlan = reasoning or _NO_REASONING
         #: What renders the chat prompts (None: `render_whole`, with `PromptCache`).
         self.renderer: ChatRenderer | None = renderer
+        #: Whether a continued node gives the new one its rows (see the class's docstring).
+        self.reuse_rows = reuse_rows
         self.nodes: list[SequenceNode] = []
+        #: id(node) -> how many chat turns continuing it are waiting for the server.
+        self._continuing: dict[int, int] = {}
         self._turn_end: frozenset[int] | None = None
         self._token_codec: TokenCodec | None = None
         #: How many prompts continued a held sequence, by kind of drift.
@@ -283,11 +300,15 @@ class ManagedServer:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
         parent, drift, text, input_ids = self._turn_prompt(msgs, tools, sampling)
-        prompt, outs, lps, finishes, version, forced = await self._generate(
-            input_ids, n, max_tokens, sampling
-        )
+        if parent is None:
+            generated = await self._generate(input_ids, n, max_tokens, sampling)
+        else:
+            generated = await self._continuing_call(parent, input_ids, n, max_tokens, sampling)
+        prompt, outs, lps, finishes, version, forced = generated
         contents = self._codec().decode_all(outs)
         same = prompt is input_ids or prompt == input_ids  # then it extends `parent` (if any)
+        if parent is not None and not (same or starts_with(prompt, parent.tokens)):
+            parent = None  # (the server changed the prompt: its masks start afresh)
         nodes = build_nodes(
             prompt_tokens=prompt,
             outputs=outs,
@@ -295,11 +316,12 @@ class ManagedServer:
             finish_reasons=finishes,
             full_texts=[text + content for content in contents],
             parent=parent,
-            prefixed=same,
+            prefixed=True,
             end_of_turn=self._ends_of_turn(outs, finishes),
             drift=drift,
             policy_version=version,
             unlearned=forced,
+            take_parent=hold and same and self._may_take(parent),
         )
         if hold:  # (a turn nobody continues needs no messages to be found by)
             for node, content in zip(nodes, contents, strict=True):
@@ -314,6 +336,36 @@ class ManagedServer:
             prompt_tokens=prompt,
             completion_tokens=sum(map(len, outs)),
             policy_version=version,
+            extended=parent,
+        )
+
+    async def _continuing_call(
+        self,
+        parent: SequenceNode,
+        input_ids: list[int],
+        n: int,
+        max_tokens: int | None,
+        sampling: dict[str, Any],
+    ) -> Generated:
+        """`_generate` for a turn continuing `parent`, counted in `_continuing` meanwhile."""
+        key, continuing = id(parent), self._continuing
+        continuing[key] = continuing.get(key, 0) + 1
+        try:
+            return await self._generate(input_ids, n, max_tokens, sampling)
+        finally:
+            if continuing[key] == 1:
+                del continuing[key]
+            else:
+                continuing[key] -= 1
+
+    def _may_take(self, parent: SequenceNode | None) -> bool:
+        """Whether a turn's nodes may take `parent`'s rows (`reuse_rows`): on, no other call
+        continuing it, and it is held (so the new nodes replace it)."""
+        return (
+            self.reuse_rows
+            and parent is not None
+            and id(parent) not in self._continuing
+            and any(node is parent for node in self.nodes)
         )
 
     def _turn_prompt(

@@ -213,6 +213,7 @@ def build_nodes(
     drift: DriftKind | None = None,
     policy_version: int | None = None,
     unlearned: Sequence[tuple[int, int] | None] | None = None,
+    take_parent: bool = False,
 ) -> list[SequenceNode]:
     """`build_node` for every choice of one prompt (a group's `n` completions): the prompt's
     mask and logprob rows are made once and each node's rows are one concatenation of them
@@ -221,13 +222,25 @@ def build_nodes(
     against ~410). No node shares a list with another, or with the parent. `end_of_turn` and
     `unlearned` are per choice (None: none anywhere).
 
+    `take_parent`: the parent is being replaced by these nodes and nothing will read it again
+    (`ManagedServer(reuse_rows=True)`), so the last node takes its three rows, extended in
+    place, and the parent is left empty: a continued conversation is then not copied at all.
+
     Long because its keyword-only signature and docstring are most of it; the body is a hot path.
     """
     prompt = prompt_tokens if type(prompt_tokens) is list else list(prompt_tokens)
-    if parent is not None and (prefixed or _starts_with(prompt, parent.tokens)):
+    taken: list[int] | None = None  # the parent's tokens, for the last node
+    masked: list[int]
+    logprobs: list[Any]
+    if parent is not None and (prefixed or starts_with(prompt, parent.tokens)):
         new = len(prompt) - len(parent.tokens)
-        masked = parent.masked_tokens + [MASKED] * new
-        logprobs: list[Any] = parent.logprobs + [PROMPT_LOGPROB] * new
+        if take_parent:
+            taken, masked, logprobs = _take_rows(parent, prompt)
+            masked += [MASKED] * new
+            logprobs += [PROMPT_LOGPROB] * new
+        else:
+            masked = parent.masked_tokens + [MASKED] * new
+            logprobs = parent.logprobs + [PROMPT_LOGPROB] * new
         if parent.policy_version is not None:
             if policy_version is None or parent.policy_version < policy_version:
                 policy_version = parent.policy_version
@@ -250,10 +263,15 @@ def build_nodes(
             row, lp_row = masked, logprobs
         else:
             row, lp_row = masked + out, logprobs + lps
+        if i == last and taken is not None:
+            taken += out
+            tokens = taken
+        else:
+            tokens = prompt + out
         node = _NEW_NODE(SequenceNode)  # rows aligned by construction: no __post_init__ check
         finish = finish_reasons[i]
         node.__dict__ = {
-            "tokens": prompt + out,
+            "tokens": tokens,
             "masked_tokens": row,
             "logprobs": lp_row,
             "finish_reason": finish,
@@ -271,8 +289,23 @@ def build_nodes(
 _NEW_NODE = object.__new__
 
 
-def _starts_with(ids: list[int], prefix: list[int]) -> bool:
-    """Whether `ids` starts with `prefix` (compared in place when `ids` is no longer)."""
+def _take_rows(parent: SequenceNode, prompt: list[int]) -> tuple[list[int], list[int], list[Any]]:
+    """The parent's three rows, its tokens extended to `prompt` (which they open), and the
+    parent left an empty node (read again, it is visibly not the sequence it was)."""
+    tokens, masked, logprobs = parent.tokens, parent.masked_tokens, parent.logprobs
+    if tokens is prompt:  # (the prompt's list stays the prompt's)
+        tokens = list(tokens)
+    tokens += prompt[len(tokens) :]
+    parent.tokens, parent.masked_tokens, parent.logprobs = [], [], []
+    return tokens, masked, logprobs
+
+
+def starts_with(ids: list[int], prefix: list[int]) -> bool:
+    """Whether `ids` starts with `prefix` (compared in place when `ids` is no longer).
+
+    >>> starts_with([1, 2, 3], [1, 2]), starts_with([1, 2], [1, 2]), starts_with([1], [1, 2])
+    (True, True, False)
+    """
     if len(ids) == len(prefix):
         return ids == prefix
     return len(ids) > len(prefix) and ids[: len(prefix)] == prefix

@@ -37,7 +37,7 @@ from typing import Any
 from atropos.envs.outcome import RolloutLimits
 from atropos.inference.errors import InferenceError
 from atropos.inference.managed import ManagedServer
-from atropos.inference.sequence import DriftKind, SequenceNode
+from atropos.inference.sequence import DriftKind, SequenceNode, starts_with
 from atropos.inference.tool_calls import ParsedOutput, call_key, parse_tool_calls
 from atropos.proxy.incremental import IncrementalRender
 from atropos.proxy.resend import ChatReader
@@ -229,6 +229,8 @@ class Session:
         server = getattr(managed, "server", None)
         if server is not None and not isinstance(server, _RestOfContext):
             managed.server = _RestOfContext(server, self)  # type: ignore[union-attr]
+        if managed is not None:  # its nodes are read only from `managed.nodes` (no copies)
+            managed.reuse_rows = True
         self.managed = managed
         #: Its chat prompts rendered by a window over the previous one (`proxy.incremental`).
         self.template = IncrementalRender.attach(managed) if managed is not None else None
@@ -395,6 +397,7 @@ class Session:
         assert self.managed is not None
         tools = self._tools(request)
         held = list(self.managed.nodes)
+        extended: SequenceNode | None = None
         if request.prompt is not None:
             reply = await self.managed.completion(
                 prompt=request.prompt, n=request.n, max_tokens=max_tokens, **request.sampling
@@ -417,9 +420,10 @@ class Session:
             )
             raws, finishes, nodes = turn.contents, turn.finish_reasons, turn.nodes
             prompt_len, version = len(turn.prompt_tokens), turn.policy_version
+            extended = turn.extended if nodes and nodes[0].drift in _CONTINUED else None
         self._count_break(held, nodes)
         for node in nodes:
-            parent = _longest_prefix(held, node)
+            parent = extended if request.prompt is None else _longest_prefix(held, node)
             spans = list(self._spans.get(id(parent), [])) if parent is not None else []
             generated = len(node.tokens) - prompt_len
             spans.append(Span(prompt_len, prompt_len + generated, version))
@@ -555,13 +559,16 @@ def _message_key(message: Mapping[str, Any]) -> str:
     return json.dumps([message.get("role"), _text(message.get("content"))], ensure_ascii=False)
 
 
+_CONTINUED = (DriftKind.CLEAN, DriftKind.REALIGN)  # the drifts of a node that extends a held one
+
+
 def _longest_prefix(held: list[SequenceNode], node: SequenceNode) -> SequenceNode | None:
     """The held node whose tokens open `node`'s (the sequence it extended), if any."""
-    if node.drift not in (DriftKind.CLEAN, DriftKind.REALIGN):
+    if node.drift not in _CONTINUED:
         return None
     best = None
-    for h in held:
-        if len(h.tokens) <= len(node.tokens) and node.tokens[: len(h.tokens)] == h.tokens:
+    for h in held:  # (a node emptied by `reuse_rows` since is no one's prefix)
+        if h.tokens and starts_with(node.tokens, h.tokens):
             if best is None or len(h.tokens) > len(best.tokens):
                 best = h
     return best
