@@ -1,14 +1,17 @@
-"""`ManagedServer(reuse_rows=True)` and `build_nodes(take_parent=True)`: a continued sequence's
-new node takes the replaced node's rows instead of copying them, and gives the same nodes."""
+"""A continued conversation without copies of it: `ManagedServer(reuse_rows=True)` and
+`build_nodes(take_parent=True)` (the new node takes the replaced node's rows, and the nodes are
+the same), and `prompt_json` (a call's ids spelt from the JSON the call before sent)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 from atropos.inference.managed import ManagedServer
+from atropos.inference.prompt_json import PROMPT_JSON, PromptJSON, ids_json
 from atropos.inference.sequence import DriftKind, build_node, build_nodes
 from atropos.testing.fake_engine import load_tokenizer
 
@@ -177,3 +180,64 @@ def test_a_turn_not_held_leaves_the_parent_its_rows():
     turn = asyncio.run(managed.chat_turn(messages=msgs, max_tokens=8, hold=False))
     assert turn.extended is parent and managed.nodes == [parent]
     assert parent.tokens and turn.nodes[0].tokens[: len(parent.tokens)] == parent.tokens
+
+
+class Spelling(Scripted):
+    """`Scripted`, sending its ids as a token backend does (`ids_json`), and recording each
+    call's JSON, whether it was made from a prefix, and the ids' own encoding."""
+
+    def __init__(self, answers: list[list[int]] | None = None) -> None:
+        super().__init__()
+        self.sent: list[tuple[bytes, bool, bytes]] = []
+        self.answers = answers
+
+    async def tokens_and_logprobs_completion(
+        self, *, input_ids: list[int], n: int = 1, **kw: Any
+    ) -> Any:
+        known = PROMPT_JSON.get()
+        spelt = ids_json(input_ids)
+        assert ids_json(input_ids) is spelt  # (a retry sends the same bytes)
+        prefixed = known is not None and known.ids is input_ids and known.prefix is not None
+        self.sent.append((spelt, prefixed, msgspec.json.encode(input_ids)))
+        if self.answers is None:
+            return await super().tokens_and_logprobs_completion(input_ids=input_ids, n=n, **kw)
+        out = self.answers[len(self.sent) % len(self.answers)] + [END]
+        return input_ids, [out] * n, [[-0.5] * len(out)] * n, ["stop"] * n
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("canonical", [True, False])
+def test_a_continued_calls_ids_are_spelt_from_the_last_calls_json(reuse, canonical):
+    """Every call's JSON is its ids' own encoding; from the second turn on it is made from the
+    JSON the turn before sent (canonical answers, and answers of ids the tokenizer would not
+    make: then the prompt's ids still open with the held ones)."""
+    spelt = [TOK.convert_tokens_to_ids(c) for c in "hello"]  # (one token, canonically)
+    assert spelt != TOK.encode("hello", add_special_tokens=False)
+    answers = None if canonical else [spelt]
+    server = Spelling(answers)
+    managed = ManagedServer(server, TOK, reuse_rows=reuse)
+    asyncio.run(converse(managed, 5, 2))
+    assert [spelt == own for spelt, _, own in server.sent] == [True] * 5
+    assert [prefixed for _, prefixed, _ in server.sent] == [False] + [True] * 4
+    if not canonical:
+        assert managed.drift_counts[DriftKind.REALIGN] > 0
+
+
+def test_ids_json_spells_from_a_prefix_only_for_the_list_it_names():
+    ids = list(range(300, 320))
+    whole = msgspec.json.encode(ids)
+    assert ids_json(ids) == whole  # no call in progress
+    for count in (1, 7, 20):
+        known = PromptJSON(ids, msgspec.json.encode(ids[:count]), count)
+        scope = PROMPT_JSON.set(known)
+        try:
+            assert ids_json(list(ids)) == whole and known.json is None  # another list
+            assert ids_json(ids) == whole and known.json == whole
+        finally:
+            PROMPT_JSON.reset(scope)
+    longer = PromptJSON(ids[:3], msgspec.json.encode(ids[:5]), 5)  # (never made so)
+    scope = PROMPT_JSON.set(longer)
+    try:
+        assert ids_json(longer.ids) == msgspec.json.encode(ids[:3])
+    finally:
+        PROMPT_JSON.reset(scope)

@@ -37,6 +37,7 @@ from openai.types.chat.chat_completion import Choice
 
 from atropos.inference.base import PolicyVersions, normalize_max_tokens
 from atropos.inference.held import HeldTexts
+from atropos.inference.prompt_json import PROMPT_JSON, PromptJSON
 from atropos.inference.prompts import PromptCache
 from atropos.inference.reasoning import Reasoning, TemplatePlan
 from atropos.inference.sequence import (
@@ -228,6 +229,9 @@ class ManagedServer:
         self.nodes: list[SequenceNode] = []
         #: id(node) -> how many chat turns continuing it are waiting for the server.
         self._continuing: dict[int, int] = {}
+        #: id(node) -> (the node, the JSON its prompt was sent as, that prompt's length): the
+        #: prefix of the next call's JSON (`prompt_json`).
+        self._sent: dict[int, tuple[SequenceNode, bytes, int]] = {}
         self._turn_end: frozenset[int] | None = None
         self._token_codec: TokenCodec | None = None
         #: How many prompts continued a held sequence, by kind of drift.
@@ -300,10 +304,8 @@ class ManagedServer:
             raise ValueError("expected at least one message")
         sampling.pop("tool_choice", None)
         parent, drift, text, input_ids = self._turn_prompt(msgs, tools, sampling)
-        if parent is None:
-            generated = await self._generate(input_ids, n, max_tokens, sampling)
-        else:
-            generated = await self._continuing_call(parent, input_ids, n, max_tokens, sampling)
+        sent = self._prompt_json(parent, input_ids)
+        generated = await self._send(parent, sent, n, max_tokens, sampling)
         prompt, outs, lps, finishes, version, forced = generated
         contents = self._codec().decode_all(outs)
         same = prompt is input_ids or prompt == input_ids  # then it extends `parent` (if any)
@@ -328,6 +330,9 @@ class ManagedServer:
                 node.messages = [*msgs, {"role": "assistant", "content": content}]
             if same:
                 self._held.note(nodes, text, prompt, outs, drift)
+                if sent.json is not None:
+                    for node in nodes:
+                        self._sent[id(node)] = (node, sent.json, len(prompt))
             self._store(parent, nodes)
         return ChatTurn(
             contents=contents,
@@ -339,23 +344,36 @@ class ManagedServer:
             extended=parent,
         )
 
-    async def _continuing_call(
+    def _prompt_json(self, parent: SequenceNode | None, input_ids: list[int]) -> PromptJSON:
+        """The call's `PromptJSON`: the prefix is the JSON `parent`'s prompt was sent as (the
+        ids of a prompt continuing `parent` open with `parent`'s, which open with its
+        prompt's)."""
+        known = self._sent.get(id(parent)) if parent is not None else None
+        if known is None or known[0] is not parent:
+            return PromptJSON(input_ids)
+        return PromptJSON(input_ids, known[1], known[2])
+
+    async def _send(
         self,
-        parent: SequenceNode,
-        input_ids: list[int],
+        parent: SequenceNode | None,
+        sent: PromptJSON,
         n: int,
         max_tokens: int | None,
         sampling: dict[str, Any],
     ) -> Generated:
-        """`_generate` for a turn continuing `parent`, counted in `_continuing` meanwhile."""
+        """`_generate` of the prompt `sent` names, with it in `PROMPT_JSON`; a turn continuing
+        `parent` is counted in `_continuing` meanwhile."""
         key, continuing = id(parent), self._continuing
-        continuing[key] = continuing.get(key, 0) + 1
+        if parent is not None:
+            continuing[key] = continuing.get(key, 0) + 1
+        scope = PROMPT_JSON.set(sent)
         try:
-            return await self._generate(input_ids, n, max_tokens, sampling)
+            return await self._generate(sent.ids, n, max_tokens, sampling)
         finally:
-            if continuing[key] == 1:
+            PROMPT_JSON.reset(scope)
+            if parent is not None and continuing[key] == 1:
                 del continuing[key]
-            else:
+            elif parent is not None:
                 continuing[key] -= 1
 
     def _may_take(self, parent: SequenceNode | None) -> bool:
@@ -496,6 +514,7 @@ class ManagedServer:
     def reset(self) -> None:
         """Forget every held sequence and zero `drift_counts`."""
         self.nodes = []
+        self._sent.clear()
         self.drift_counts = dict(_NO_DRIFT)
         self._held.clear()
 
@@ -601,6 +620,7 @@ class ManagedServer:
             self.nodes.extend(nodes)
         else:
             self._held.forget(self.nodes[at])
+            self._sent.pop(id(parent), None)
             self.nodes[at : at + 1] = nodes
 
     # --- plumbing -------------------------------------------------------------------------

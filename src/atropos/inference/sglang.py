@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from atropos.inference.base import (
     IGNORED_KWARGS,
     MISSING_LOGPROB,
@@ -50,6 +52,7 @@ from atropos.inference.base import (
 )
 from atropos.inference.errors import InferenceError
 from atropos.inference.openai import OpenAIBackend, check_not_aborted
+from atropos.inference.prompt_json import ids_json
 
 
 def _triples(entries: Any) -> tuple[list[int], list[float]]:
@@ -141,7 +144,7 @@ class SGLangBackend(OpenAIBackend):
             "return_text_in_logprobs": False,
         }
         if ids is not None:
-            body["input_ids"] = ids
+            body["input_ids"] = msgspec.Raw(ids_json(ids))  # (`prompt_json`)
         else:
             body.update(text=prompt, logprob_start_len=0)
         return body

@@ -48,7 +48,6 @@ from typing import Any
 import msgspec
 
 from atropos.inference.base import (
-    _ENCODER,
     _NOT_BODY,
     MISSING_LOGPROB,
     PromptLogprobs,
@@ -58,6 +57,7 @@ from atropos.inference.base import (
 )
 from atropos.inference.errors import InferenceError
 from atropos.inference.openai import OpenAIBackend, check_not_aborted
+from atropos.inference.prompt_json import ids_json
 
 
 class _Position(msgspec.Struct, array_like=True, gc=False):
@@ -236,7 +236,7 @@ class VLLMBackend(OpenAIBackend):
                 given = self._given_ids(input_ids)
             else:
                 given = await self._prompt_ids(prompt, input_ids, require=True) or []
-            body["prompt"] = {"prompt_token_ids": given}
+            body["prompt"] = {"prompt_token_ids": msgspec.Raw(ids_json(given))}
             body["logprobs"] = 0
             url = self.root + "/generate"
             data = await self._request("POST", url, body, decoder=_GENERATE_DECODER)
@@ -250,7 +250,7 @@ class VLLMBackend(OpenAIBackend):
         if limit is not None:
             body["max_tokens"] = limit
         ids = await self._prompt_ids(prompt, input_ids)
-        sent = msgspec.Raw(_ENCODER.encode(ids)) if ids is not None else None  # spliced as is
+        sent = msgspec.Raw(ids_json(ids)) if ids is not None else None  # spliced as is
         body.update(
             prompt=sent if sent is not None else prompt,
             logprobs=0,
