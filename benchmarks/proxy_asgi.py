@@ -52,6 +52,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from long_context import context_text  # noqa: E402
+
 from atropos.envs.runner.heap import FrozenHeap  # noqa: E402
 from atropos.inference.managed import ManagedServer  # noqa: E402
 from atropos.inference.tokenizer import load_tokenizer  # noqa: E402
@@ -169,7 +173,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     servers = StubServers(tokenizer, args.back_to_back, args.canonical)
     proxy = Proxy(servers, tokenizer, ProxySettings(max_sessions=1 << 20))
     app = build_app(proxy)
-    context = _context(tokenizer, args.context)
+    context = context_text(tokenizer, args.context)
 
     async def agent(i: int, path: str, key: str, turns: int) -> None:
         task = f"task {i}: begin" + context
@@ -228,18 +232,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "kib_per_session": held / 1024 / args.sessions if args.memory else None,
         "renders": counts,
     }
-
-
-def _context(tokenizer: Any, tokens: int) -> str:
-    """ASCII text of about `tokens` tokens (the repo's README, repeated), for `--context`: a
-    long first message, as an agent's prompt with its files and tool output."""
-    if tokens <= 0:
-        return ""
-    text = "\n" + (ROOT / "README.md").read_text(encoding="ascii", errors="ignore")
-    per = len(tokenizer.encode(text, add_special_tokens=False)) or 1
-    whole = text * (tokens // per + 1)
-    cut = int(len(whole) * tokens / (per * (tokens // per + 1)))
-    return whole[:cut]
 
 
 def main() -> int:

@@ -6,6 +6,8 @@ from a `git worktree` of it) on the same load, side by side.
     python benchmarks/proxy_overhead.py --rounds 5 --sessions 256 --turns 16
     python benchmarks/proxy_overhead.py --rounds 1 --sessions 4096 --only ours --only before \
         --old-rev 9675a18
+    python benchmarks/proxy_overhead.py --rounds 2 --sessions 32 --turns 16 --context 32000 \
+        --only floor --only ours --only before --old-rev 0417e07   # long prompts
 
 Each round, for each of `direct`, `ours` and `upstream` (one after the other, on the same
 machine, against the same fake inference server process: `atropos.testing.fake_server`, random
@@ -54,10 +56,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from long_context import context_text  # noqa: E402
 from procstat import code_version, cpu_seconds, machine, upstream_python, wait_quiet  # noqa: E402
 
 from atropos.demo.procs import wait_until_up  # noqa: E402
+from atropos.inference.tokenizer import load_tokenizer  # noqa: E402
 from atropos.testing import free_port, tiny_tokenizer_path  # noqa: E402
+
+TOK = load_tokenizer("tiny")
 
 MODES = ("direct", "floor", "ours", "before", "upstream")
 RETRIED = (httpx.ReadError, httpx.RemoteProtocolError)  # a kept-alive connection closed under us
@@ -134,6 +140,7 @@ async def drive(
     turns: int,
     cpu: Any = lambda: 0.0,
     rss: Any = lambda: 0,
+    context: str = "",
 ) -> dict[str, Any]:
     """Open the sessions, then run the agents; return wall seconds, requests, their latencies,
     `cpu()`'s growth over the conversations (sessions already open), `rss()` before the
@@ -156,7 +163,8 @@ async def drive(
             return f"{base}/{made['uuid']}/v1/chat/completions", {}
 
         async def agent(i: int, url: str, headers: dict[str, str]) -> None:
-            messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {i}: begin"}]
+            task = f"task {i}: begin{context}"
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
             for turn in range(turns):
                 body = {"model": "atropos-tiny", "messages": messages, "max_tokens": 24}
                 t0 = time.perf_counter()
@@ -207,7 +215,9 @@ def one(mode: str, fake: str, fake_pid: int, args: argparse.Namespace, tmp: Path
         cpu = (lambda: cpu_seconds(proc.pid)) if proc else (lambda: 0.0)
         rss = (lambda: rss_bytes(proc.pid)) if proc else (lambda: 0)
         server0 = cpu_seconds(fake_pid)
-        result = asyncio.run(drive(mode, base, args.sessions, args.turns, cpu, rss))
+        result = asyncio.run(
+            drive(mode, base, args.sessions, args.turns, cpu, rss, context_text(TOK, args.context))
+        )
         result["server_cpu_s"] = cpu_seconds(fake_pid) - server0
     finally:
         if proc is not None:
@@ -253,6 +263,12 @@ def main() -> int:
     parser.add_argument(
         "--old-rev", help="also run the proxy of this git revision (mode `before`, a worktree)"
     )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="about this many tokens of text in each agent's first message (a long prompt)",
+    )
     parser.add_argument("--only", choices=MODES, action="append", help="modes to run")
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/proxy_overhead.json"))
     args = parser.parse_args()
@@ -262,8 +278,10 @@ def main() -> int:
         tmp = Path(name)
         args.before_tree = old_tree(args.old_rev, tmp) if "before" in modes else None
         port = free_port()
+        room = str(4096 + args.context + 64 * args.turns)  # the context the prompts need
         fake_proc = start(
-            [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)],
+            [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)]
+            + ["--max-model-len", room],
             tmp / "fake.log",
         )
         fake = f"http://127.0.0.1:{port}/v1"
