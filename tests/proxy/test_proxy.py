@@ -476,3 +476,43 @@ def test_the_anthropic_sdk_through_the_proxy(fake, stream):
                 model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
             )
     assert doc["turns"] == 2 and len(doc["sequences"]) == 1 and doc["breaks"]["clean"] == 1
+
+
+def test_a_long_conversations_calls_send_ids_spelt_from_the_last_calls_json(fake, monkeypatch):
+    """Through the proxy (its ManagedServer's rows reused): every call after the first sends
+    its prompt ids as JSON made from the last call's (`prompt_json`), the same bytes as their
+    own encoding, and the trajectory is the server's own tokens, every answer trainable."""
+    import msgspec
+
+    from atropos.inference import prompt_json, vllm
+
+    spelt: list[tuple[bool, bool]] = []  # (from a prefix, equal to the ids' own JSON)
+
+    def recording(ids: list[int]) -> bytes:
+        known = prompt_json.PROMPT_JSON.get()
+        made = prompt_json.ids_json(ids)
+        prefixed = known is not None and known.ids is ids and known.prefix is not None
+        spelt.append((prefixed, made == msgspec.json.encode(ids)))
+        return made
+
+    monkeypatch.setattr(vllm, "ids_json", recording)
+    proxy = make_proxy(fake.base_url)
+    with running(proxy) as url:
+        session = new_session(url)
+        client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        messages: list[Any] = [{"role": "user", "content": "Read this. " * 300}]
+        for turn in range(5):
+            reply = client.chat.completions.create(
+                model="atropos-tiny", messages=messages, max_tokens=20
+            )
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            messages.append({"role": "user", "content": f"And step {turn}?"})
+        doc = trajectory(url, session)
+    assert spelt == [(False, True)] + [(True, True)] * 4
+    assert doc["turns"] == 5 and doc["breaks"]["clean"] == 4
+    [seq] = doc["sequences"]
+    outputs = proxy.server.recording.outputs
+    assert len(seq["spans"]) == 5
+    for span, (ids, _) in zip(seq["spans"], outputs, strict=True):
+        assert seq["tokens"][span["start"] : span["end"]] == ids
+        assert seq["masks"][span["start"] : span["end"]] == ids
