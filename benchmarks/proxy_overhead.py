@@ -74,6 +74,13 @@ def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
     return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
+def start_fake(port: int, context: int, turns: int, tmp: Path) -> subprocess.Popen[bytes]:
+    """The fake inference server, its context room for `context` tokens and `turns` calls."""
+    room = str(4096 + context + 64 * turns)
+    argv = [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)]
+    return start([*argv, "--max-model-len", room], tmp / "fake.log")
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of `pid` (VmRSS from /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -278,12 +285,7 @@ def main() -> int:
         tmp = Path(name)
         args.before_tree = old_tree(args.old_rev, tmp) if "before" in modes else None
         port = free_port()
-        room = str(4096 + args.context + 64 * args.turns)  # the context the prompts need
-        fake_proc = start(
-            [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)]
-            + ["--max-model-len", room],
-            tmp / "fake.log",
-        )
+        fake_proc = start_fake(port, args.context, args.turns, tmp)
         fake = f"http://127.0.0.1:{port}/v1"
         try:
             wait_until_up(f"{fake}/models", deadline=60)

@@ -18,6 +18,7 @@ app's own work in a process of its own. This one runs `floor` (`benchmarks/proxy
   and collections of the garbage collector, per request.
 
     python benchmarks/proxy_steps.py --sessions 256 --turns 16
+    python benchmarks/proxy_steps.py --sessions 32 --turns 16 --context 32000   # long prompts
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def measure(mode: str, fake: str, fake_pid: int, args: argparse.Namespace, tmp: 
         asyncio.run(po.drive(mode, base, 8, 2))  # warm up
         before = snapshot(proc.pid, out)
         server0 = cpu_seconds(fake_pid)
-        run = asyncio.run(po.drive(mode, base, args.sessions, args.turns))
+        context = po.context_text(po.TOK, args.context)
+        run = asyncio.run(po.drive(mode, base, args.sessions, args.turns, context=context))
         server = cpu_seconds(fake_pid) - server0
         after = snapshot(proc.pid, out)
     finally:
@@ -200,6 +202,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--turns", type=int, default=16)
+    parser.add_argument(
+        "--context", type=int, default=0, help="about this many tokens in each first message"
+    )
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/proxy_steps.json"))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
@@ -214,10 +219,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         port = free_port()
-        fake_proc = po.start(
-            [sys.executable, "-m", "atropos.testing.fake_server", "--port", str(port)],
-            tmp / "fake.log",
-        )
+        fake_proc = po.start_fake(port, args.context, args.turns, tmp)
         fake = f"http://127.0.0.1:{port}/v1"
         try:
             wait_until_up(f"{fake}/models", deadline=60)

@@ -206,8 +206,11 @@ def test_openai_refuses_token_calls_with_a_clear_error():
 # -- vLLM -------------------------------------------------------------------------------------
 
 
-def vllm_completions(body: dict[str, Any], with_ids: bool = True) -> dict[str, Any]:
-    """vLLM's /v1/completions answer with return_token_ids and return_tokens_as_token_ids."""
+def vllm_completions(body: dict[str, Any], with_ids: bool | None = None) -> dict[str, Any]:
+    """vLLM's /v1/completions answer with return_tokens_as_token_ids, and the ids when asked
+    (`return_token_ids`, or `with_ids`)."""
+    if with_ids is None:
+        with_ids = bool(body.get("return_token_ids"))
     prompt = body["prompt"]
     prompt_ids = prompt if isinstance(prompt, list) else [1] + [ord(c) for c in prompt]
     choices = []
@@ -260,8 +263,7 @@ def test_vllm_tokens_use_completions_with_token_id_prompts():
         "max_tokens": 3,
         "prompt": [1, 7, 8],
         "logprobs": 0,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
+        "return_tokens_as_token_ids": True,  # (no `return_token_ids`: no echo of the prompt)
     }
 
 
@@ -277,7 +279,9 @@ def test_vllm_text_prompt_is_tokenized_by_the_server_and_ids_fall_back_to_tokens
         assert prompt == [5, 6] and outs == [[100, 101]]  # ids parsed from "token_id:<id>"
 
     run_with(rec, VLLMBackend, body)
-    assert rec.bodies("/v1/completions")[0]["prompt"] == "ab"
+    text, ids = rec.bodies("/v1/completions")
+    assert text["prompt"] == "ab" and text["return_token_ids"] is True  # its ids come back
+    assert ids["prompt"] == [5, 6] and "return_token_ids" not in ids  # no echo asked for
 
 
 def test_vllm_get_logprobs_reads_prompt_logprobs():

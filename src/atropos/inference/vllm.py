@@ -8,11 +8,15 @@ Token ids and logprobs, `config.vllm_token_api == "completions"` (the default; s
 
 - `POST {base_url}/completions` with `prompt` = the token ids (or the text when no ids and no
   tokenizer are at hand), `n`, `max_tokens`, the sampling kwargs, `logprobs: 0` (the sampled
-  token's logprob only), `return_token_ids: true` and `return_tokens_as_token_ids: true`.
-- We read, per choice (sorted by `index`): `token_ids` (output ids), `prompt_token_ids`,
-  `logprobs.token_logprobs` (one per output token) and `finish_reason`. When `token_ids` is
-  absent (a vLLM without `return_token_ids`) the ids are parsed from `logprobs.tokens`, which
-  `return_tokens_as_token_ids` renders as `"token_id:<id>"`.
+  token's logprob only) and `return_tokens_as_token_ids: true`; `return_token_ids: true` only
+  for a text prompt.
+- We read, per choice (sorted by `index`): `logprobs.token_logprobs` (one per output token),
+  the output ids from `logprobs.tokens`, which `return_tokens_as_token_ids` renders as
+  `"token_id:<id>"` (or from `token_ids`, when the answer has them), and `finish_reason`; the
+  prompt's ids are the ids sent, or a text prompt's `prompt_token_ids`. A prompt sent as ids
+  does not ask for `return_token_ids`, which would echo every prompt id back: at 32k tokens of
+  context ~130 KB of answer and ~0.2 ms to read it per call, and the server's own time to
+  write it, to learn ids we sent (vLLM takes a prompt of ids as it is).
 - A choice with finish reason `abort` (the request was in flight when a pause in mode abort
   began) makes the whole answer a retryable error (`openai.check_not_aborted`).
 - `get_logprobs`: the same endpoint with `max_tokens: 1`, `temperature: 0`,
@@ -254,9 +258,10 @@ class VLLMBackend(OpenAIBackend):
         body.update(
             prompt=sent if sent is not None else prompt,
             logprobs=0,
-            return_token_ids=True,
             return_tokens_as_token_ids=True,
         )
+        if sent is None:  # the ids of a text prompt come back with the answer
+            body["return_token_ids"] = True
         url = self.base_url + "/completions"
         data = await self._request("POST", url, body, decoder=_COMPLETIONS_DECODER)
         if isinstance(data, _CompletionsAnswer) and data.choices:
