@@ -420,7 +420,7 @@ class Session:
             )
             raws, finishes, nodes = turn.contents, turn.finish_reasons, turn.nodes
             prompt_len, version = len(turn.prompt_tokens), turn.policy_version
-            extended = turn.extended if nodes and nodes[0].drift in _CONTINUED else None
+            extended = turn.extended  # (set only for a CLEAN or REALIGN continuation)
         self._count_break(held, nodes)
         for node in nodes:
             parent = extended if request.prompt is None else _longest_prefix(held, node)
