@@ -75,6 +75,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one measurement, to here
+    p.set_defaults(lengths="", layout="padded", attention="sdpa", logprobs="chunked")  # prepare's
     return p.parse_args(argv)
 
 

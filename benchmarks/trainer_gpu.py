@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # a bare checkout
 
+import atropos.trainer.step as step_module  # noqa: E402
 from atropos.client.samples import Sample  # noqa: E402
 from atropos.trainer.fsdp import checkpoint_activations, shard  # noqa: E402
 from atropos.trainer.ranks import Ranks  # noqa: E402
@@ -79,6 +80,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--lengths", default="", help="MIN:MAX: sequence lengths drawn in [MIN, MAX] (default: all"
+        " --seq-len); tokens and MFU count real positions, so padding is work that does not count",
+    )  # fmt: skip
+    p.add_argument("--layout", choices=["padded", "packed"], default="padded")
+    p.add_argument("--attention", default="sdpa", help="transformers' attn_implementation")
+    p.add_argument(
+        "--logprobs", choices=["chunked", "full"], default="chunked",
+        help="full: the float32 cross-entropy over all logits at once (the step before chunking)",
+    )  # fmt: skip
+    p.add_argument(
+        "--count-syncs", action="store_true",
+        help="CUDA: count the step's synchronising calls (torch.cuda.set_sync_debug_mode)",
+    )  # fmt: skip
     p.add_argument("--device", default="auto", help="auto, cuda or cpu")
     p.add_argument("--peak-flops", type=float, default=0.0, help="peak bf16 FLOP/s of one GPU")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -99,27 +114,31 @@ def one_process_group() -> None:
     )
 
 
-def build_model(size: str, seq_len: int, device: torch.device) -> Any:
+def build_model(size: str, seq_len: int, device: torch.device, attention: str = "sdpa") -> Any:
     """A random Llama of `size`, initialised on `device` (the same seed on every rank)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=32000, max_position_embeddings=max(seq_len, 2048), tie_word_embeddings=False,
-        **SIZES[size],
+        attn_implementation=attention, **SIZES[size],
     )  # fmt: skip
     torch.manual_seed(0)
     with torch.device(device):
         return LlamaForCausalLM(config)
 
 
-def synthetic_batch(sequences: int, seq_len: int, vocab: int) -> list[Sample]:
-    """Fixed-shape samples: `seq_len + 1` tokens each (so `seq_len` positions), a 64-token
-    prompt, server logprobs on the rest, groups of 8 with advantages of both signs."""
+def synthetic_batch(
+    sequences: int, seq_len: int, vocab: int, lengths: tuple[int, int] | None = None
+) -> list[Sample]:
+    """Samples of `seq_len` positions (`seq_len + 1` tokens) each, or of a length drawn in
+    `lengths`, a 64-token prompt, server logprobs on the rest, groups of 8 with advantages of
+    both signs."""
     rng = random.Random(0)
     out = []
     for i in range(sequences):
-        tokens = [rng.randrange(vocab) for _ in range(seq_len + 1)]
-        prompt = min(PROMPT, seq_len // 2)
+        n = rng.randint(*lengths) if lengths else seq_len
+        tokens = [rng.randrange(vocab) for _ in range(n + 1)]
+        prompt = min(PROMPT, n // 2)
         advantage = 1.0 if i % 2 else -1.0
         out.append(
             Sample(
@@ -159,7 +178,7 @@ class Setup:
 
 def prepare(args: argparse.Namespace, ranks: Ranks) -> Setup:
     """The model of `--size` on the ranks' device, sharded when there is a process group."""
-    model = build_model(args.size, args.seq_len, ranks.device)
+    model = build_model(args.size, args.seq_len, ranks.device, args.attention)
     if args.activation_checkpointing:
         checkpoint_activations(model)
     n_params = sum(p.numel() for p in model.parameters())
@@ -168,9 +187,31 @@ def prepare(args: argparse.Namespace, ranks: Ranks) -> Setup:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6)
     batch = args.batch_size or 32 * ranks.world
-    samples = synthetic_batch(batch, args.seq_len, model.config.vocab_size)
-    settings = StepSettings(micro_batch_size=args.micro_batch_size)
+    samples = synthetic_batch(batch, args.seq_len, model.config.vocab_size, lengths(args))
+    settings = StepSettings(micro_batch_size=args.micro_batch_size, layout=args.layout)
+    if args.logprobs == "full":
+        step_module.token_logprobs = full_token_logprobs
     return Setup(model, opt, params, samples, settings, n_params, n_matmul)
+
+
+def lengths(args: argparse.Namespace) -> tuple[int, int] | None:
+    """`--lengths MIN:MAX` as two ints (None: every sequence `--seq-len`)."""
+    if not args.lengths:
+        return None
+    low, high = (int(v) for v in args.lengths.split(":"))
+    if not 2 <= low <= high:
+        raise SystemExit(f"--lengths {args.lengths}: expected MIN:MAX with 2 <= MIN <= MAX")
+    return low, high
+
+
+def full_token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The step's logprobs before they were chunked (`--logprobs full`): ``-cross_entropy`` of
+    a float32 copy of all the logits at once, its log-softmax kept for backward."""
+    flat = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        ignore_index=-100, reduction="none",
+    )  # fmt: skip
+    return -flat.view(targets.shape)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,8 +222,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         s = prepare(args, ranks)
         times = time_steps(s.model, s.opt, s.params, s.samples, s.settings, ranks, args)
         peaks = ranks.gather(peak_memory(ranks), "gathering peak memory")
-        tokens = len(s.samples) * args.seq_len
-        return report(args, ranks, times, tokens, s.n_params, s.n_matmul, peaks)
+        syncs = count_syncs(s, ranks) if args.count_syncs else None
+        tokens = sum(len(sample.tokens) - 1 for sample in s.samples)
+        return report(args, ranks, times, tokens, s.n_params, s.n_matmul, peaks) | {
+            "syncs_per_step": syncs
+        }
     finally:
         ranks.close()
 
@@ -210,6 +254,23 @@ def time_steps(
         if ranks.main:
             print(f"step {i + 1}: {time.perf_counter() - t0:.3f} s, grad norm {norm:.3f}")
     return times
+
+
+def count_syncs(s: Setup, ranks: Ranks) -> int | None:
+    """The synchronising CUDA calls of one more step, as torch's sync debug mode warns of them
+    (None off CUDA); the step's own single read of its numbers is one of them."""
+    if ranks.device.type != "cuda":
+        return None
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_step(s.model, s.opt, s.params, s.samples, s.settings, ranks, step=0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
 
 
 def sync(ranks: Ranks) -> None:
@@ -243,7 +304,9 @@ def report(
     return {
         "device": gpu, "ranks": ranks.world, "torch": torch.__version__, "size": args.size,
         "parameters": n_params, "matmul_parameters": n_matmul, "seq_len": args.seq_len,
-        "batch_size": tokens // args.seq_len, "micro_batch_size": args.micro_batch_size,
+        "batch_size": args.batch_size or 32 * ranks.world, "lengths": args.lengths or None,
+        "micro_batch_size": args.micro_batch_size, "layout": args.layout,
+        "attention": args.attention, "logprobs": args.logprobs,
         "activation_checkpointing": args.activation_checkpointing,
         "precision": "bf16 weights, fp32 shards and reduce" if gpu != "cpu" else "fp32",
         "timed_steps": len(times), "step_s_mean": mean, "step_s_median": statistics.median(times),

@@ -46,6 +46,22 @@ def test_trains_checkpoints_acks_and_resumes(tiny_model_dir: Path, tmp_path: Pat
         assert status(url)["queue_size"] == 2
 
 
+def test_a_packed_run_trains_what_a_padded_run_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`--layout packed --attention eager` end to end: the same batches give the same losses and
+    gradient norms as the padded run (the step's own equality: tests/trainer/test_step.py)."""
+    runs = {}
+    for layout in ("padded", "packed"):
+        with serve_in_thread(create_app()) as url:
+            push_groups(url, 4)
+            out = tmp_path / layout
+            train(config(tiny_model_dir, url, out, steps=2, layout=layout, attention="eager"))
+            runs[layout] = metrics(out)
+    for padded, packed in zip(runs["padded"], runs["packed"], strict=True):
+        assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-4, abs=1e-6)
+        assert packed["grad_norm"] == pytest.approx(padded["grad_norm"], rel=1e-3)
+        assert packed["trained_tokens"] == padded["trained_tokens"] > 0
+
+
 def test_crash_between_checkpoints_loses_and_repeats_nothing(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -166,6 +166,71 @@ def pack(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
     )
 
 
+@dataclass
+class Unpadded:
+    """A padded micro-batch's real positions end to end in one row (``[1, T]``), for a model
+    that takes packed rows (`position_ids` restarting at 0 for each sequence: flash-attention's
+    variable-length kernels, flex attention, or transformers' block mask), and `back`, which
+    lays a value per packed position out as the padded batch again (`padded`), so a trainer
+    runs the model packed and keeps every other tensor of the `MicroBatch` as it is."""
+
+    input_ids: torch.Tensor  # [1, T]
+    targets: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    back: torch.Tensor  # [B, L]: each padded position's index in the row; T for padding
+    cu_seqlens: torch.Tensor  # int32 [B + 1]: where each sequence starts, then T
+    longest: int  # the longest sequence's positions
+
+    def attention_kwargs(self) -> dict[str, object]:
+        """What a transformers model's forward takes to run flash-attention's variable-length
+        kernel on this row without working the boundaries out from `position_ids` (which
+        reads them back from the GPU in every layer); other attentions ignore them."""
+        cu, n = self.cu_seqlens, self.longest
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
+
+    def padded(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` (``[1, T, ...]``) as ``[B, L, ...]``, 0 at padding; differentiable, and no
+        value is read back to the host (an index, not a mask)."""
+        rows = values.reshape(values.shape[1], *values.shape[2:])
+        return torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])[self.back]
+
+    def to(self, device: torch.device | str) -> Unpadded:
+        """The same tensors on `device`."""
+        return Unpadded(
+            self.input_ids.to(device), self.targets.to(device), self.position_ids.to(device),
+            self.back.to(device), self.cu_seqlens.to(device), self.longest,
+        )  # fmt: skip
+
+
+def unpadded(mb: MicroBatch) -> Unpadded:
+    """`mb`'s (padded, from `collate`) real positions end to end: see `Unpadded`.
+
+    >>> def sample(tokens):
+    ...     return Sample(tokens, tokens, None, [0.0] * len(tokens), 0.0, None, None)
+    >>> u = unpadded(collate([sample([5, 6, 7]), sample([8, 9])]))
+    >>> u.input_ids.tolist(), u.position_ids.tolist(), u.back.tolist()
+    ([[5, 6, 8]], [[0, 1, 0]], [[0, 1], [2, 3]])
+    >>> u.padded(torch.tensor([[1.0, 2.0, 3.0]])).tolist()
+    [[1.0, 2.0], [3.0, 0.0]]
+    """
+    if mb.attention_mask is None:
+        raise ValueError("unpadded takes a padded MicroBatch (collate's), not a packed one")
+    real = mb.attention_mask.bool()
+    total = int(real.sum())
+    back = torch.full(real.shape, total, dtype=torch.long)
+    back[real] = torch.arange(total)
+    positions = torch.arange(real.shape[1]).expand_as(real)[real]
+    lengths = real.sum(dim=1)
+    return Unpadded(
+        input_ids=mb.input_ids[real].unsqueeze(0),
+        targets=mb.targets[real].unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        back=back,
+        cu_seqlens=torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32),
+        longest=int(lengths.max()) if len(lengths) else 0,
+    )
+
+
 def to_tensors(samples: Sequence[Sample], layout: Layout = "padded", pad_id: int = 0) -> MicroBatch:
     """`collate` or `pack`, by `layout`."""
     if layout == "padded":

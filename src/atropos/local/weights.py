@@ -37,18 +37,29 @@ def pick_device(device: str) -> str:
     return device
 
 
-def load_fp32(model_dir: str) -> Any:
+def load_fp32(model_dir: str, attention: str | None = None) -> Any:
     """`AutoModelForCausalLM.from_pretrained(model_dir)` in float32, whatever the transformers
     release calls the argument (`dtype` from 5 on, `torch_dtype` before: an unknown keyword
-    would land in the model's config); no progress bar."""
+    would land in the model's config); no progress bar. `attention`: the attention
+    implementation (transformers' `attn_implementation`), else the model's default; one
+    transformers cannot load (flash-attn not installed) is a `WeightsError` naming it."""
     from atropos.inference.tokenizer import quiet_progress_bars
 
     transformers = quiet_progress_bars()
     major = int(transformers.__version__.split(".")[0])
     dtype_key = "dtype" if major >= 5 else "torch_dtype"
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, **{dtype_key: torch.float32}
-    )
+    kwargs: dict[str, Any] = {dtype_key: torch.float32}
+    if attention is not None:
+        kwargs["attn_implementation"] = attention
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    except (ImportError, ValueError) as err:
+        if attention is None:
+            raise
+        raise WeightsError(
+            f"attention {attention!r}: transformers cannot use it for {model_dir} ({err});"
+            " install what it names, or choose another (sdpa, eager, or auto)"
+        ) from err
 
 
 def load_model(model_dir: str, device: str) -> Any:

@@ -135,13 +135,12 @@ def opd_loss(
         pg, stats = policy_loss(logp, old_logp, advantages, mask, clip_eps, ref_logp, kl_coef)
         per_token, forward = topk_forward_kl(logits, teacher, mask)
         loss = forward + pg
-    with torch.no_grad():
+    with torch.no_grad():  # tensors, read once the step is done (`LossStats`)
         scored = (known & mask).float()
-        n = max(float(scored.sum()), 1.0)
-        stats.extra["reverse_kl"] = float((-reverse * scored).sum()) / n
-        stats.extra["teacher_topk_share"] = float((found & mask).float().sum()) / max(
-            float(mask.float().sum()), 1.0
-        )
+        n = scored.sum().clamp(min=1.0)
+        stats.extra["reverse_kl"] = (-reverse * scored).sum() / n
+        trained = mask.float().sum().clamp(min=1.0)
+        stats.extra["teacher_topk_share"] = (found & mask).float().sum() / trained
         if forward is not None:
-            stats.extra["forward_kl"] = float((per_token * scored).sum()) / n
+            stats.extra["forward_kl"] = (per_token * scored).sum() / n
     return loss, stats

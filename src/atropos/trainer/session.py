@@ -43,7 +43,7 @@ from atropos.trainer.checkpoint import (
 )
 from atropos.trainer.fsdp import checkpoint_activations, full_state_dict, shard
 from atropos.trainer.ranks import Ranks
-from atropos.trainer.step import StepSettings, Tally, train_step
+from atropos.trainer.step import StepSettings, Tally, pass_layout, train_step
 from atropos.trainer.stop import Interrupted, Waiting
 
 if TYPE_CHECKING:
@@ -125,6 +125,7 @@ class Session:
             micro_batch_size=cfg.micro_batch_size, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
             max_grad_norm=cfg.max_grad_norm, loss=cfg.loss, opd_mode=cfg.opd_mode,
             opd_reward_coef=cfg.opd_reward_coef, pad_id=pad if pad is not None else 0,
+            layout=pass_layout(cfg.layout, self.model, cfg.loss),
         )  # fmt: skip
         self.sync: WeightSync | None = None
         self.api: TrainerClient | None = None
@@ -142,7 +143,9 @@ class Session:
 
         cfg, resume = self.cfg, self.resume
         lora = bool(self.lora_args)
-        model: Any = load_fp32(cfg.model if (resume is None or lora) else str(resume))
+        attention = None if cfg.attention == "auto" else cfg.attention
+        source = cfg.model if (resume is None or lora) else str(resume)
+        model: Any = load_fp32(source, attention)
         reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
         if lora:
             apply_lora(model, cfg.lora_targets, cfg.lora_r, cfg.lora_alpha)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from atropos.client.samples import Sample
-from atropos.client.tensors import MicroBatch, collate
+from atropos.client.tensors import Layout, MicroBatch, Unpadded, collate, unpadded
 from atropos.trainer.distill import OpdMode, opd_loss
 from atropos.trainer.fsdp import grad_norm_value
 from atropos.trainer.loss import LossStats, policy_loss, token_logprobs
@@ -46,12 +46,35 @@ class StepSettings:
     opd_mode: OpdMode = "reverse"
     opd_reward_coef: float = 0.0
     pad_id: int = 0
+    layout: Layout = "padded"  # "packed": each pass's sequences end to end in one row
+
+
+PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+"""Attention implementations (transformers' names) that run a packed row's sequences as
+separate sequences without a dense mask: packing saves their padding's compute. Others (sdpa,
+eager) take a packed row through a ``[T, T]`` mask, whose attention costs more than padding."""
+
+
+def pass_layout(asked: str, model: Any, loss: str) -> Layout:
+    """The layout of the step's passes: `asked` ("padded" or "packed"), or for "auto" packed
+    where the model's attention takes packed rows (`PACKED_ATTENTION`) and the loss is GRPO
+    (OPD reads the student's logits per sequence, which a packed pass lays out padded again:
+    a copy of the logits), else padded."""
+    if asked in ("padded", "packed"):
+        return "packed" if asked == "packed" else "padded"
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return "packed" if attention in PACKED_ATTENTION and loss == "grpo" else "padded"
 
 
 @dataclass
 class Tally:
     """A step's sums, per rank, then merged: the loss (already a batch mean), token-weighted
-    ratio, clip fraction, KL and the loss's own metrics, and the logprob gaps per sequence."""
+    ratio, clip fraction, KL and the loss's own metrics, and the logprob gaps per sequence.
+
+    During the step the sums are tensors on the device (`add`, `add_gaps`): nothing is read
+    back between passes, so the host never waits for the GPU mid-step. `settle` reads them all
+    in one transfer, after the optimizer step; from then on they are floats (what `merged`
+    and the metrics take)."""
 
     loss: float = 0.0
     ratio: float = 0.0
@@ -61,16 +84,45 @@ class Tally:
     extra: dict[str, float] = field(default_factory=dict)
     gaps_on: list[float] = field(default_factory=list)  # sequences of exactly this policy
     gaps_all: list[float] = field(default_factory=list)
+    _sums: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _gaps: list[tuple[torch.Tensor, list[int | None]]] = field(default_factory=list, repr=False)
 
-    def add(self, loss: float, stats: LossStats) -> None:
+    def add(self, loss: torch.Tensor, stats: LossStats) -> None:
+        """One pass's loss (its share of the batch mean) and stats, as device tensors."""
         n = stats.tokens
-        self.loss += loss
-        self.ratio += stats.mean_ratio * n
-        self.clip += stats.clip_fraction * n
-        self.kl += stats.kl * n
-        self.tokens += n
-        for key, value in stats.extra.items():
-            self.extra[key] = self.extra.get(key, 0.0) + value * n
+        parts = {"loss": loss, "ratio": stats.mean_ratio * n, "clip": stats.clip_fraction * n}
+        parts |= {"kl": stats.kl * n, "tokens": n}
+        parts |= {f"extra:{key}": value * n for key, value in stats.extra.items()}
+        for key, value in parts.items():
+            held = self._sums.get(key)
+            self._sums[key] = value.detach().float() if held is None else held + value.detach()
+
+    def add_gaps(self, sums_and_counts: torch.Tensor, versions: list[int | None]) -> None:
+        """One pass's per-sequence gap sums and counts (``[2, B]``), with their versions."""
+        self._gaps.append((sums_and_counts.detach().float(), versions))
+
+    def settle(self, step: int) -> None:
+        """Read the step's tensors into the floats, in one transfer (`step`: the policy
+        version trained, for `gaps_on`)."""
+        keys = list(self._sums)
+        tensors = [self._sums[k].reshape(1) for k in keys] + [g.reshape(-1) for g, _ in self._gaps]
+        values = torch.cat(tensors).tolist() if tensors else []
+        for key, value in zip(keys, values, strict=False):
+            if key.startswith("extra:"):
+                self.extra[key[6:]] = self.extra.get(key[6:], 0.0) + value
+            else:
+                setattr(self, key, getattr(self, key) + value)
+        at = len(keys)
+        for gaps, versions in self._gaps:
+            width = gaps.shape[1]
+            sums, counts = values[at : at + width], values[at + width : at + 2 * width]
+            at += 2 * width
+            for total, count, version in zip(sums, counts, versions, strict=True):
+                if count:
+                    self.gaps_all.append(total / count)
+                    if version == step:
+                        self.gaps_on.append(total / count)
+        self._sums, self._gaps = {}, []
 
     @staticmethod
     def merged(parts: Sequence[Tally]) -> Tally:
@@ -102,6 +154,40 @@ def my_micro_batches(
     return chunks + [None] * (rounds - len(chunks))
 
 
+@dataclass
+class Pass:
+    """One forward/backward's tensors, already on the device: the padded micro-batch, its
+    packed row when the layout is packed, and its share of the batch mean."""
+
+    mb: MicroBatch
+    packed: Unpadded | None
+    share: float
+
+
+def prepare(samples: Sequence[Sample], settings: StepSettings, ranks: Ranks) -> list[Pass | None]:
+    """This rank's passes (None: an idle pass), collated and moved to the device before the
+    first forward: a copy to the GPU waits for the GPU, so none is made between passes."""
+    passes: list[Pass | None] = []
+    for chunk in my_micro_batches(samples, settings.micro_batch_size, ranks):
+        if chunk is None:
+            passes.append(None)
+            continue
+        mb = collate(chunk, settings.pad_id)
+        packed = unpadded(mb).to(ranks.device) if settings.layout == "packed" else None
+        passes.append(Pass(_on(mb, ranks.device), packed, len(chunk) / len(samples)))
+    return passes
+
+
+def _on(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """`mb`'s tensors on `device`."""
+    moved = {
+        name: getattr(mb, name).to(device)
+        for name in ("input_ids", "targets", "old_logp", "has_old", "advantages")
+    }
+    teacher = mb.teacher.to(device) if mb.teacher is not None else None
+    return replace(mb, **moved, teacher=teacher)
+
+
 def train_step(
     model: Any,
     opt: torch.optim.Optimizer,
@@ -115,52 +201,70 @@ def train_step(
 ) -> tuple[float, Tally]:
     """One optimizer step over `samples` (the whole batch, the same on every rank); returns the
     global gradient norm (before clipping) and this rank's tally (`Tally.merged` over the ranks'
-    gives the step's). `step` is the policy version being trained (for the logprob gaps)."""
+    gives the step's). `step` is the policy version being trained (for the logprob gaps).
+
+    Between the first forward and the optimizer step nothing reads a value back from the
+    device (tests/trainer/test_step_syncs.py counts them): the batch is on the device before,
+    and the step's numbers are read once, after."""
     model.train()
     tally = Tally()
-    for chunk in my_micro_batches(samples, settings.micro_batch_size, ranks):
-        if chunk is None:
+    for one in prepare(samples, settings, ranks):
+        if one is None:
             _idle_pass(model, settings.pad_id, ranks.device)
             continue
-        mb = collate(chunk, settings.pad_id)
-        share = len(chunk) / len(samples)  # this micro-batch's part of the batch mean
-        loss, stats, logp, old = _micro_loss(model, reference, mb, settings, ranks.device)
-        scaled: torch.Tensor = loss * (share * ranks.world)  # FSDP divides the sum by N
+        loss, stats, logp, old = _micro_loss(model, reference, one, settings)
+        scaled: torch.Tensor = loss * (one.share * ranks.world)  # FSDP divides the sum by N
         scaled.backward()  # type: ignore[no-untyped-call]
-        tally.add(float(loss.detach()) * share, stats)
-        _gaps(logp, old, mb.has_old.to(ranks.device), mb.policy_versions, step, tally)
+        tally.add(loss.detach() * one.share, stats)
+        tally.add_gaps(_gaps(logp, old, one.mb.has_old), one.mb.policy_versions)
     norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    tally.settle(step)
     return grad_norm_value(norm), tally
 
 
+def _logprobs(model: Any, one: Pass) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's logits and its logprobs of the targets, padded ``[B, L]`` (a packed pass
+    runs the model on its row and lays the logprobs out padded: the loss is the same code)."""
+    if one.packed is None:
+        logits = model(input_ids=one.mb.input_ids, use_cache=False).logits
+        return logits, token_logprobs(logits, one.mb.targets)
+    row = one.packed
+    logits = model(
+        input_ids=row.input_ids,
+        position_ids=row.position_ids,
+        use_cache=False,
+        **row.attention_kwargs(),
+    ).logits
+    return logits, row.padded(token_logprobs(logits, row.targets))
+
+
 def _micro_loss(
-    model: Any, reference: Any, mb: MicroBatch, settings: StepSettings, device: torch.device
+    model: Any, reference: Any, one: Pass, settings: StepSettings
 ) -> tuple[torch.Tensor, LossStats, torch.Tensor, torch.Tensor]:
     """The micro-batch's loss (its mean over sequences), stats, and the trainer's and the
     server's logprobs (detached) for the mismatch metric."""
-    ids, targets = mb.input_ids.to(device), mb.targets.to(device)
-    logits = model(input_ids=ids, use_cache=False).logits
-    logp = token_logprobs(logits, targets)
-    mask = mb.mask.to(device)
-    has_old = mb.has_old.to(device)
-    old = torch.where(has_old, mb.old_logp.to(device), logp.detach())
+    mb = one.mb
+    logits, logp = _logprobs(model, one)
+    if one.packed is not None and settings.loss == "opd":
+        logits = one.packed.padded(logits)  # [B, L, V]: the teacher's top-k are per sequence
+    old = torch.where(mb.has_old, mb.old_logp, logp.detach())
     ref = None
     if reference is not None:
         with torch.no_grad():
-            ref = token_logprobs(reference(input_ids=ids, use_cache=False).logits, targets)
-    advantages = mb.advantages.to(device)
+            ref = _logprobs(reference, one)[1]
+    mask = mb.mask
     if settings.loss == "opd" and mb.teacher is not None:
         loss, stats = opd_loss(
-            settings.opd_mode, logits=logits, logp=logp, old_logp=old, env_advantages=advantages,
-            targets=targets, mask=mask, teacher=mb.teacher.to(device),
+            settings.opd_mode, logits=logits, logp=logp, old_logp=old,
+            env_advantages=mb.advantages, targets=mb.targets, mask=mask, teacher=mb.teacher,
             reward_coef=settings.opd_reward_coef, clip_eps=settings.clip_eps, ref_logp=ref,
             kl_coef=settings.kl_coef,
         )  # fmt: skip
     else:
         loss, stats = policy_loss(
-            logp, old, advantages, mask, settings.clip_eps, ref, settings.kl_coef
+            logp, old, mb.advantages, mask, settings.clip_eps, ref, settings.kl_coef
         )
     del logits  # not kept alive through backward ([B, T, vocab] floats)
     return loss, stats, logp.detach(), old
@@ -175,25 +279,11 @@ def _idle_pass(model: Any, pad_id: int, device: torch.device) -> None:
     nothing.backward()  # type: ignore[no-untyped-call]
 
 
-def _gaps(
-    logp: torch.Tensor,
-    old: torch.Tensor,
-    has_old: torch.Tensor,
-    versions: list[int | None],
-    step: int,
-    tally: Tally,
-) -> None:
-    """Per-sequence mean |trainer - inference| logprob over trained tokens with a server value.
-
-    `gaps_on` keeps the sequences the server says it generated with exactly the weights being
-    trained (`policy_version == step`): there the two numbers must agree up to arithmetic noise.
-    """
+def _gaps(logp: torch.Tensor, old: torch.Tensor, has_old: torch.Tensor) -> torch.Tensor:
+    """Per sequence, the sum of |trainer - inference| logprob over its trained tokens with a
+    server value, and how many there are (``[2, B]``): `Tally.settle` divides them, and keeps
+    in `gaps_on` the sequences the server says it generated with exactly the weights being
+    trained (`policy_version == step`), where the two numbers must agree up to arithmetic
+    noise."""
     gap = (logp - old).abs() * has_old
-    counts = has_old.sum(dim=1)
-    for row, version in enumerate(versions):
-        if int(counts[row]) == 0:
-            continue
-        value = float(gap[row].sum()) / int(counts[row])
-        tally.gaps_all.append(value)
-        if version == step:
-            tally.gaps_on.append(value)
+    return torch.stack([gap.sum(dim=1), has_old.sum(dim=1).to(gap.dtype)])

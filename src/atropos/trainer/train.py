@@ -150,6 +150,19 @@ class TrainConfig(BaseSettings):
     lora_name: str = Field("policy", description="lora mode: the adapter's name on the server")
     seed: int = Field(0, description="seed of torch")
     device: str = Field("auto", description="'auto' (cuda when available, else cpu), 'cpu', 'cuda'")
+    layout: Literal["auto", "padded", "packed"] = Field(
+        "auto",
+        description="each pass's sequences padded to the longest, or packed end to end in one"
+        " row (no padding computed; pays with an attention that runs packed rows as separate"
+        " sequences: flash_attention_2/3 or flex_attention); auto: packed with those, padded"
+        " otherwise and for --loss opd",
+    )
+    attention: str = Field(
+        "auto",
+        description="the model's attention implementation, as transformers names it: sdpa,"
+        " eager, flash_attention_2 (needs the flash-attn package), flex_attention; auto:"
+        " transformers' default for the model",
+    )
     activation_checkpointing: bool = Field(
         False,
         description="recompute each block's activations in backward instead of keeping them"
