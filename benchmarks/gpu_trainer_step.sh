@@ -2,9 +2,10 @@
 # The trainer step's tokens/s and MFU on one GPU, side by side in one run (issue 38, item 4):
 # the 1B Llama of benchmarks/trainer_gpu.py at 32 x 1,024 tokens with the step's chunked
 # log-probabilities (and its synchronising calls counted) against the float32 cross-entropy
-# over all logits it replaced; then lengths drawn in 128..1,024, padded against packed (sdpa's
-# dense mask, flex attention, and flash-attention 2 where the package is installed). Sized for
-# a 15-minute device slot: about 40 s a run, each cut at TIMEOUT seconds (default 150).
+# over all logits it replaced, and with a fused AdamW; then lengths drawn in 128..1,024,
+# padded against packed (sdpa's dense mask, flex attention, and flash-attention 2 where the
+# package is installed). Sized for a 15-minute device slot: about 40 s a run, each cut at
+# TIMEOUT seconds (default 150).
 #
 #   bash benchmarks/gpu_trainer_step.sh OUT_DIR [SIZE]     # SIZE: default 1b
 #   DEVICE=cpu STEPS=1 bash benchmarks/gpu_trainer_step.sh /tmp/check tiny  # the script, on a CPU
@@ -30,6 +31,7 @@ run() {
 
 run fixed_chunked --count-syncs
 run fixed_full --logprobs full --count-syncs
+run fixed_chunked_fused_adamw --fused-adamw
 run varied_padded --lengths 128:1024
 run varied_packed_sdpa --lengths 128:1024 --layout packed
 run varied_packed_flex --lengths 128:1024 --layout packed --attention flex_attention
@@ -45,13 +47,14 @@ import json, sys
 from pathlib import Path
 
 out, size = Path(sys.argv[1]), sys.argv[2]
-print("| run | layout | attention | logprobs | step s (median) | tokens/s | MFU | peak GiB | syncs/step |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| run | layout | attention | logprobs | fused AdamW | step s (median) | tokens/s | MFU | peak GiB | syncs/step |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for path in sorted(out.glob(f"trainer_gpu_{size}_*.json")):
     r = json.loads(path.read_text())
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
     print(
         f"| {path.stem.split(size + '_', 1)[1]} | {r['layout']} | {r['attention']} | {r['logprobs']}"
+        f" | {r.get('fused_adamw')}"
         f" | {r['step_s_median']:.3f} | {r['tokens_per_s']:,.0f} | {mfu}"
         f" | {max(r['peak_memory_gib_per_rank']):.1f} | {r.get('syncs_per_step')} |"
     )

@@ -75,7 +75,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one measurement, to here
-    p.set_defaults(lengths="", layout="padded", attention="sdpa", logprobs="chunked")  # prepare's
+    p.set_defaults(  # what trainer_gpu.prepare reads of its own flags
+        lengths="", layout="padded", attention="sdpa", logprobs="chunked", fused_adamw=False
+    )
     return p.parse_args(argv)
 
 

@@ -17,6 +17,14 @@ that do matrix products (all but the input embedding; attention's own FLOPs are 
 so MFU is a slight underestimate at long sequences). The peak comes from the GPU's name
 (H100 SXM and H200: 989.4e12 dense bf16) or `--peak-flops`.
 
+`--lengths MIN:MAX` draws each sequence's length (tokens and MFU then count real positions
+only, so padding is work that earns nothing); `--layout packed` runs each pass's sequences end
+to end in one row (`--attention flash_attention_2` or `flex_attention` to keep them apart
+without a dense mask); `--logprobs full` swaps in the float32 cross-entropy over all logits at
+once that the step used before its chunked log-probabilities, to compare in one run;
+`--count-syncs` counts one step's synchronising CUDA calls (`torch.cuda.set_sync_debug_mode`).
+`benchmarks/gpu_trainer_step.sh` runs the comparisons in one device slot.
+
 Usage:
     python benchmarks/trainer_gpu.py --size 1b --json runs/trainer_gpu.json
     torchrun --nproc-per-node 8 benchmarks/trainer_gpu.py --size 1.5b --json runs/gpu8.json
@@ -89,6 +97,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--logprobs", choices=["chunked", "full"], default="chunked",
         help="full: the float32 cross-entropy over all logits at once (the step before chunking)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fused-adamw", action="store_true",
+        help="AdamW(fused=True): one kernel for the update (the trainer uses torch's default)",
     )  # fmt: skip
     p.add_argument(
         "--count-syncs", action="store_true",
@@ -185,7 +197,7 @@ def prepare(args: argparse.Namespace, ranks: Ranks) -> Setup:
     n_matmul = n_params - model.get_input_embeddings().weight.numel()
     shard(model, ranks)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-6)
+    opt = torch.optim.AdamW(params, lr=1e-6, fused=args.fused_adamw or None)
     batch = args.batch_size or 32 * ranks.world
     samples = synthetic_batch(batch, args.seq_len, model.config.vocab_size, lengths(args))
     settings = StepSettings(micro_batch_size=args.micro_batch_size, layout=args.layout)
@@ -306,7 +318,7 @@ def report(
         "parameters": n_params, "matmul_parameters": n_matmul, "seq_len": args.seq_len,
         "batch_size": args.batch_size or 32 * ranks.world, "lengths": args.lengths or None,
         "micro_batch_size": args.micro_batch_size, "layout": args.layout,
-        "attention": args.attention, "logprobs": args.logprobs,
+        "attention": args.attention, "logprobs": args.logprobs, "fused_adamw": args.fused_adamw,
         "activation_checkpointing": args.activation_checkpointing,
         "precision": "bf16 weights, fp32 shards and reduce" if gpu != "cpu" else "fp32",
         "timed_steps": len(times), "step_s_mean": mean, "step_s_median": statistics.median(times),
