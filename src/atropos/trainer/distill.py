@@ -91,7 +91,7 @@ def topk_forward_kl(
     valid = teacher.valid & mask.unsqueeze(-1)
     far = torch.full_like(teacher.logprobs, _FAR)
     teacher_log = torch.log_softmax(torch.where(valid, teacher.logprobs.float(), far), dim=-1)
-    chosen = logits.float().gather(-1, teacher.ids)
+    chosen = logits.gather(-1, teacher.ids).float()  # the K entries, not a float copy of all
     student_log = torch.log_softmax(torch.where(valid, chosen, far.to(chosen.dtype)), dim=-1)
     terms = teacher_log.exp() * (teacher_log - student_log)
     per_token = torch.where(valid, terms, torch.zeros_like(terms)).sum(dim=-1)
