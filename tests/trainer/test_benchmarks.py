@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,13 +16,16 @@ from atropos.testing import free_port, load_script  # noqa: E402
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_gpu.py"
 
 
-def test_the_gpu_benchmark_times_the_sharded_step_on_a_cpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    bench = load_script(SCRIPT)
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The script, loaded, in a process group of one as torchrun would describe it."""
     torchrun = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     for name, value in (torchrun | {"MASTER_PORT": str(free_port())}).items():
         monkeypatch.setenv(name, value)
+    return load_script(SCRIPT)
+
+
+def test_the_gpu_benchmark_times_the_sharded_step_on_a_cpu(tmp_path: Path, bench: Any) -> None:
     out = tmp_path / "r.json"
     flags = "--device cpu --size tiny --seq-len 32 --batch-size 4 --micro-batch-size 2"
     assert bench.main([*flags.split(), "--warmup", "1", "--steps", "2", "--json", str(out)]) == 0
@@ -35,14 +39,10 @@ def test_the_gpu_benchmark_times_the_sharded_step_on_a_cpu(
 
 
 def test_the_gpu_benchmark_takes_lengths_packing_and_the_old_logprobs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bench: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--lengths` draws lengths and counts only real positions; `--layout packed` and
     `--logprobs full` (the step before chunking, to compare against) run."""
-    bench = load_script(SCRIPT)
-    torchrun = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in (torchrun | {"MASTER_PORT": str(free_port())}).items():
-        monkeypatch.setenv(name, value)
     out = tmp_path / "r.json"
     flags = "--device cpu --size tiny --seq-len 32 --batch-size 6 --micro-batch-size 3"
     more = "--lengths 8:32 --layout packed --logprobs full --attention eager"
