@@ -4,8 +4,9 @@
 # log-probabilities (and its synchronising calls counted) against the float32 cross-entropy
 # over all logits it replaced, and with a fused AdamW; then lengths drawn in 128..1,024,
 # padded against packed (sdpa's dense mask, flex attention, and flash-attention 2 where the
-# package is installed). Sized for a 15-minute device slot: about 40 s a run, each cut at
-# TIMEOUT seconds (default 150).
+# package is installed), and passes of 16 sequences (the memory the chunked logprobs free).
+# Sized for a 15-minute device slot: about 40 s a run, each cut at TIMEOUT seconds (default
+# 150), the runs left skipped past BUDGET seconds (default 540: one device call is 600 s).
 #
 #   bash benchmarks/gpu_trainer_step.sh OUT_DIR [SIZE]     # SIZE: default 1b
 #   DEVICE=cpu STEPS=1 bash benchmarks/gpu_trainer_step.sh /tmp/check tiny  # the script, on a CPU
@@ -19,21 +20,26 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
 
-run() {
-  local name=$1
+start=$(date +%s)
+run() {  # one benchmark run; skipped when less than a minute of BUDGET (s, default 540) is left
+  local name=$1 left
   shift
+  left=$((${BUDGET:-540} - $(date +%s) + start))
+  if [ "$left" -lt 60 ]; then
+    echo "== $name: skipped, ${left} s of the budget left"
+    return
+  fi
   echo "== $name: $*"
   SECONDS=0
-  timeout "${TIMEOUT:-150}" python3 benchmarks/trainer_gpu.py --size "$size" --warmup 3 \
+  timeout "$((left < ${TIMEOUT:-150} ? left : ${TIMEOUT:-150}))" python3 benchmarks/trainer_gpu.py --size "$size" --warmup 3 \
     --steps "${STEPS:-10}" --device "${DEVICE:-auto}" --json "$out/trainer_gpu_${size}_$name.json" "$@" 2>&1 | grep -v "^step \|^  \|^[{}]"
   echo "$name: $SECONDS s"
 }
 
+# the most telling first: a slot cut short keeps them
 run fixed_chunked --count-syncs
 run fixed_full --logprobs full --count-syncs
-run fixed_chunked_fused_adamw --fused-adamw
 run varied_padded --lengths 128:1024
-run varied_packed_sdpa --lengths 128:1024 --layout packed
 run varied_packed_flex --lengths 128:1024 --layout packed --attention flex_attention
 if python3 -c "import flash_attn" 2>/dev/null; then
   run varied_padded_fa2 --lengths 128:1024 --attention flash_attention_2
@@ -41,6 +47,9 @@ if python3 -c "import flash_attn" 2>/dev/null; then
 else
   echo "flash_attn is not installed: no flash_attention_2 runs"
 fi
+run fixed_chunked_fused_adamw --fused-adamw
+run fixed_chunked_passes_of_16 --micro-batch-size 16
+run varied_packed_sdpa --lengths 128:1024 --layout packed
 
 python3 - "$out" "$size" <<'EOF'
 import json, sys
