@@ -194,13 +194,6 @@ class Unpadded:
         rows = values.reshape(values.shape[1], *values.shape[2:])
         return torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])[self.back]
 
-    def to(self, device: torch.device | str) -> Unpadded:
-        """The same tensors on `device`."""
-        return Unpadded(
-            self.input_ids.to(device), self.targets.to(device), self.position_ids.to(device),
-            self.back.to(device), self.cu_seqlens.to(device), self.longest,
-        )  # fmt: skip
-
 
 def unpadded(mb: MicroBatch) -> Unpadded:
     """`mb`'s (padded, from `collate`) real positions end to end: see `Unpadded`.
