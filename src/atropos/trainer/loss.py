@@ -28,7 +28,7 @@ def token_logprobs(
     at a time), forward and backward, so neither a float32 copy of the logits nor their
     log-softmax is ever whole in memory: ``z[target] - logsumexp(z)`` forward, and
     ``g * (onehot(target) - softmax(z))`` backward, written in the logits' own dtype. The
-    numbers are ``F.cross_entropy``'s in float32 (tests/trainer/test_loss.py); what it saves
+    numbers are ``F.cross_entropy``'s in float32 (tests/trainer/test_step.py); what it saves
     is two ``[positions, V]`` float32 tensors (with bf16 logits: a copy and the saved
     log-softmax, 1 GiB each at 8 x 1,024 positions of a 32k vocabulary) and their passes.
     Nothing reads a value back to the host (no mask indexing), so no pass waits for the GPU.
