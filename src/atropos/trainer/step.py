@@ -214,7 +214,7 @@ def train_step(
     gives the step's). `step` is the policy version being trained (for the logprob gaps).
 
     Between the first forward and the optimizer step nothing reads a value back from the
-    device (tests/trainer/test_step_syncs.py counts them): the batch is on the device before,
+    device (tests/trainer/test_step.py counts the reads): the batch is on the device before,
     and the step's numbers are read once, after."""
     model.train()
     tally = Tally()
