@@ -18,19 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trainer_gpu import full_token_logprobs  # noqa: E402
 
 from atropos.trainer.loss import token_logprobs  # noqa: E402
-
-
-def full(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``-cross_entropy`` of a float32 copy of all the logits (its log-softmax kept)."""
-    flat = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    )
-    return -flat.view(targets.shape)
 
 
 def best_ms(fn: Callable[[], None], reps: int) -> float:
@@ -70,7 +64,7 @@ def main() -> None:
 
         name = str(dtype).removeprefix("torch.")
         results[name] = {
-            "full_ms": best_ms(run(full), args.reps),
+            "full_ms": best_ms(run(full_token_logprobs), args.reps),
             "chunked_ms": best_ms(run(token_logprobs), args.reps),
         }
         print(name, {k: round(x, 1) for k, x in results[name].items()}, flush=True)

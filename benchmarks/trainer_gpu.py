@@ -210,9 +210,15 @@ def lengths(args: argparse.Namespace) -> tuple[int, int] | None:
     """`--lengths MIN:MAX` as two ints (None: every sequence `--seq-len`)."""
     if not args.lengths:
         return None
-    low, high = (int(v) for v in args.lengths.split(":"))
-    if not 2 <= low <= high:
-        raise SystemExit(f"--lengths {args.lengths}: expected MIN:MAX with 2 <= MIN <= MAX")
+    try:
+        low, high = (int(v) for v in args.lengths.split(":"))
+    except ValueError:
+        low = high = 0
+    if not 2 <= low <= high <= args.seq_len:
+        raise SystemExit(
+            f"--lengths {args.lengths}: expected MIN:MAX, two integers with"
+            f" 2 <= MIN <= MAX <= --seq-len ({args.seq_len})"
+        )
     return low, high
 
 

@@ -141,28 +141,29 @@ def _logprobs(sample: Sample, n: int) -> list[float]:
 
 def pack(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
     """The samples end to end in one row (``[1, T]``), with `position_ids` and `cu_seqlens`
-    (module docstring); the same values as `collate`'s rows without their padding."""
+    (module docstring); the same values as `collate`'s rows without their padding (`unpadded`
+    for the ids, targets and boundaries; every other field joined the same way)."""
     padded = collate(samples, pad_id)
-    lengths = [max(len(s.tokens) - 1, 0) for s in samples]
+    row = unpadded(padded)
+    real = row.back < row.input_ids.shape[1]  # the real positions of the padded rows
 
     def joined(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t[row, :n] for row, n in enumerate(lengths)]).unsqueeze(0)
+        return t[real].unsqueeze(0)
 
     teacher = padded.teacher
     if teacher is not None:
         teacher = TeacherTopK(joined(teacher.ids), joined(teacher.logprobs), joined(teacher.valid))
-    bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     return replace(
         padded,
-        input_ids=joined(padded.input_ids),
-        targets=joined(padded.targets),
+        input_ids=row.input_ids,
+        targets=row.targets,
         old_logp=joined(padded.old_logp),
         has_old=joined(padded.has_old),
         advantages=joined(padded.advantages),
         teacher=teacher,
         attention_mask=None,
-        position_ids=torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
-        cu_seqlens=bounds,
+        position_ids=row.position_ids,
+        cu_seqlens=row.cu_seqlens,
     )
 
 

@@ -53,8 +53,8 @@ def load_fp32(model_dir: str, attention: str | None = None) -> Any:
         kwargs["attn_implementation"] = attention
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
-    except (ImportError, ValueError) as err:
-        if attention is None:
+    except (ImportError, ValueError) as err:  # a missing package, or a name it does not know
+        if attention is None or (isinstance(err, ValueError) and attention not in str(err)):
             raise
         raise WeightsError(
             f"attention {attention!r}: transformers cannot use it for {model_dir} ({err});"

@@ -60,10 +60,10 @@ def pass_layout(asked: str, model: Any, loss: str) -> Layout:
     where the model's attention takes packed rows (`PACKED_ATTENTION`) and the loss is GRPO
     (OPD reads the student's logits per sequence, which a packed pass lays out padded again:
     a copy of the logits), else padded."""
-    if asked in ("padded", "packed"):
-        return "packed" if asked == "packed" else "padded"
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return "packed" if attention in PACKED_ATTENTION and loss == "grpo" else "padded"
+    if asked == "auto":
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        asked = "packed" if attention in PACKED_ATTENTION and loss == "grpo" else "padded"
+    return "packed" if asked == "packed" else "padded"
 
 
 @dataclass
